@@ -1,0 +1,36 @@
+# burstbuffer: `make demo` runs the local demo, `make test` runs the tests.
+# Both set themselves up: a Python >= 3.12 is found (PATH, then pyenv), a venv is
+# made in .venv, the project is installed into it, and missing system tools are
+# installed with apt-get when run as root.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint bench setup clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@python=$$(.ci/find-python) && echo "using $$python" && \
+	  { [ -x $(PY) ] || $$python -m venv $(VENV); }
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,bench]'
+	@.ci/system-deps
+	@touch $@
+
+demo: $(STAMP)
+	$(PY) -m bench.demo
+
+test: $(STAMP)
+	$(PY) -m ruff check sidecar injector certs tests bench
+	$(PY) -m mypy
+	$(PY) -m pytest $(PYTEST_ARGS); status=$$?; \
+	  if [ $$status -eq 5 ]; then echo "error: no tests were collected" >&2; exit 1; fi; exit $$status
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,326 @@
+"""The sidecar's typed settings, their parsers, and its command line.
+
+This module is the one place where the sidecar's flag names live: the sidecar
+parses them here, and the injector builds the injected container's arguments
+with `command_line()` from here, so the two can never disagree.
+
+Every flag can also be given as an environment variable `BURSTBUFFER_<FLAG>`
+(`--buffer-size` -> `BURSTBUFFER_BUFFER_SIZE`); a flag on the command line wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+Eviction = Literal["none", "lru"]
+EVICTION_POLICIES: tuple[Eviction, ...] = ("none", "lru")
+
+ENV_PREFIX = "BURSTBUFFER_"
+
+# Well-known dataset hosts, intercepted and cached by default. Every other host is
+# tunnelled untouched. Globs: `*` matches any run of characters, dots included, so
+# `*.hf.co` covers `cas-bridge.xethub.hf.co`.
+DEFAULT_INTERCEPT: tuple[str, ...] = (
+    # The classic dataset hosts (MNIST, CIFAR, COCO, TensorFlow datasets).
+    "download.tensorflow.org",
+    "yann.lecun.com",
+    "www.cs.toronto.edu",
+    "images.cocodataset.org",
+    "download.pytorch.org",
+    "dl.fbaipublicfiles.com",
+    "zenodo.org",
+    # Hugging Face Hub: API host, LFS/Xet CDNs it redirects to.
+    "huggingface.co",
+    "*.huggingface.co",
+    "hf.co",
+    "*.hf.co",
+    # Google Cloud Storage (path-style and virtual-hosted).
+    "storage.googleapis.com",
+    "*.storage.googleapis.com",
+    "storage.cloud.google.com",
+    # Amazon S3 (global, regional, dualstack, virtual-hosted).
+    "s3.amazonaws.com",
+    "*.s3.amazonaws.com",
+    "s3.*.amazonaws.com",
+    "*.s3.*.amazonaws.com",
+    "s3-*.amazonaws.com",
+    # Azure Blob Storage.
+    "*.blob.core.windows.net",
+)
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "ki": 1024,
+    "kib": 1024,
+    "mi": 1024**2,
+    "mib": 1024**2,
+    "gi": 1024**3,
+    "gib": 1024**3,
+    "ti": 1024**4,
+    "tib": 1024**4,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_HOST_GLOB_RE = re.compile(r"^[a-z0-9*]([a-z0-9*.-]*[a-z0-9*])?$")
+
+
+def parse_size(text: str) -> int:
+    """Parse a byte size: `512MiB`, `2Gi` (Kubernetes quantity), `10GB`, `1048576`.
+
+    Binary suffixes (Ki, Mi, Gi, Ti, with or without a trailing B) are powers of 1024,
+    decimal ones (K, M, G, T, KB...) powers of 1000, as in Kubernetes quantities.
+    """
+    match = _SIZE_RE.match(text)
+    if not match:
+        raise ValueError(f"invalid size {text!r}: expected e.g. 512MiB, 2Gi or 10GB")
+    number, unit = match.groups()
+    multiplier = _SIZE_UNITS.get(unit.lower())
+    if multiplier is None:
+        raise ValueError(f"invalid size {text!r}: unknown unit {unit!r}")
+    size = int(float(number) * multiplier)
+    if size <= 0:
+        raise ValueError(f"invalid size {text!r}: must be positive")
+    return size
+
+
+def format_size(size: int) -> str:
+    """The shortest exact binary spelling of a size (`1073741824` -> `1GiB`)."""
+    for unit, multiplier in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if size % multiplier == 0:
+            return f"{size // multiplier}{unit}"
+    return str(size)
+
+
+def parse_host_globs(text: str | Sequence[str]) -> tuple[str, ...]:
+    """Parse comma-separated host globs (`a.example.org,*.s3.amazonaws.com`).
+
+    Names are lower-cased; empty items are dropped; anything that is not a host name
+    with optional `*` wildcards (a scheme, a port, a path) is refused.
+    """
+    items = text.split(",") if isinstance(text, str) else list(text)
+    globs: list[str] = []
+    for item in items:
+        glob = item.strip().lower().rstrip(".")
+        if not glob:
+            continue
+        if not _HOST_GLOB_RE.match(glob):
+            raise ValueError(f"invalid host pattern {item.strip()!r}: expected a name like *.example.org")
+        if glob not in globs:
+            globs.append(glob)
+    return tuple(globs)
+
+
+def host_glob_regex(glob: str) -> str:
+    """A regular expression matching `host` for one host glob (`*` spans dots)."""
+    return "".join(".*" if part == "*" else re.escape(part) for part in re.split(r"(\*)", glob))
+
+
+def host_matches(host: str, globs: Sequence[str]) -> bool:
+    """True if `host` (a name, no port) matches one of the globs, case-insensitively."""
+    name = host.lower().rstrip(".")
+    return any(re.fullmatch(host_glob_regex(glob), name) for glob in globs)
+
+
+def parse_eviction(text: str) -> Eviction:
+    """Parse an eviction policy: `none` (no replacement) or `lru`."""
+    value = text.strip().lower()
+    if value == "none":
+        return "none"
+    if value == "lru":
+        return "lru"
+    raise ValueError(f"invalid eviction policy {text!r}: expected none or lru")
+
+
+def parse_port(text: str) -> int:
+    """Parse a TCP port number (0 asks the kernel for a free one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise ValueError(f"invalid port {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"invalid port {text!r}: must be 0-65535")
+    return port
+
+
+def parse_proxy_url(text: str) -> str:
+    """Parse an upstream proxy URL: `http://host:port` (credentials allowed)."""
+    value = text.strip()
+    if not re.match(r"^https?://[^/\s]+/?$", value):
+        raise ValueError(f"invalid upstream proxy {text!r}: expected http://host:port")
+    return value.rstrip("/")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the sidecar is told at start; built once by `parse()`."""
+
+    # buffer_dir, required. The diskcache directory: the tmpfs/pmem/disk mount.
+    buffer_dir: Path
+    # listen_host, default 127.0.0.1. Where the proxy listens (loopback only in a pod).
+    listen_host: str = "127.0.0.1"
+    # listen_port, default 3128. The proxy's port.
+    listen_port: int = 3128
+    # admin_host, default 127.0.0.1. Where /healthz, /metrics and /stats listen.
+    admin_host: str = "127.0.0.1"
+    # admin_port, default 3129. The admin endpoints' port.
+    admin_port: int = 3129
+    # buffer_size, default 1 GiB (bytes). Hard cap on stored object bytes, fills included.
+    buffer_size: int = 1024**3
+    # eviction, default none. `none` keeps what is stored once full; `lru` evicts.
+    eviction: Eviction = "none"
+    # intercept, default DEFAULT_INTERCEPT. Host globs that are intercepted and cached.
+    intercept: tuple[str, ...] = DEFAULT_INTERCEPT
+    # ca_dir, default ~/.burstbuffer/ca. Sidecar-private (0700) home of the pod CA key.
+    ca_dir: Path = field(default_factory=lambda: Path("~/.burstbuffer/ca").expanduser())
+    # trust_dir, default none. Where ca.crt and ca-bundle.crt are written for the app.
+    trust_dir: Path | None = None
+    # upstream_ca, default none. Extra CA certificates trusted for origins.
+    upstream_ca: Path | None = None
+    # upstream_proxy, default none. Parent proxy (http://host:port) for upstream traffic.
+    upstream_proxy: str | None = None
+    # revalidate, default off. Revalidate stored objects with the origin before a hit.
+    revalidate: bool = False
+
+
+@dataclass(frozen=True)
+class _Flag:
+    field: str
+    parse: object  # a callable str -> value; `None` for on/off switches
+    help: str
+
+    @property
+    def option(self) -> str:
+        return "--" + self.field.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.field.upper()
+
+
+_FLAGS: tuple[_Flag, ...] = (
+    _Flag("listen_host", str, "address the proxy listens on (default 127.0.0.1)"),
+    _Flag("listen_port", parse_port, "port the proxy listens on (default 3128)"),
+    _Flag("admin_host", str, "address of /healthz, /metrics, /stats (default 127.0.0.1)"),
+    _Flag("admin_port", parse_port, "port of the admin endpoints (default 3129)"),
+    _Flag("buffer_dir", Path, "the burst buffer directory (tmpfs/pmem/disk mount); required"),
+    _Flag("buffer_size", parse_size, "hard cap on stored bytes, e.g. 512MiB, 2Gi (default 1GiB)"),
+    _Flag("eviction", parse_eviction, "none (keep what is stored once full) or lru (default none)"),
+    _Flag("intercept", parse_host_globs, "comma-separated host globs to intercept and cache"),
+    _Flag("ca_dir", Path, "private directory of the pod CA (default ~/.burstbuffer/ca)"),
+    _Flag("trust_dir", Path, "where ca.crt and ca-bundle.crt are written for the app containers"),
+    _Flag("upstream_ca", Path, "extra CA certificates (PEM) trusted for origins"),
+    _Flag("upstream_proxy", parse_proxy_url, "parent proxy for upstream traffic, http://host:port"),
+    _Flag("revalidate", None, "revalidate stored objects with the origin instead of immutable"),
+)
+_FLAGS_BY_FIELD = {flag.field: flag for flag in _FLAGS}
+
+
+class SettingsError(ValueError):
+    """A flag or environment variable has an invalid value."""
+
+
+def _env_switch(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"invalid switch value {text!r}: expected true or false")
+
+
+def _argument_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="burstbuffer-sidecar",
+        description="HTTPS-intercepting caching proxy serving dataset downloads from a burst buffer.",
+        epilog=f"Every flag can also be set as {ENV_PREFIX}<FLAG>, e.g. {ENV_PREFIX}BUFFER_SIZE=2Gi.",
+    )
+    for flag in _FLAGS:
+        if flag.parse is None:
+            parser.add_argument(flag.option, action="store_true", default=None, help=flag.help)
+        else:
+            parser.add_argument(flag.option, metavar=flag.field.split("_")[-1].upper(), help=flag.help)
+    return parser
+
+
+def parse(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
+    """Build the Settings from command-line flags, falling back to BURSTBUFFER_* variables.
+
+    Raises SettingsError naming the flag (or variable) whose value is wrong.
+    """
+    args = vars(_argument_parser().parse_args(list(argv)))
+    values: dict[str, object] = {}
+    for flag in _FLAGS:
+        raw = args[flag.field]
+        source = flag.option
+        if raw is None and flag.env in environ:
+            raw, source = environ[flag.env], flag.env
+            if flag.parse is None:
+                try:
+                    raw = _env_switch(raw)
+                except ValueError as e:
+                    raise SettingsError(f"{source}: {e}") from e
+        if raw is None:
+            continue
+        if flag.parse is None:
+            values[flag.field] = bool(raw)
+            continue
+        try:
+            values[flag.field] = flag.parse(raw)  # type: ignore[operator]
+        except ValueError as e:
+            raise SettingsError(f"{source}: {e}") from e
+    if "buffer_dir" not in values:
+        raise SettingsError(f"--buffer-dir (or {ENV_PREFIX}BUFFER_DIR) is required")
+    for path_field in ("buffer_dir", "ca_dir", "trust_dir", "upstream_ca"):
+        if isinstance(values.get(path_field), Path):
+            values[path_field] = values[path_field].expanduser()  # type: ignore[union-attr]
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+def command_line(**values: object) -> list[str]:
+    """The sidecar arguments that set the given Settings fields (the injector's view).
+
+    `command_line(buffer_dir="/b", buffer_size=2**30, intercept=("a.org",), revalidate=True)`
+    -> `["--buffer-dir", "/b", "--buffer-size", "1GiB", "--intercept", "a.org", "--revalidate"]`.
+    Fields are emitted in the sidecar's own flag order; `None` values are left out.
+    """
+    unknown = set(values) - set(_FLAGS_BY_FIELD)
+    if unknown:
+        raise TypeError(f"unknown sidecar settings: {', '.join(sorted(unknown))}")
+    argv: list[str] = []
+    for flag in _FLAGS:
+        value = values.get(flag.field)
+        if value is None:
+            continue
+        if flag.parse is None:
+            if value:
+                argv.append(flag.option)
+        elif flag.field == "buffer_size":
+            argv += [flag.option, format_size(int(value))]  # type: ignore[call-overload]
+        elif flag.field == "intercept":
+            argv += [flag.option, ",".join(parse_host_globs(value))]  # type: ignore[arg-type]
+        else:
+            argv += [flag.option, str(value)]
+    return argv
+
+
+def defaults() -> dict[str, object]:
+    """The default value of every optional setting, keyed by field name."""
+    return {
+        f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+        for f in dataclasses.fields(Settings)
+        if f.name != "buffer_dir"
+    }
