@@ -118,7 +118,9 @@ def parse_host_globs(text: str | Sequence[str]) -> tuple[str, ...]:
         if not glob:
             continue
         if not _HOST_GLOB_RE.match(glob):
-            raise ValueError(f"invalid host pattern {item.strip()!r}: expected a name like *.example.org")
+            raise ValueError(
+                f"invalid host pattern {item.strip()!r}: expected a name like *.example.org"
+            )
         if glob not in globs:
             globs.append(glob)
     return tuple(globs)
@@ -245,14 +247,15 @@ def _env_switch(text: str) -> bool:
 def _argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="burstbuffer-sidecar",
-        description="HTTPS-intercepting caching proxy serving dataset downloads from a burst buffer.",
-        epilog=f"Every flag can also be set as {ENV_PREFIX}<FLAG>, e.g. {ENV_PREFIX}BUFFER_SIZE=2Gi.",
+        description="HTTPS-intercepting caching proxy serving datasets from a burst buffer.",
+        epilog=f"Each flag may also be set as {ENV_PREFIX}<FLAG>, e.g. {ENV_PREFIX}BUFFER_SIZE=2Gi",
     )
     for flag in _FLAGS:
         if flag.parse is None:
             parser.add_argument(flag.option, action="store_true", default=None, help=flag.help)
         else:
-            parser.add_argument(flag.option, metavar=flag.field.split("_")[-1].upper(), help=flag.help)
+            metavar = flag.field.split("_")[-1].upper()
+            parser.add_argument(flag.option, metavar=metavar, help=flag.help)
     return parser
 
 
