@@ -288,8 +288,9 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
     if "buffer_dir" not in values:
         raise SettingsError(f"--buffer-dir (or {ENV_PREFIX}BUFFER_DIR) is required")
     for path_field in ("buffer_dir", "ca_dir", "trust_dir", "upstream_ca"):
-        if isinstance(values.get(path_field), Path):
-            values[path_field] = values[path_field].expanduser()  # type: ignore[union-attr]
+        path = values.get(path_field)
+        if isinstance(path, Path):
+            values[path_field] = path.expanduser()
     return Settings(**values)  # type: ignore[arg-type]
 
 
