@@ -1,0 +1,663 @@
+"""Pure cache policy: the cache key, what is stored, and how a stored object answers.
+
+Everything here is a decision made from strings and numbers: no I/O, no mitmproxy, no
+aiohttp. Header arguments are any `Mapping[str, str]` (a dict, mitmproxy's `Headers`,
+aiohttp's `CIMultiDictProxy`), always read case-insensitively through `header()`.
+
+The sidecar is a *private* cache in RFC 9111 terms (§1: "A private cache, in contrast,
+is dedicated to a single user"): one pod, one tenant, one buffer that nothing outside
+the pod can read. That is why requests with `Authorization` and responses marked
+`private` are cacheable here (RFC 9111 §3.5 and §5.2.2.7 restrict *shared* caches only).
+
+Freshness is a deliberate choice, not RFC 9111's expiration model: an intercepted host
+is one the operator listed as serving immutable dataset files, so a stored object is
+served for the pod's lifetime whatever its `max-age`, `Expires` or `no-cache` say,
+unless the sidecar runs with `--revalidate` (see `needs_revalidation()`).
+
+How a stored object answers a GET or HEAD (RFC 9110 §13.2.2, with RFC 9111 §4.3.2):
+
+1. `request_may_hit()`: requests carrying `If-Match`/`If-Unmodified-Since` go upstream.
+2. `not_modified()`: 304 (If-None-Match, else If-Modified-Since).
+3. GET with `Range`: if `if_range_allows()`, `parse_range()` picks 206, 416 or 200.
+4. Otherwise 200 with the whole object.
+
+## Cache keys
+
+`cache_key(url)` is the URL, normalised so that equivalent URLs share one object:
+
+| part | rule |
+| --- | --- |
+| scheme, host | lower-cased; a trailing dot on the host dropped |
+| port | dropped when it is the scheme's default (80, 443) |
+| userinfo | dropped (RFC 9110 §4.2.4 deprecates it; never in a request target) |
+| path | kept byte for byte (no percent-decoding, no dot segments); empty -> `/` |
+| query | kept in order, minus empty items and the host's signing parameters |
+| `?` | dropped when the query left is empty |
+| fragment | dropped (never sent to the origin) |
+
+Signing parameters change every time a URL is signed again (expiry, date, signature,
+credential) while the object stays the same; they are removed, case-insensitively, on
+their own host family only. Everything else in the query is kept (`versionId`,
+`partNumber`, `generation`, `snapshot`, `response-content-disposition`, ...), because it
+selects a different object or a different response. On other hosts the query is whole.
+
+- Amazon S3, `*.amazonaws.com`: `X-Amz-Algorithm`, `X-Amz-Credential`, `X-Amz-Date`,
+  `X-Amz-Expires`, `X-Amz-SignedHeaders`, `X-Amz-Signature`, `X-Amz-Security-Token`,
+  `AWSAccessKeyId`, `Signature`, `Expires`.
+- Google Cloud Storage, `storage.googleapis.com`, `*.storage.googleapis.com`,
+  `storage.cloud.google.com`: `X-Goog-Algorithm`, `X-Goog-Credential`, `X-Goog-Date`,
+  `X-Goog-Expires`, `X-Goog-SignedHeaders`, `X-Goog-Signature`, `GoogleAccessId`,
+  `Expires`, `Signature`, and the S3 `X-Amz-*` names above (URLs signed with HMAC keys).
+- Azure Blob Storage, `*.blob.core.windows.net`: the SAS fields `sig`, `se`, `st`, `sp`,
+  `sv`, `sr`, `spr`, `sip`, `skoid`, `sktid`, `skt`, `ske`, `sks`, `skv`, `ss`, `srt`,
+  `ses`, `sdd`, `saoid`, `suoid`, `scid`, `rscc`, `rscd`, `rsce`, `rscl`, `rsct`.
+- Hugging Face CDNs (CloudFront), `*.huggingface.co`, `*.hf.co`: `Expires`, `Signature`,
+  `Key-Pair-Id`, `Policy`, and every `X-Amz-*`.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import NamedTuple
+from urllib.parse import unquote_plus, urlsplit
+
+from sidecar.settings import host_matches
+
+Headers = Mapping[str, str]
+
+
+def header(headers: Headers, name: str) -> str | None:
+    """The value of field `name` in any headers mapping, case-insensitively; None if absent.
+
+    Several lines of the same field are joined with ", ", which RFC 9110 §5.3 makes
+    equivalent to one line ("A recipient MAY combine multiple field lines ... into one
+    field line ... by appending each subsequent field line value to the combined field
+    line value in order, separated by a comma"). Scanning `items()` works for every
+    mapping we meet: a plain dict holds one entry per spelling, mitmproxy's `Headers`
+    yields each name once with its lines already joined, aiohttp's multidicts yield
+    every line.
+    """
+    wanted = name.lower()
+    values = [value for key, value in headers.items() if key.lower() == wanted]
+    return ", ".join(values) if values else None
+
+
+def _split_list(value: str) -> list[str]:
+    """The members of a comma-separated field value (RFC 9110 §5.6.1), quoted strings intact.
+
+    Empty members are dropped: "a recipient MUST parse and ignore a reasonable number of
+    empty list elements".
+    """
+    members: list[str] = []
+    current: list[str] = []
+    quoted = escaped = False
+    for char in value:
+        if escaped:
+            escaped = False
+        elif quoted and char == "\\":
+            escaped = True
+        elif char == '"':
+            quoted = not quoted
+        elif char == "," and not quoted:
+            members.append("".join(current).strip())
+            current = []
+            continue
+        current.append(char)
+    members.append("".join(current).strip())
+    return [member for member in members if member]
+
+
+def _unquote(value: str) -> str:
+    """A quoted-string's content (RFC 9110 §5.6.4); a token is returned as it is."""
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        return re.sub(r"\\(.)", r"\1", value[1:-1])
+    return value
+
+
+def _cache_directives(headers: Headers) -> dict[str, str | None]:
+    """The Cache-Control directives (RFC 9111 §5.2): lower-cased name -> argument or None."""
+    value = header(headers, "Cache-Control")
+    directives: dict[str, str | None] = {}
+    for member in _split_list(value or ""):
+        name, sep, argument = member.partition("=")
+        directives.setdefault(name.strip().lower(), _unquote(argument.strip()) if sep else None)
+    return directives
+
+
+# --- cache keys ------------------------------------------------------------------------
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+_S3_SIGNING = frozenset(
+    "x-amz-algorithm x-amz-credential x-amz-date x-amz-expires x-amz-signedheaders"
+    " x-amz-signature x-amz-security-token".split()
+)
+
+
+@dataclass(frozen=True)
+class _SigningFamily:
+    """Hosts that sign URLs the same way, and the query parameters their signing adds."""
+
+    hosts: tuple[str, ...]  # globs, as in --intercept (`*` spans dots)
+    names: frozenset[str]  # lower-case parameter names
+    prefixes: tuple[str, ...] = ()  # lower-case name prefixes
+
+    def is_signing(self, name: str) -> bool:
+        return name in self.names or name.startswith(self.prefixes)
+
+
+_SIGNING_FAMILIES: tuple[_SigningFamily, ...] = (
+    # Amazon S3: SigV4 query signing, and SigV2 (AWSAccessKeyId, Signature, Expires).
+    _SigningFamily(
+        hosts=("*.amazonaws.com",),
+        names=_S3_SIGNING | {"awsaccesskeyid", "signature", "expires"},
+    ),
+    # Google Cloud Storage: V4 (X-Goog-*), V2 (GoogleAccessId, Expires, Signature), and V4
+    # signed with HMAC keys, which uses the S3 names.
+    _SigningFamily(
+        hosts=("storage.googleapis.com", "*.storage.googleapis.com", "storage.cloud.google.com"),
+        names=_S3_SIGNING
+        | frozenset(
+            "x-goog-algorithm x-goog-credential x-goog-date x-goog-expires x-goog-signedheaders"
+            " x-goog-signature googleaccessid expires signature".split()
+        ),
+    ),
+    # Azure Blob Storage: every shared access signature field (service, account and
+    # user-delegation SAS); `snapshot`, `versionid` and `comp` select content and stay.
+    _SigningFamily(
+        hosts=("*.blob.core.windows.net",),
+        names=frozenset(
+            "sig se st sp sv sr spr sip skoid sktid skt ske sks skv ss srt ses sdd"
+            " saoid suoid scid rscc rscd rsce rscl rsct".split()
+        ),
+    ),
+    # Hugging Face's LFS and Xet CDNs: CloudFront signed URLs, sometimes wrapped around
+    # an S3 presigned URL (hence every X-Amz-* parameter).
+    _SigningFamily(
+        hosts=("*.huggingface.co", "*.hf.co"),
+        names=frozenset(("expires", "signature", "key-pair-id", "policy")),
+        prefixes=("x-amz-",),
+    ),
+)
+
+
+def _strip_signing(host: str, query: str) -> str:
+    family = next((f for f in _SIGNING_FAMILIES if host_matches(host, f.hosts)), None)
+    kept: list[str] = []
+    for item in query.split("&"):
+        if not item:
+            continue
+        name = unquote_plus(item.partition("=")[0]).lower()
+        if family is None or not family.is_signing(name):
+            kept.append(item)
+    return "&".join(kept)
+
+
+def cache_key(url: str) -> str:
+    """The buffer key of an absolute http(s) URL; the table in the module docstring.
+
+    Raises ValueError for anything but an absolute http or https URL with a host.
+    """
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    host = (parts.hostname or "").rstrip(".")
+    if scheme not in _DEFAULT_PORTS or not host:
+        raise ValueError(f"not an absolute http(s) URL: {url!r}")
+    if ":" in host:  # an IPv6 literal, which urlsplit hands back without its brackets
+        host = f"[{host}]"
+    port = parts.port  # raises ValueError for a port that is not 0-65535
+    netloc = host if port is None or port == _DEFAULT_PORTS[scheme] else f"{host}:{port}"
+    query = _strip_signing(host, parts.query)
+    return f"{scheme}://{netloc}{parts.path or '/'}" + (f"?{query}" if query else "")
+
+
+# --- cacheability ----------------------------------------------------------------------
+
+
+class Reason(enum.StrEnum):
+    """Why a request or response is (not) cached; the codes logs and metrics use."""
+
+    OK = "ok"
+    METHOD = "method"
+    ORIGIN_PRECONDITION = "origin-precondition"
+    REQUEST_NO_STORE = "request-no-store"
+    STATUS = "status"
+    NO_LENGTH = "no-length"
+    BAD_LENGTH = "bad-length"
+    RESPONSE_NO_STORE = "response-no-store"
+    CONTENT_ENCODING = "content-encoding"
+    VARY = "vary"
+    VARY_STAR = "vary-star"
+
+    @property
+    def sentence(self) -> str:
+        """A sentence for humans, e.g. in a log line."""
+        return _SENTENCES[self]
+
+
+_SENTENCES = {
+    Reason.OK: "cacheable",
+    Reason.METHOD: "only GET fills the buffer (HEAD is answered from stored objects)",
+    Reason.ORIGIN_PRECONDITION: "If-Match or If-Unmodified-Since is for the origin to evaluate",
+    Reason.REQUEST_NO_STORE: "the request says Cache-Control: no-store",
+    Reason.STATUS: "only 200 responses are stored",
+    Reason.NO_LENGTH: "the response has no Content-Length (or is chunked)",
+    Reason.BAD_LENGTH: "the response's Content-Length is invalid",
+    Reason.RESPONSE_NO_STORE: "the response says Cache-Control: no-store",
+    Reason.CONTENT_ENCODING: "the response is content-encoded although identity was asked for",
+    Reason.VARY: "the response varies on request fields other than Accept-Encoding and CORS",
+    Reason.VARY_STAR: "the response says Vary: *",
+}
+
+
+class Verdict(NamedTuple):
+    """A cacheability decision and its reason code (a `Reason`; `Reason.OK` when cacheable)."""
+
+    cacheable: bool
+    reason: str
+
+
+_YES = Verdict(True, Reason.OK)
+
+
+def request_may_hit(method: str, headers: Headers) -> Verdict:
+    """May this request be answered from a stored object (if there is one)?
+
+    GET and HEAD only (method names are case-sensitive, RFC 9110 §9.1). A request with
+    `If-Match` or `If-Unmodified-Since` goes upstream untouched: RFC 9111 §4.3.2, "the
+    If-Match and If-Unmodified-Since conditional header fields are not applicable to a
+    cache". `Cache-Control: no-store` in a request does not prevent a hit: it forbids
+    storing (RFC 9111 §5.2.1.5), not reusing. Whether the hit must first be revalidated
+    is `needs_revalidation()`'s question.
+    """
+    if method not in ("GET", "HEAD"):
+        return Verdict(False, Reason.METHOD)
+    if any(header(headers, name) is not None for name in ("If-Match", "If-Unmodified-Since")):
+        return Verdict(False, Reason.ORIGIN_PRECONDITION)
+    return _YES
+
+
+def request_is_cacheable(method: str, headers: Headers) -> Verdict:
+    """May the response to this request be stored (a miss starts a fill)?
+
+    Only GET fills: a HEAD is answered from a stored object when there is one and is
+    passed upstream otherwise. RFC 9111 §5.2.1.5: the no-store request directive
+    "indicates that a cache MUST NOT store any part of either this request or any
+    response to it". A request with `Authorization` is cacheable: RFC 9111 §3.5 forbids
+    only a *shared* cache to reuse its response, and this one is private to the pod.
+    """
+    verdict = request_may_hit(method, headers)
+    if not verdict.cacheable:
+        return verdict
+    if method != "GET":
+        return Verdict(False, Reason.METHOD)
+    if "no-store" in _cache_directives(headers):
+        return Verdict(False, Reason.REQUEST_NO_STORE)
+    return _YES
+
+
+# Vary members a stored response may name. Accept-Encoding: the sidecar always asks the
+# origin for identity and only ever serves identity, which every client accepts. The CORS
+# trio (S3 buckets with CORS rules and CDNs send it on every response) only changes the
+# Access-Control-* fields, which are never replayed (see `stored_headers()`). Refusing
+# them would make the main dataset hosts uncacheable.
+_HARMLESS_VARY = frozenset(
+    ("accept-encoding", "origin", "access-control-request-method", "access-control-request-headers")
+)
+
+
+def content_length(headers: Headers) -> int | None:
+    """The Content-Length as a number; None when absent or invalid.
+
+    Identical repeated values count as one ("a recipient MAY ... replace that invalid
+    field value with a single instance of the decimal value", RFC 9110 §8.6).
+    """
+    value = header(headers, "Content-Length")
+    if value is None:
+        return None
+    members = {member.strip() for member in value.split(",")}
+    if len(members) != 1:
+        return None
+    (digits,) = members
+    # 19 digits: beyond any real object; int() of thousands of digits would raise.
+    if not digits or len(digits) > 19 or not digits.isascii() or not digits.isdigit():
+        return None
+    return int(digits)
+
+
+def response_is_cacheable(status: int, headers: Headers) -> Verdict:
+    """May this upstream response to a cacheable GET be stored?
+
+    - 200 only: a 206 is a piece, redirects and errors are the origin's to repeat.
+    - A known length: a valid `Content-Length` and no `Transfer-Encoding` (with both,
+      the length is to be ignored, RFC 9112 §6.3), so a short body can always be told
+      from a complete one.
+    - No `Cache-Control: no-store` (RFC 9111 §3: a cache MUST NOT store a response
+      unless "the no-store cache directive is not present in the response").
+      `private` is fine: this is a private cache. `no-cache`, `max-age` and `Expires`
+      are freshness matters, see the module docstring.
+    - No content coding: the fill asks for `Accept-Encoding: identity`, so an encoded
+      body means the origin ignored us, and a gzip body must never reach a client that
+      did not ask for it.
+    - `Vary` naming at most Accept-Encoding and the CORS request fields; `Vary: *` never
+      matches another request (RFC 9111 §4.1).
+    """
+    if status != 200:
+        return Verdict(False, Reason.STATUS)
+    if header(headers, "Transfer-Encoding") is not None:
+        return Verdict(False, Reason.NO_LENGTH)
+    if header(headers, "Content-Length") is None:
+        return Verdict(False, Reason.NO_LENGTH)
+    if content_length(headers) is None:
+        return Verdict(False, Reason.BAD_LENGTH)
+    if "no-store" in _cache_directives(headers):
+        return Verdict(False, Reason.RESPONSE_NO_STORE)
+    codings = [c.lower() for c in _split_list(header(headers, "Content-Encoding") or "")]
+    if any(coding != "identity" for coding in codings):
+        return Verdict(False, Reason.CONTENT_ENCODING)
+    vary = {member.lower() for member in _split_list(header(headers, "Vary") or "")}
+    if "*" in vary:
+        return Verdict(False, Reason.VARY_STAR)
+    if not vary <= _HARMLESS_VARY:
+        return Verdict(False, Reason.VARY)
+    return _YES
+
+
+# Fields never replayed from a stored response.
+_NOT_REPLAYED = frozenset(
+    # Hop-by-hop: they describe one connection (RFC 9110 §7.6.1; RFC 9111 §3.1).
+    "connection proxy-connection keep-alive te transfer-encoding trailer upgrade"
+    " proxy-authenticate proxy-authentication-info"
+    # The responder's: they describe the bytes and the moment of this answer.
+    " content-length content-range content-encoding date age"
+    # Cookies are set once, for the exchange that earned them.
+    " set-cookie set-cookie2"
+    # The origin's own connection options, meaningless behind the interception.
+    " alt-svc".split()
+)
+
+
+def stored_headers(headers: Headers) -> list[tuple[str, str]]:
+    """The response fields to store and replay on every hit, in their order.
+
+    RFC 9111 §3.1: "Caches MUST include all received response header fields --
+    including unrecognized ones -- when storing a response", so this is a deny list:
+    vendor fields that clients read (`x-amz-version-id`, `x-goog-hash`,
+    `x-goog-generation`, `Content-MD5`, `X-Repo-Commit`, `X-Linked-Etag`, ...) survive.
+    Dropped: hop-by-hop fields and the fields `Connection` names; `Content-Length`,
+    `Content-Range`, `Content-Encoding`, `Date` and `Age`, which the responder sets;
+    `Set-Cookie`; `Alt-Svc`; the `Access-Control-*` fields, which depend on the request's
+    `Origin` (a Vary this cache accepts); and the fields named by a qualified
+    `no-cache="..."`, which "MUST NOT be sent in the response to a subsequent request
+    without successful revalidation" (RFC 9111 §5.2.2.4).
+    """
+    dropped = set(_NOT_REPLAYED)
+    dropped.update(name.lower() for name in _split_list(header(headers, "Connection") or ""))
+    no_cache = _cache_directives(headers).get("no-cache")
+    if no_cache:
+        dropped.update(name.lower() for name in _split_list(no_cache))
+    return [
+        (name, value)
+        for name, value in headers.items()
+        if name.lower() not in dropped and not name.lower().startswith("access-control-")
+    ]
+
+
+# --- ranges ----------------------------------------------------------------------------
+
+
+class ByteRange(NamedTuple):
+    """One satisfiable byte range of a stored object: answer 206 with these bytes."""
+
+    start: int
+    end: int  # inclusive, as in Content-Range
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start + 1
+
+
+@dataclass(frozen=True)
+class Full:
+    """No usable Range: answer 200 with the whole object."""
+
+
+@dataclass(frozen=True)
+class Unsatisfiable:
+    """No requested range overlaps the object: answer 416 with `unsatisfied_range(size)`."""
+
+
+FULL = Full()
+UNSATISFIABLE = Unsatisfiable()
+
+# More range-specs than this and the Range field is ignored: RFC 9110 §14.2 lets a server
+# ignore "a set of many small ranges", "indications of either a broken client or a
+# deliberate denial-of-service attack".
+MAX_RANGE_SPECS = 100
+# Numbers longer than this saturate: RFC 9110 §14.1.2, "recipients MUST anticipate
+# potentially large decimal numerals and prevent parsing errors due to integer
+# conversion overflows". 10**19 bytes is beyond any object.
+_MAX_DIGITS = 19
+_SATURATED = 10**_MAX_DIGITS
+_INT_RANGE = re.compile(r"([0-9]+)-([0-9]*)")
+_SUFFIX_RANGE = re.compile(r"-([0-9]+)")
+
+
+def _number(digits: str) -> int:
+    significant = digits.lstrip("0")
+    return int(significant or "0") if len(significant) <= _MAX_DIGITS else _SATURATED
+
+
+def _coalesce(ranges: list[ByteRange]) -> list[ByteRange]:
+    merged: list[ByteRange] = []
+    for current in sorted(ranges):
+        if merged and current.start <= merged[-1].end + 1:
+            merged[-1] = ByteRange(merged[-1].start, max(merged[-1].end, current.end))
+        else:
+            merged.append(current)
+    return merged
+
+
+def parse_range(value: str | None, size: int) -> ByteRange | Full | Unsatisfiable:
+    """Decide a GET's `Range` against a stored object of `size` bytes (RFC 9110 §14).
+
+    Returns `FULL` to serve the whole object with 200, a `ByteRange` to serve with 206,
+    or `UNSATISFIABLE` for 416. For GET only: "A server MUST ignore a Range header field
+    received with a request method that is unrecognized or for which range handling is
+    not defined" (§14.2), and HEAD is such a method.
+
+    - `bytes=a-b`, `bytes=a-`, `bytes=-n`; the unit is case-insensitive (§14.1), the end
+      is clamped to `size - 1`, a suffix longer than the object is the whole object.
+    - Invalid syntax, a `last-pos` before its `first-pos`, or a unit other than bytes:
+      `FULL`, the Range is ignored (§14.2: a server "MAY ignore or reject a Range header
+      field that contains an invalid ranges-specifier"; "A proxy MAY discard a Range
+      header field that contains a range unit it does not understand").
+    - Range-specs that are not satisfiable (a first-pos at or past the end, `-0`) are
+      left out; when none is left, the set is unsatisfiable: 416 (§15.5.17).
+    - Several satisfiable ranges: overlapping and adjacent ones are coalesced (§15.3.7:
+      "a server MAY coalesce any of the ranges that overlap, or that are separated by
+      a gap that is smaller than the overhead of sending multiple parts"). If they
+      collapse into one, that range is served; otherwise the whole object is (`FULL`).
+      Download tools ask for one range at a time; `multipart/byteranges` would cost a
+      second body format for requests that hardly ever come, and §14.2 allows ignoring
+      Range altogether.
+    - An empty object: `FULL` (§14.2: a server "MAY ignore a Range header field when the
+      selected representation has no content"; no Content-Range can describe it).
+    """
+    if value is None or size <= 0:
+        return FULL
+    unit, sep, range_set = value.partition("=")
+    if not sep or unit.strip().lower() != "bytes":
+        return FULL
+    specs = [spec.strip() for spec in range_set.split(",")]
+    specs = [spec for spec in specs if spec]
+    if not specs or len(specs) > MAX_RANGE_SPECS:
+        return FULL
+    ranges: list[ByteRange] = []
+    for spec in specs:
+        if match := _INT_RANGE.fullmatch(spec):
+            first = _number(match[1])
+            last = _number(match[2]) if match[2] else None
+            if last is not None and last < first:
+                return FULL
+            if first < size:
+                ranges.append(ByteRange(first, size - 1 if last is None else min(last, size - 1)))
+        elif match := _SUFFIX_RANGE.fullmatch(spec):
+            suffix = _number(match[1])
+            if suffix > 0:
+                ranges.append(ByteRange(max(size - suffix, 0), size - 1))
+        else:
+            return FULL
+    if not ranges:
+        return UNSATISFIABLE
+    merged = _coalesce(ranges)
+    return merged[0] if len(merged) == 1 else FULL
+
+
+def content_range(start: int, end: int, size: int) -> str:
+    """The Content-Range of a 206 (RFC 9110 §14.4): `bytes 0-499/1234`."""
+    return f"bytes {start}-{end}/{size}"
+
+
+def unsatisfied_range(size: int) -> str:
+    """The Content-Range of a 416 (RFC 9110 §14.4): `bytes */1234`."""
+    return f"bytes */{size}"
+
+
+# --- conditional requests --------------------------------------------------------------
+
+_ENTITY_TAG = re.compile(r'(W/)?("[^"]*")')
+
+
+class _EntityTag(NamedTuple):
+    weak: bool
+    opaque: str  # with its quotes
+
+
+def _entity_tag(value: str) -> _EntityTag | None:
+    match = _ENTITY_TAG.fullmatch(value.strip())
+    return _EntityTag(match[1] is not None, match[2]) if match else None
+
+
+def _http_date(value: str) -> datetime | None:
+    """An HTTP-date in any of RFC 9110 §5.6.7's three formats, as an aware UTC datetime."""
+    try:
+        moment = parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError, IndexError):
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def if_range_allows(if_range: str | None, etag: str | None, last_modified: str | None) -> bool:
+    """Does `If-Range` let the Range apply to the stored object? (RFC 9110 §13.1.5).
+
+    True without If-Range. An entity tag must match the stored ETag by strong comparison
+    ("the condition is true if the entity-tag validator provided exactly matches the
+    ETag field value ... using the strong comparison function"): a weak tag on either
+    side never matches. A date must exactly match the stored Last-Modified ("the
+    condition is true if the HTTP-date validator provided exactly matches the
+    Last-Modified field value"); a stored object never changes, so its Last-Modified
+    counts as strong. False means: ignore the Range and send the whole object. The
+    caller asks only when the request has a Range (If-Range alone is ignored, §13.1.5).
+    """
+    if if_range is None:
+        return True
+    value = if_range.strip()
+    if value.startswith(('"', "W/")):  # "examining the first three characters"
+        wanted, stored = _entity_tag(value), _entity_tag(etag) if etag else None
+        return (
+            wanted is not None
+            and stored is not None
+            and not wanted.weak
+            and not stored.weak
+            and wanted.opaque == stored.opaque
+        )
+    return (
+        last_modified is not None
+        and value == last_modified.strip()
+        and _http_date(value) is not None
+    )
+
+
+def not_modified(request_headers: Headers, etag: str | None, last_modified: str | None) -> bool:
+    """Should a GET or HEAD be answered 304 from the stored object's validators?
+
+    RFC 9110 §13.2.2: If-None-Match is evaluated first and, when present, decides alone
+    ("A recipient MUST ignore If-Modified-Since if the request contains an If-None-Match
+    header field", §13.1.3). It is compared weakly ("A recipient MUST use the weak
+    comparison function when comparing entity tags for If-None-Match", §13.1.2); `*`
+    matches any stored object. Otherwise If-Modified-Since, when it is a valid date,
+    gives 304 if the stored Last-Modified is not later. Without a stored Last-Modified
+    the answer is no: a full 200 is always a correct answer to a conditional GET.
+    """
+    if_none_match = header(request_headers, "If-None-Match")
+    if if_none_match is not None:
+        members = _split_list(if_none_match)
+        if "*" in members:
+            return True
+        stored = _entity_tag(etag) if etag else None
+        if stored is None:
+            return False
+        return any(
+            (tag := _entity_tag(member)) is not None and tag.opaque == stored.opaque
+            for member in members
+        )
+    if_modified_since = header(request_headers, "If-Modified-Since")
+    if if_modified_since is None or last_modified is None:
+        return False
+    since, modified = _http_date(if_modified_since), _http_date(last_modified)
+    return since is not None and modified is not None and modified <= since
+
+
+def conditional_headers(etag: str | None, last_modified: str | None) -> dict[str, str]:
+    """The request fields that revalidate a stored object with its origin.
+
+    RFC 9111 §4.3.1: a cache "MUST send the relevant entity tags (using If-Match,
+    If-None-Match, or If-Range) if the entity tags were provided in the stored
+    response(s) being validated" and "SHOULD send the Last-Modified value (using
+    If-Modified-Since) if the request is not for a subrange, a single stored response
+    is being validated, and that response contains a Last-Modified value". The origin
+    answers 304 when the stored object is still current.
+    """
+    fields: dict[str, str] = {}
+    if etag:
+        fields["If-None-Match"] = etag
+    if last_modified:
+        fields["If-Modified-Since"] = last_modified
+    return fields
+
+
+# --- freshness -------------------------------------------------------------------------
+
+
+def client_asks_no_cache(request_headers: Headers) -> bool:
+    """Does the client ask for validation with the origin (`no-cache`)?
+
+    `Cache-Control: no-cache` (RFC 9111 §5.2.1.4: "the client prefers a stored response
+    not be used to satisfy the request without successful validation on the origin
+    server"), or, from HTTP/1.0 clients, `Pragma: no-cache` when there is no
+    Cache-Control at all (the rule of RFC 7234 §5.4; RFC 9111 §5.4 deprecates Pragma
+    but clients still send it). `max-age=0` does not count: some clients send it on
+    every request, and stored objects here do not age.
+    """
+    if header(request_headers, "Cache-Control") is not None:
+        return "no-cache" in _cache_directives(request_headers)
+    pragma = header(request_headers, "Pragma") or ""
+    return any(member.lower() == "no-cache" for member in _split_list(pragma))
+
+
+def needs_revalidation(revalidate: bool, request_headers: Headers) -> bool:
+    """Must a stored object be revalidated with the origin before it answers this request?
+
+    Always with `--revalidate`. Without it, stored objects are immutable for the pod's
+    lifetime, except when the client itself asks for `no-cache` (`client_asks_no_cache()`):
+    that is an explicit, rare request (`wget --no-cache`, `curl -H 'Cache-Control:
+    no-cache'`), the one way a user can check an object without restarting the pod, and
+    it costs one conditional request whose 304 still serves the body from the buffer.
+    """
+    return revalidate or client_asks_no_cache(request_headers)
