@@ -1,0 +1,419 @@
+"""Pod -> injected pod: the sidecar, its volumes, and trust and proxy wiring of every container.
+
+Pure: a deep copy of a plain dict in, a new dict out, plus warnings for the pod's owner.
+Plain dicts on purpose: a typed model (the `kubernetes` package's V1Pod) drops the fields
+its version does not know, and the diff of the two would then delete them from the pod.
+
+Idempotent by construction, not by a guard: every step replaces what an earlier pass
+added (our containers by name, our volumes by content, our mounts by path, variables by
+name), so `mutate(mutate(p)) == mutate(p)`. The one thing an earlier pass hides is the
+pod's own proxy (its containers then point at the sidecar); it is read back from the
+existing sidecar's `--upstream-proxy`.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.metadata
+import itertools
+import json
+import logging
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from injector import capture, names
+from injector.overrides import PodOptions, pod_options
+from injector.quantity import format_bytes, parse_bytes
+from injector.settings import BufferSettings, InjectorSettings, require_implemented
+from sidecar.settings import command_line
+
+logger = logging.getLogger(__name__)
+
+# Every variable a common client reads for its CA file; all point to the pod's bundle.
+TRUST_VARIABLES = (
+    "SSL_CERT_FILE",  # OpenSSL (curl, Python ssl, Ruby, Go's crypto/x509 too)
+    "REQUESTS_CA_BUNDLE",  # Python requests, which ignores the system file
+    "CURL_CA_BUNDLE",  # curl
+    "NODE_EXTRA_CA_CERTS",  # Node.js (added to its built-in roots)
+    "AWS_CA_BUNDLE",  # AWS CLI and boto3
+    "PIP_CERT",  # pip
+)
+
+# The diskcache index (SQLite and its WAL) lives in the same volume as the objects and is
+# not counted by the sidecar's --buffer-size: keep 1/16 of the volume for it, at least
+# 16 MiB and at most 512 MiB (the index grows with the number of entries, not their size).
+_INDEX_HEADROOM_MIN = 16 * 2**20
+_INDEX_HEADROOM_MAX = 512 * 2**20
+
+# Tiny volumes of the sidecar: the CA key (tmpfs, so the key never reaches the node's
+# disk) and the trust files (a CA bundle is a few hundred KiB).
+_CA_VOLUME = {"emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}
+_TRUST_VOLUME = {"emptyDir": {"sizeLimit": "16Mi"}}
+
+# The startup probe lets the pod's other containers start as soon as the proxy is up; the
+# liveness probe is lenient, since /healthz shares a process with multi-GB transfers.
+_STARTUP_PROBE = {"periodSeconds": 1, "timeoutSeconds": 2, "failureThreshold": 120}
+_LIVENESS_PROBE = {"periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6}
+
+_VERSION = importlib.metadata.version("burstbuffer")
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """The injected pod and what its owner should be told."""
+
+    pod: dict[str, Any]
+    warnings: tuple[str, ...]
+
+
+def sidecar_buffer_size(volume_size: int) -> int:
+    """The sidecar's --buffer-size for a volume of `volume_size` bytes (whole MiB)."""
+    headroom = min(max(volume_size // 16, _INDEX_HEADROOM_MIN), _INDEX_HEADROOM_MAX)
+    return (volume_size - headroom) // 2**20 * 2**20
+
+
+def sidecar_resources(settings: InjectorSettings, buffer: BufferSettings) -> dict[str, Any]:
+    """The sidecar's resources, with the buffer charged where the kernel charges it.
+
+    tmpfs pages count against the memory cgroup of the process that writes them (the
+    sidecar), and a disk emptyDir against the pod's ephemeral storage: without the buffer
+    in the limit, a full buffer gets the sidecar OOM-killed or the pod evicted.
+    """
+    requests = dict(settings.resources.requests)
+    limits = dict(settings.resources.limits)
+    charged = {"Memory": "memory", "Disk": "ephemeral-storage"}.get(buffer.medium)
+    if charged is not None:
+        if charged in limits:
+            limits[charged] = format_bytes(parse_bytes(limits[charged]) + buffer.size)
+        if charged in requests:
+            requests[charged] = format_bytes(parse_bytes(requests[charged]) + buffer.size)
+        elif charged not in limits:
+            # No request and no limit: request the buffer, so the scheduler counts it.
+            # (With only a limit, the request defaults to the limit, which includes it.)
+            requests[charged] = format_bytes(buffer.size)
+    return _resources(requests, limits)
+
+
+def _resources(requests: Mapping[str, str], limits: Mapping[str, str]) -> dict[str, Any]:
+    pairs = (("requests", requests), ("limits", limits))
+    return {key: dict(value) for key, value in pairs if value}
+
+
+def buffer_volume(buffer: BufferSettings) -> dict[str, Any]:
+    """The buffer volume's source (without its name) for the buffer's medium."""
+    size = format_bytes(buffer.size)
+    if buffer.medium == "Memory":
+        return {"emptyDir": {"medium": "Memory", "sizeLimit": size}}
+    if buffer.medium == "Disk":
+        return {"emptyDir": {"sizeLimit": size}}
+    if buffer.pmem.storage_class_name:
+        claim = {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": buffer.pmem.storage_class_name,
+            "resources": {"requests": {"storage": size}},
+        }
+        return {"ephemeral": {"volumeClaimTemplate": {"spec": claim}}}
+    return {"hostPath": {"path": buffer.pmem.host_path, "type": "Directory"}}
+
+
+def _buffer_dir(buffer: BufferSettings) -> str:
+    # A hostPath directory is shared by every pod on the node: each sidecar keeps its
+    # buffer in a subdirectory named after its pod's UID, which it creates itself (a
+    # kubelet-made subPath directory would be root's and not writable by the sidecar).
+    if buffer.medium == "pmem" and not buffer.pmem.storage_class_name:
+        return f"{names.BUFFER_DIR}/$({names.POD_UID})"
+    return names.BUFFER_DIR
+
+
+def _choose_volume_name(volumes: list[dict[str, Any]], stem: str, source: dict[str, Any]) -> str:
+    """`stem`, or `stem-1`, `stem-2`...: the first name that is free or already ours."""
+    by_name = {v.get("name"): v for v in volumes}
+    for n in itertools.count():
+        name = stem if n == 0 else f"{stem}-{n}"
+        existing = by_name.get(name)
+        if existing is None or existing == {"name": name, **source}:
+            return name
+    raise AssertionError("unreachable")
+
+
+def _upsert(items: list[dict[str, Any]], key: str, item: dict[str, Any]) -> list[dict[str, Any]]:
+    """`items` with `item` replacing the entry of the same `key`, or appended."""
+    for i, existing in enumerate(items):
+        if existing.get(key) == item[key]:
+            return [*items[:i], item, *items[i + 1 :]]
+    return [*items, item]
+
+
+def _sidecar_env(buffer: BufferSettings) -> list[dict[str, Any]]:
+    env = [{"name": names.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    if "$(" + names.POD_UID + ")" in _buffer_dir(buffer):
+        env.append(
+            {"name": names.POD_UID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}
+        )
+    return env
+
+
+def _sidecar_args(
+    settings: InjectorSettings, options: PodOptions, upstream_proxy: str | None
+) -> list[str]:
+    return command_line(
+        listen_host="127.0.0.1",
+        listen_port=settings.proxy_port,
+        # The kubelet probes (and Prometheus scrapes) the pod IP; the proxy stays on loopback.
+        admin_host=f"$({names.POD_IP})",
+        admin_port=settings.admin_port,
+        buffer_dir=_buffer_dir(options.buffer),
+        buffer_size=sidecar_buffer_size(options.buffer.size),
+        eviction=options.buffer.eviction,
+        intercept=settings.intercept + options.extra_intercept,
+        ca_dir=names.CA_DIR,
+        trust_dir=names.TRUST_DIR,
+        upstream_proxy=upstream_proxy,
+        revalidate=settings.revalidate,
+    )
+
+
+def _security_context(settings: InjectorSettings) -> dict[str, Any]:
+    return {
+        "runAsUser": settings.run_as_user,
+        "runAsGroup": settings.run_as_user,
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _sidecar_mounts(volume_names: Mapping[str, str]) -> list[dict[str, Any]]:
+    return [
+        {"name": volume_names[names.BUFFER_VOLUME], "mountPath": names.BUFFER_DIR},
+        {"name": volume_names[names.CA_VOLUME], "mountPath": names.CA_DIR},
+        {"name": volume_names[names.TRUST_VOLUME], "mountPath": names.TRUST_DIR},
+    ]
+
+
+def _sidecar(
+    settings: InjectorSettings,
+    options: PodOptions,
+    volume_names: Mapping[str, str],
+    upstream_proxy: str | None,
+) -> dict[str, Any]:
+    def health() -> dict[str, Any]:
+        return {"httpGet": {"path": "/healthz", "port": settings.admin_port}}
+
+    container: dict[str, Any] = {
+        "name": names.CONTAINER,
+        "image": settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["burstbuffer-sidecar"],
+        "args": _sidecar_args(settings, options, upstream_proxy),
+        "env": _sidecar_env(options.buffer),
+        "ports": [
+            {"name": names.ADMIN_PORT_NAME, "containerPort": settings.admin_port, "protocol": "TCP"}
+        ],
+        "startupProbe": {**health(), **_STARTUP_PROBE},
+        "livenessProbe": {**health(), **_LIVENESS_PROBE},
+        "resources": sidecar_resources(settings, options.buffer),
+        "securityContext": _security_context(settings),
+        "volumeMounts": _sidecar_mounts(volume_names),
+    }
+    if settings.native_sidecar:
+        container["restartPolicy"] = "Always"
+    else:
+        # Classic sidecar: the kubelet starts the next container only once postStart
+        # returns, so the app starts with the proxy up (Istio's holdApplicationUntilProxyStarts).
+        container["lifecycle"] = {
+            "postStart": {
+                "exec": {
+                    "command": [
+                        "burstbuffer-injector",
+                        "wait",
+                        "--port",
+                        str(settings.admin_port),
+                    ]
+                }
+            }
+        }
+    return container
+
+
+def _prime_container(sidecar: Mapping[str, Any], settings: InjectorSettings) -> dict[str, Any]:
+    """Classic mode's first init container: runs the sidecar until its trust files exist.
+
+    The pod's own init containers run before any regular container, so before the classic
+    sidecar; their subPath mounts of ca-bundle.crt need the file to exist (a subPath to a
+    missing file becomes a directory and the container fails).
+    """
+    return {
+        "name": names.INIT_CONTAINER,
+        "image": sidecar["image"],
+        "imagePullPolicy": sidecar["imagePullPolicy"],
+        "command": [
+            "burstbuffer-injector",
+            "prime",
+            "--port",
+            str(settings.admin_port),
+            "--",
+            *sidecar["command"],
+            *sidecar["args"],
+        ],
+        "env": copy.deepcopy(sidecar["env"]),
+        # It fills no buffer: the configured resources, without the buffer's share.
+        "resources": _resources(settings.resources.requests, settings.resources.limits),
+        "securityContext": copy.deepcopy(sidecar["securityContext"]),
+        "volumeMounts": copy.deepcopy(sidecar["volumeMounts"]),
+    }
+
+
+def _trust_mounts(volume: str, settings: InjectorSettings) -> list[dict[str, Any]]:
+    mounts = [{"name": volume, "mountPath": settings.trust.mount_path, "readOnly": True}]
+    for path in settings.trust.bundle_paths:
+        mounts.append(
+            {"name": volume, "mountPath": path, "subPath": names.BUNDLE_FILE, "readOnly": True}
+        )
+    return mounts
+
+
+def _wire_container(
+    container: dict[str, Any],
+    trust_volume: str,
+    variables: Mapping[str, str],
+    settings: InjectorSettings,
+    warnings: list[str],
+) -> dict[str, Any]:
+    """One app container with the trust mounts and the given variables."""
+    cname = container.get("name", "?")
+    mounts = list(container.get("volumeMounts") or [])
+    for mount in _trust_mounts(trust_volume, settings):
+        path = mount["mountPath"]
+        taken = [
+            m
+            for m in mounts
+            if posixpath.normpath(str(m.get("mountPath", ""))) == path
+            and m.get("name") != trust_volume
+        ]
+        if taken:
+            warnings.append(
+                f"container {cname}: {path} is already mounted from volume "
+                f"{taken[0].get('name')}; the pod CA is not added there"
+            )
+            continue
+        mounts = _upsert(mounts, "mountPath", mount)
+    env = list(container.get("env") or [])
+    own_values = set(variables.values())
+    for name, value in variables.items():
+        previous = next((e for e in env if e.get("name") == name), None)
+        if (
+            name in TRUST_VARIABLES
+            and previous is not None
+            and previous.get("value") not in own_values
+        ):
+            warnings.append(f"container {cname}: {name} is replaced by the pod's CA bundle")
+        env = _upsert(env, "name", {"name": name, "value": value})
+    return {**container, "volumeMounts": mounts, "env": env}
+
+
+def _previous_upstream_proxy(containers: list[dict[str, Any]]) -> str | None:
+    """The --upstream-proxy of a sidecar injected by an earlier pass, if any."""
+    flag = command_line(upstream_proxy="-")[0]
+    for container in containers:
+        if container.get("name") == names.CONTAINER:
+            args = [str(a) for a in container.get("args") or []]
+            if flag in args[:-1]:
+                return args[args.index(flag) + 1]
+    return None
+
+
+def status(
+    settings: InjectorSettings,
+    options: PodOptions,
+    volume_names: Mapping[str, str],
+    upstream_proxy: str | None,
+) -> str:
+    """The burstbuffer.io/status annotation: what was injected, as compact JSON."""
+    record: dict[str, Any] = {
+        "version": _VERSION,
+        "container": names.CONTAINER,
+        "sidecar": "native" if settings.native_sidecar else "classic",
+        "capture": settings.capture,
+        "buffer": {
+            "medium": options.buffer.medium,
+            "size": format_bytes(options.buffer.size),
+            "eviction": options.buffer.eviction,
+        },
+        "volumes": sorted(volume_names.values()),
+    }
+    if options.extra_intercept:
+        record["intercept"] = list(options.extra_intercept)
+    if upstream_proxy:
+        record["upstreamProxy"] = capture.redact(upstream_proxy)
+    if options.stage_in:
+        record["stageIn"] = list(options.stage_in)
+    return json.dumps(record, sort_keys=True, separators=(",", ":"))
+
+
+def _is_own(container: Mapping[str, Any]) -> bool:
+    return container.get("name") in names.OWN_CONTAINERS
+
+
+def mutate(original: Mapping[str, Any], settings: InjectorSettings) -> Mutation:
+    """The pod with its burstbuffer sidecar; see the module docstring."""
+    require_implemented(settings)
+    pod = copy.deepcopy(dict(original))
+    metadata = pod["metadata"] = dict(pod.get("metadata") or {})
+    spec = pod["spec"] = dict(pod.get("spec") or {})
+    annotations = dict(metadata.get("annotations") or {})
+    options = pod_options(annotations, settings)
+    warnings = list(options.warnings)
+
+    everything = list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
+    init = [
+        c for c in spec.get("initContainers") or [] if c.get("name") not in names.OWN_CONTAINERS
+    ]
+    regular = [c for c in spec.get("containers") or [] if c.get("name") not in names.OWN_CONTAINERS]
+
+    own_url = capture.sidecar_proxy_url(settings.proxy_port)
+    found = capture.find_upstream_proxy(init + regular, own_url)
+    warnings += found.warnings
+    upstream_proxy = found.url or _previous_upstream_proxy(everything)
+
+    volumes = list(spec.get("volumes") or [])
+    sources = {
+        names.BUFFER_VOLUME: buffer_volume(options.buffer),
+        names.CA_VOLUME: _CA_VOLUME,
+        names.TRUST_VOLUME: _TRUST_VOLUME,
+    }
+    volume_names: dict[str, str] = {}
+    for stem, source in sources.items():
+        volume_names[stem] = name = _choose_volume_name(volumes, stem, source)
+        volumes = _upsert(volumes, "name", {"name": name, **copy.deepcopy(source)})
+    spec["volumes"] = volumes
+
+    trust_volume = volume_names[names.TRUST_VOLUME]
+    bundle = f"{settings.trust.mount_path}/{names.BUNDLE_FILE}"
+    trust_variables = {name: bundle for name in TRUST_VARIABLES}
+
+    def wired(container: dict[str, Any], proxied: bool) -> dict[str, Any]:
+        variables = dict(trust_variables)
+        if proxied:
+            variables.update(capture.proxy_variables(container, own_url, settings.no_proxy))
+        return _wire_container(container, trust_volume, variables, settings, warnings)
+
+    sidecar = _sidecar(settings, options, volume_names, upstream_proxy)
+    # A native sidecar is up before the pod's own init containers, which are then proxied
+    # too; a classic one only starts after them, so they get trust but no proxy.
+    init = [wired(c, proxied=settings.native_sidecar) for c in init]
+    regular = [wired(c, proxied=True) for c in regular]
+    if settings.native_sidecar:
+        spec["initContainers"] = [sidecar, *init]
+    else:
+        spec["initContainers"] = [_prime_container(sidecar, settings), *init]
+        regular = [sidecar, *regular]
+    spec["containers"] = regular
+
+    annotations[names.STATUS] = status(settings, options, volume_names, upstream_proxy)
+    metadata["annotations"] = annotations
+    return Mutation(pod, tuple(dict.fromkeys(warnings)))

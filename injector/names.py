@@ -1,0 +1,41 @@
+"""The names the injector writes into pods: labels, annotations, containers, volumes, paths.
+
+Kept in one place because the webhook configuration (the chart), `decide` and `mutate`
+must agree on them, and because they are part of the documented contract.
+"""
+
+from __future__ import annotations
+
+# Opt-in (pod label, or namespace label `enabled`) and opt-out (pod label or annotation).
+INJECT = "burstbuffer.io/inject"
+# What the injector did, as JSON (see mutate.status).
+STATUS = "burstbuffer.io/status"
+# Per-pod overrides.
+BUFFER_SIZE = "burstbuffer.io/buffer-size"
+BUFFER_MEDIUM = "burstbuffer.io/buffer-medium"
+INTERCEPT = "burstbuffer.io/intercept"
+STAGE_IN = "burstbuffer.io/stage-in"
+
+# The sidecar; in classic mode also the init container that creates the CA and trust
+# files before the pod's own init containers run.
+CONTAINER = "burstbuffer"
+INIT_CONTAINER = "burstbuffer-init"
+OWN_CONTAINERS = (CONTAINER, INIT_CONTAINER)
+
+# Volume name stems; a pod that already uses one for something else gets `-1`, `-2`...
+BUFFER_VOLUME = "burstbuffer-buffer"
+CA_VOLUME = "burstbuffer-ca"
+TRUST_VOLUME = "burstbuffer-trust"
+
+# Where the sidecar mounts its volumes.
+BUFFER_DIR = "/var/lib/burstbuffer/buffer"
+CA_DIR = "/var/lib/burstbuffer/ca"
+TRUST_DIR = "/var/lib/burstbuffer/trust"
+# The trust files the sidecar writes into TRUST_DIR (DESIGN.md, --trust-dir).
+CA_FILE = "ca.crt"
+BUNDLE_FILE = "ca-bundle.crt"
+
+# Downward-API variables of the sidecar container.
+POD_IP = "POD_IP"
+POD_UID = "POD_UID"
+ADMIN_PORT_NAME = "bb-admin"
