@@ -1,0 +1,535 @@
+import string
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from mitmproxy.http import Headers
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from sidecar import policy
+from sidecar.policy import (
+    FULL,
+    UNSATISFIABLE,
+    ByteRange,
+    Reason,
+    cache_key,
+    parse_range,
+)
+
+# --- headers ---------------------------------------------------------------------------
+
+
+def mitmproxy_headers(*fields: tuple[str, str]) -> Headers:
+    return Headers([(k.encode(), v.encode()) for k, v in fields])
+
+
+def aiohttp_headers(*fields: tuple[str, str]) -> CIMultiDictProxy[str]:
+    return CIMultiDictProxy(CIMultiDict(fields))
+
+
+@pytest.mark.parametrize("make", [lambda *f: dict(f), mitmproxy_headers, aiohttp_headers])
+def test_header_is_case_insensitive_in_every_mapping(make) -> None:
+    headers = make(("Content-Type", "text/plain"), ("cache-control", "no-store"))
+    assert policy.header(headers, "content-type") == "text/plain"
+    assert policy.header(headers, "CACHE-CONTROL") == "no-store"
+    assert policy.header(headers, "ETag") is None
+
+
+@pytest.mark.parametrize("make", [mitmproxy_headers, aiohttp_headers])
+def test_header_joins_repeated_lines(make) -> None:
+    headers = make(("Vary", "Origin"), ("vary", "Accept-Encoding"))
+    assert policy.header(headers, "Vary") == "Origin, Accept-Encoding"
+    assert policy.response_is_cacheable(200, make(("Content-Length", "1"), *headers.items()))[0]
+
+
+# --- cache keys ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "key"),
+    [
+        ("HTTPS://Example.ORG/Data/File.bin", "https://example.org/Data/File.bin"),
+        ("https://example.org:443/f", "https://example.org/f"),
+        ("http://example.org:80/f", "http://example.org/f"),
+        ("http://example.org:443/f", "http://example.org:443/f"),
+        ("https://example.org:8443/f", "https://example.org:8443/f"),
+        ("https://example.org", "https://example.org/"),
+        ("https://example.org./f", "https://example.org/f"),
+        ("https://user:secret@example.org/f", "https://example.org/f"),
+        ("https://example.org/f#part-2", "https://example.org/f"),
+        ("https://example.org/f?", "https://example.org/f"),
+        ("http://[::1]:80/f", "http://[::1]/f"),
+        ("http://[::1]:8080/f", "http://[::1]:8080/f"),
+        # The path is the origin's business: no decoding, no dot segments, case kept.
+        ("https://example.org/a%2Fb/%7e/../C", "https://example.org/a%2Fb/%7e/../C"),
+        ("https://example.org/a%2fb", "https://example.org/a%2fb"),
+        # The query keeps its order and its spelling; only empty items go.
+        ("https://example.org/f?b=2&&a=1&b=1&", "https://example.org/f?b=2&a=1&b=1"),
+        (
+            "https://example.org/f?Signature=x&Expires=1",
+            "https://example.org/f?Signature=x&Expires=1",
+        ),
+    ],
+)
+def test_cache_key_normalises(url: str, key: str) -> None:
+    assert cache_key(url) == key
+
+
+S3_PRESIGNED = (
+    "https://bucket.s3.us-east-1.amazonaws.com/train/shard-00.tar?versionId=v7&partNumber=2"
+    "&X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIA%2F20250101%2Fus-east-1%2Fs3"
+    "&X-Amz-Date=20250101T000000Z&X-Amz-Expires=3600&X-Amz-SignedHeaders=host"
+    "&X-Amz-Security-Token=tok&X-Amz-Signature=abc123"
+)
+
+
+@pytest.mark.parametrize(
+    ("url", "key"),
+    [
+        (
+            S3_PRESIGNED,
+            "https://bucket.s3.us-east-1.amazonaws.com/train/shard-00.tar?versionId=v7&partNumber=2",
+        ),
+        (
+            "https://s3.amazonaws.com/b/k?AWSAccessKeyId=A&Expires=1&Signature=s%3D&x-id=GetObject",
+            "https://s3.amazonaws.com/b/k?x-id=GetObject",
+        ),
+        (
+            "https://b.s3.amazonaws.com/k?x-amz-signature=lower&X-AMZ-DATE=upper&response-content-type=a",
+            "https://b.s3.amazonaws.com/k?response-content-type=a",
+        ),
+        (
+            "https://storage.googleapis.com/b/o?generation=17&X-Goog-Algorithm=GOOG4-RSA-SHA256"
+            "&X-Goog-Credential=c&X-Goog-Date=d&X-Goog-Expires=60&X-Goog-SignedHeaders=host"
+            "&X-Goog-Signature=s",
+            "https://storage.googleapis.com/b/o?generation=17",
+        ),
+        (
+            "https://b.storage.googleapis.com/o?GoogleAccessId=g&Expires=1&Signature=s&generation=3",
+            "https://b.storage.googleapis.com/o?generation=3",
+        ),
+        (
+            "https://storage.cloud.google.com/b/o?X-Amz-Signature=s&X-Amz-Date=d",
+            "https://storage.cloud.google.com/b/o",
+        ),
+        (
+            "https://acct.blob.core.windows.net/c/b.bin?snapshot=2024-01-01&sv=2022-11-02&ss=b"
+            "&srt=o&sp=r&se=2030-01-01&st=2024-01-01&spr=https&sig=abc%3D&versionid=v1&comp=x",
+            "https://acct.blob.core.windows.net/c/b.bin?snapshot=2024-01-01&versionid=v1&comp=x",
+        ),
+        (
+            "https://cdn-lfs.huggingface.co/repos/ab/cd?response-content-disposition=inline"
+            "&Expires=1700000000&Policy=eyJ&Signature=sig&Key-Pair-Id=K2",
+            "https://cdn-lfs.huggingface.co/repos/ab/cd?response-content-disposition=inline",
+        ),
+        (
+            "https://cas-bridge.xethub.hf.co/xet/abc?X-Amz-Content-Sha256=UNSIGNED-PAYLOAD"
+            "&X-Amz-Credential=c&X-Xet-Cas-Uid=u&x-id=GetObject&Expires=1&Signature=s",
+            "https://cas-bridge.xethub.hf.co/xet/abc?X-Xet-Cas-Uid=u&x-id=GetObject",
+        ),
+    ],
+)
+def test_cache_key_drops_signing_parameters_of_the_host_family(url: str, key: str) -> None:
+    assert cache_key(url) == key
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://example.org/f?X-Amz-Signature=s",  # S3's names on another host
+        "https://huggingface.co/f?Signature=s",  # the API host itself is not a CDN
+        "https://evil-amazonaws.com/f?X-Amz-Signature=s",
+        "https://storage.googleapis.com.example.org/f?X-Goog-Signature=s",
+        "https://acct.blob.core.windows.net.example.org/f?sig=s",
+    ],
+)
+def test_cache_key_keeps_signing_lookalikes_elsewhere(url: str) -> None:
+    assert cache_key(url) == url
+
+
+@pytest.mark.parametrize(
+    "url", ["ftp://example.org/f", "/relative/path", "https:///no-host", "http://h:99999/f", "x"]
+)
+def test_cache_key_refuses_what_is_not_an_http_url(url: str) -> None:
+    with pytest.raises(ValueError):
+        cache_key(url)
+
+
+_label = st.text(string.ascii_letters + string.digits, min_size=1, max_size=8)
+_hosts = st.lists(_label, min_size=1, max_size=4).map(".".join)
+_safe = string.ascii_letters + string.digits + "-._~%!$'()*+,;:@/"
+_paths = st.text(_safe, max_size=20).map(lambda p: "/" + p)
+_names = st.text(string.ascii_letters + string.digits + "-_.", min_size=1, max_size=10)
+_values = st.text(_safe + "=?", max_size=10)
+_params = st.lists(st.tuples(_names, _values), max_size=6)
+
+
+def _query(params: list[tuple[str, str]]) -> str:
+    return "&".join(f"{name}={value}" for name, value in params)
+
+
+@st.composite
+def _urls(draw: st.DrawFn, hosts: st.SearchStrategy[str] = _hosts) -> str:
+    scheme = draw(st.sampled_from(["http", "HTTP", "https", "HttpS"]))
+    port = draw(st.sampled_from(["", ":80", ":443", ":8080"]))
+    query = _query(draw(_params))
+    fragment = draw(st.sampled_from(["", "#", "#frag"]))
+    return f"{scheme}://{draw(hosts)}{port}{draw(_paths)}{'?' + query if query else ''}{fragment}"
+
+
+@given(_urls(hosts=_hosts | st.sampled_from(["b.s3.amazonaws.com", "storage.googleapis.com"])))
+def test_cache_key_is_idempotent(url: str) -> None:
+    key = cache_key(url)
+    assert cache_key(key) == key
+
+
+# (a host of each family, a signing parameter name of that family)
+_SIGNED = st.sampled_from(
+    [
+        ("bucket.s3.eu-west-1.amazonaws.com", "X-Amz-Signature"),
+        ("s3.amazonaws.com", "x-amz-credential"),
+        ("s3.amazonaws.com", "AWSAccessKeyId"),
+        ("storage.googleapis.com", "X-Goog-Signature"),
+        ("b.storage.googleapis.com", "GoogleAccessId"),
+        ("storage.cloud.google.com", "X-Goog-Date"),
+        ("acct.blob.core.windows.net", "sig"),
+        ("acct.blob.core.windows.net", "SE"),
+        ("acct.blob.core.windows.net", "skoid"),
+        ("cdn-lfs.huggingface.co", "Key-Pair-Id"),
+        ("cas-bridge.xethub.hf.co", "X-Amz-Anything"),
+        ("cas-bridge.xethub.hf.co", "Policy"),
+    ]
+)
+
+
+@given(_SIGNED, _paths, _params, st.lists(_values, min_size=1, max_size=3), st.randoms())
+def test_signing_parameters_never_change_the_key_on_their_family(
+    signed, path, params, signatures, random
+) -> None:
+    host, name = signed
+    params = [p for p in params if p[0].lower() != name.lower()]
+    base = f"https://{host}{path}?{_query(params)}"
+    resigned = list(params)
+    for value in signatures:
+        resigned.insert(random.randint(0, len(resigned)), (name, value))
+    assert cache_key(f"https://{host}{path}?{_query(resigned)}") == cache_key(base)
+
+
+@given(_SIGNED, _paths, _values)
+def test_signing_parameters_change_the_key_elsewhere(signed, path, value) -> None:
+    _, name = signed
+    with_signature = cache_key(f"https://data.example.org{path}?{name}={value}")
+    assert with_signature != cache_key(f"https://data.example.org{path}")
+    assert with_signature.endswith(f"?{name}={value}")
+
+
+# --- cacheability ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "headers", "hit", "fill"),
+    [
+        ("GET", {}, Reason.OK, Reason.OK),
+        ("GET", {"Authorization": "Bearer t"}, Reason.OK, Reason.OK),
+        ("GET", {"Range": "bytes=0-1"}, Reason.OK, Reason.OK),
+        ("HEAD", {}, Reason.OK, Reason.METHOD),
+        ("get", {}, Reason.METHOD, Reason.METHOD),
+        ("POST", {}, Reason.METHOD, Reason.METHOD),
+        ("PUT", {}, Reason.METHOD, Reason.METHOD),
+        ("GET", {"cache-control": "no-store"}, Reason.OK, Reason.REQUEST_NO_STORE),
+        ("GET", {"Cache-Control": "max-age=0, NO-STORE"}, Reason.OK, Reason.REQUEST_NO_STORE),
+        ("GET", {"Cache-Control": "no-cache"}, Reason.OK, Reason.OK),
+        ("GET", {"If-Match": '"a"'}, Reason.ORIGIN_PRECONDITION, Reason.ORIGIN_PRECONDITION),
+        ("HEAD", {"if-unmodified-since": "x"}, Reason.ORIGIN_PRECONDITION, None),
+    ],
+)
+def test_request_cacheability(method, headers, hit, fill) -> None:
+    assert policy.request_may_hit(method, headers) == (hit == Reason.OK, hit)
+    if fill is not None:
+        assert policy.request_is_cacheable(method, headers) == (fill == Reason.OK, fill)
+
+
+OK_RESPONSE = {"Content-Length": "10", "Content-Type": "application/octet-stream"}
+
+
+@pytest.mark.parametrize(
+    ("status", "extra", "reason"),
+    [
+        (200, {}, Reason.OK),
+        (200, {"Cache-Control": "private, max-age=0, must-revalidate"}, Reason.OK),
+        (200, {"Cache-Control": "no-cache"}, Reason.OK),
+        (200, {"Content-Encoding": "identity"}, Reason.OK),
+        (200, {"Vary": "Accept-Encoding"}, Reason.OK),
+        (
+            200,
+            {"Vary": "Origin, Access-Control-Request-Method, access-control-request-headers"},
+            Reason.OK,
+        ),
+        (200, {"Vary": ""}, Reason.OK),
+        (200, {"Content-Length": "0"}, Reason.OK),
+        (200, {"Content-Length": "10, 10"}, Reason.OK),
+        (206, {"Content-Range": "bytes 0-9/20"}, Reason.STATUS),
+        (304, {}, Reason.STATUS),
+        (302, {"Location": "https://cdn/"}, Reason.STATUS),
+        (404, {}, Reason.STATUS),
+        (200, {"Content-Length": None}, Reason.NO_LENGTH),
+        (200, {"Transfer-Encoding": "chunked"}, Reason.NO_LENGTH),
+        (200, {"Content-Length": "10, 11"}, Reason.BAD_LENGTH),
+        (200, {"Content-Length": "-1"}, Reason.BAD_LENGTH),
+        (200, {"Content-Length": "1e3"}, Reason.BAD_LENGTH),
+        (200, {"Content-Length": "١٢"}, Reason.BAD_LENGTH),  # digits, but not ASCII ones
+        (200, {"Content-Length": "9" * 5000}, Reason.BAD_LENGTH),
+        (200, {"Cache-Control": "max-age=60, No-Store"}, Reason.RESPONSE_NO_STORE),
+        (200, {"Content-Encoding": "gzip"}, Reason.CONTENT_ENCODING),
+        (200, {"Content-Encoding": "identity, br"}, Reason.CONTENT_ENCODING),
+        (200, {"Vary": "*"}, Reason.VARY_STAR),
+        (200, {"Vary": "Accept-Encoding, *"}, Reason.VARY_STAR),
+        (200, {"Vary": "Cookie"}, Reason.VARY),
+        (200, {"Vary": "Accept-Encoding, Authorization"}, Reason.VARY),
+    ],
+)
+def test_response_cacheability(status: int, extra: dict, reason: Reason) -> None:
+    headers = {k: v for k, v in {**OK_RESPONSE, **extra}.items() if v is not None}
+    cacheable, why = policy.response_is_cacheable(status, headers)
+    assert (cacheable, why) == (reason == Reason.OK, reason)
+    assert why.sentence
+
+
+def test_every_reason_has_a_sentence() -> None:
+    assert all(reason.sentence for reason in Reason)
+
+
+def test_content_length() -> None:
+    assert policy.content_length({"content-length": " 42 "}) == 42
+    assert policy.content_length({}) is None
+    assert policy.content_length({"Content-Length": ""}) is None
+
+
+def test_stored_headers_replays_end_to_end_fields_in_order() -> None:
+    upstream = aiohttp_headers(
+        ("Content-Type", "application/x-tar"),
+        ("Content-Length", "10"),
+        ("Date", "Sun, 06 Nov 1994 08:49:37 GMT"),
+        ("Age", "30"),
+        ("ETag", '"abc"'),
+        ("Connection", "keep-alive, X-Hop"),
+        ("Keep-Alive", "timeout=5"),
+        ("X-Hop", "1"),
+        ("Transfer-Encoding", "identity"),
+        ("Set-Cookie", "a=1"),
+        ("Set-Cookie", "b=2"),
+        ("Last-Modified", "Sun, 06 Nov 1994 08:49:37 GMT"),
+        ("Content-Disposition", 'attachment; filename="f.tar"'),
+        ("Cache-Control", 'private, no-cache="X-Secret"'),
+        ("X-Secret", "s"),
+        ("x-goog-hash", "crc32c=abc"),
+        ("x-goog-hash", "md5=def"),
+        ("x-amz-version-id", "v7"),
+        ("X-Repo-Commit", "0123"),
+        ("Accept-Ranges", "bytes"),
+        ("Access-Control-Allow-Origin", "*"),
+        ("Alt-Svc", 'h3=":443"'),
+        ("Proxy-Authenticate", "Basic"),
+        ("Upgrade", "h2c"),
+        ("Content-Encoding", "identity"),
+        ("Content-Range", "bytes 0-9/10"),
+    )
+    assert policy.stored_headers(upstream) == [
+        ("Content-Type", "application/x-tar"),
+        ("ETag", '"abc"'),
+        ("Last-Modified", "Sun, 06 Nov 1994 08:49:37 GMT"),
+        ("Content-Disposition", 'attachment; filename="f.tar"'),
+        ("Cache-Control", 'private, no-cache="X-Secret"'),
+        ("x-goog-hash", "crc32c=abc"),
+        ("x-goog-hash", "md5=def"),
+        ("x-amz-version-id", "v7"),
+        ("X-Repo-Commit", "0123"),
+        ("Accept-Ranges", "bytes"),
+    ]
+
+
+def test_stored_headers_from_mitmproxy_headers() -> None:
+    upstream = mitmproxy_headers(("content-type", "text/plain"), ("SET-COOKIE", "a=1"))
+    assert policy.stored_headers(upstream) == [("content-type", "text/plain")]
+
+
+# --- ranges ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "size", "expected"),
+    [
+        (None, 100, FULL),
+        ("bytes=0-9", 100, ByteRange(0, 9)),
+        ("bytes=10-", 100, ByteRange(10, 99)),
+        ("bytes=-10", 100, ByteRange(90, 99)),
+        ("bytes=-1000", 100, ByteRange(0, 99)),
+        ("bytes=0-0", 100, ByteRange(0, 0)),
+        ("bytes=99-99", 100, ByteRange(99, 99)),
+        ("bytes=50-1000", 100, ByteRange(50, 99)),
+        ("BYTES=0-9", 100, ByteRange(0, 9)),
+        (" bytes = 0-9 ", 100, ByteRange(0, 9)),
+        ("bytes=0-9,", 100, ByteRange(0, 9)),
+        ("bytes=007-0009", 100, ByteRange(7, 9)),
+        # unsatisfiable: 416
+        ("bytes=100-", 100, UNSATISFIABLE),
+        ("bytes=100-200", 100, UNSATISFIABLE),
+        ("bytes=-0", 100, UNSATISFIABLE),
+        ("bytes=100-,200-300,-0", 100, UNSATISFIABLE),
+        # invalid, or not bytes: ignored, 200
+        ("bytes=9-0", 100, FULL),
+        ("bytes=0-9,5-1", 100, FULL),
+        ("bytes=", 100, FULL),
+        ("bytes=,", 100, FULL),
+        ("bytes=-", 100, FULL),
+        ("bytes=a-b", 100, FULL),
+        ("bytes=0-9;x", 100, FULL),
+        ("bytes=+1-2", 100, FULL),
+        ("bytes=١-٢", 100, FULL),
+        ("bytes 0-9", 100, FULL),
+        ("items=0-9", 100, FULL),
+        ("bytes=0-9, bytes=20-29", 100, FULL),  # two Range lines, joined
+        # several ranges: one if they coalesce, the whole object otherwise
+        ("bytes=0-9,10-19", 100, ByteRange(0, 19)),
+        ("bytes=20-29,0-24", 100, ByteRange(0, 29)),
+        ("bytes=500-600,601-999", 10000, ByteRange(500, 999)),
+        ("bytes=0-9,200-300", 100, ByteRange(0, 9)),  # the other one is unsatisfiable
+        ("bytes=0-0,-1", 100, FULL),
+        ("bytes=0-9,20-29", 100, FULL),
+        (",".join(["bytes=0-1"] + ["0-1"] * policy.MAX_RANGE_SPECS), 100, FULL),
+        # huge numbers saturate, they never raise
+        ("bytes=0-" + "9" * 5000, 100, ByteRange(0, 99)),
+        ("bytes=" + "9" * 5000 + "-", 100, UNSATISFIABLE),
+        ("bytes=-" + "9" * 5000, 100, ByteRange(0, 99)),
+        ("bytes=" + "0" * 5000 + "1-2", 100, ByteRange(1, 2)),
+        # an empty object: Range is ignored
+        ("bytes=0-9", 0, FULL),
+        ("bytes=-5", 0, FULL),
+    ],
+)
+def test_parse_range(value: str | None, size: int, expected) -> None:
+    assert parse_range(value, size) == expected
+
+
+def test_content_range() -> None:
+    assert policy.content_range(0, 499, 1234) == "bytes 0-499/1234"
+    assert policy.unsatisfied_range(1234) == "bytes */1234"
+    assert ByteRange(10, 19).length == 10
+
+
+@given(
+    st.text(max_size=60) | st.from_regex(r"bytes=[0-9,\- ]{0,40}", fullmatch=True),
+    st.integers(0, 10**20),
+)
+def test_parse_range_never_raises_and_stays_inside(value: str, size: int) -> None:
+    result = parse_range(value, size)
+    assert result in (FULL, UNSATISFIABLE) or isinstance(result, ByteRange)
+    if isinstance(result, ByteRange):
+        assert 0 <= result.start <= result.end < size
+
+
+@given(st.integers(1, 10**6), st.data())
+def test_parse_range_single_ranges_match_a_model(size: int, data: st.DataObject) -> None:
+    first = data.draw(st.integers(0, 2 * size))
+    last = data.draw(st.none() | st.integers(first, 3 * size))
+    result = parse_range(f"bytes={first}-{'' if last is None else last}", size)
+    if first >= size:
+        assert result == UNSATISFIABLE
+    else:
+        assert result == ByteRange(first, size - 1 if last is None else min(last, size - 1))
+    suffix = data.draw(st.integers(0, 2 * size))
+    result = parse_range(f"bytes=-{suffix}", size)
+    assert result == (UNSATISFIABLE if suffix == 0 else ByteRange(max(size - suffix, 0), size - 1))
+
+
+# --- conditional requests --------------------------------------------------------------
+
+DATE = "Sun, 06 Nov 1994 08:49:37 GMT"
+EARLIER = "Sun, 06 Nov 1994 08:49:36 GMT"
+LATER = "Mon, 07 Nov 1994 08:49:37 GMT"
+
+
+@pytest.mark.parametrize(
+    ("if_range", "etag", "last_modified", "allows"),
+    [
+        (None, '"a"', DATE, True),
+        (None, None, None, True),
+        ('"a"', '"a"', None, True),
+        (' "a" ', '"a"', DATE, True),
+        ('"a"', '"b"', DATE, False),
+        ('"a"', None, DATE, False),
+        ('W/"a"', '"a"', DATE, False),  # a weak tag never passes a strong comparison
+        ('"a"', 'W/"a"', DATE, False),
+        ("a", "a", DATE, False),  # not an entity tag, and not a date
+        (DATE, '"a"', DATE, True),
+        (DATE, None, DATE, True),
+        (LATER, '"a"', DATE, False),
+        ("Sunday, 06-Nov-94 08:49:37 GMT", None, DATE, False),  # same instant, not the same text
+        (DATE, '"a"', None, False),
+        ("garbage", None, "garbage", False),
+    ],
+)
+def test_if_range_allows(if_range, etag, last_modified, allows: bool) -> None:
+    assert policy.if_range_allows(if_range, etag, last_modified) is allows
+
+
+@pytest.mark.parametrize(
+    ("request_headers", "etag", "last_modified", "expected"),
+    [
+        ({}, '"a"', DATE, False),
+        ({"If-None-Match": '"a"'}, '"a"', DATE, True),
+        ({"if-none-match": 'W/"a"'}, '"a"', DATE, True),  # weak comparison
+        ({"If-None-Match": '"a"'}, 'W/"a"', DATE, True),
+        ({"If-None-Match": '"x", "y,z", "a"'}, '"a"', DATE, True),
+        ({"If-None-Match": '"y,z"'}, '"y,z"', DATE, True),
+        ({"If-None-Match": '"b"'}, '"a"', DATE, False),
+        ({"If-None-Match": "*"}, None, None, True),
+        ({"If-None-Match": '"a"'}, None, DATE, False),
+        ({"If-None-Match": "a"}, "a", DATE, False),  # unquoted: not an entity tag
+        # If-None-Match decides alone: If-Modified-Since is then ignored
+        ({"If-None-Match": '"b"', "If-Modified-Since": LATER}, '"a"', DATE, False),
+        ({"If-None-Match": '"a"', "If-Modified-Since": EARLIER}, '"a"', DATE, True),
+        ({"If-Modified-Since": DATE}, '"a"', DATE, True),
+        ({"If-Modified-Since": LATER}, None, DATE, True),
+        ({"If-Modified-Since": EARLIER}, None, DATE, False),
+        ({"If-Modified-Since": "Sun Nov  6 08:49:37 1994"}, None, DATE, True),  # asctime
+        ({"If-Modified-Since": "Sunday, 06-Nov-94 08:49:37 GMT"}, None, DATE, True),  # RFC 850
+        ({"If-Modified-Since": "yesterday"}, None, DATE, False),
+        ({"If-Modified-Since": LATER}, None, None, False),
+        ({"If-Modified-Since": LATER}, None, "not a date", False),
+    ],
+)
+def test_not_modified(request_headers, etag, last_modified, expected: bool) -> None:
+    assert policy.not_modified(request_headers, etag, last_modified) is expected
+
+
+def test_conditional_headers() -> None:
+    assert policy.conditional_headers('"a"', DATE) == {
+        "If-None-Match": '"a"',
+        "If-Modified-Since": DATE,
+    }
+    assert policy.conditional_headers(None, DATE) == {"If-Modified-Since": DATE}
+    assert policy.conditional_headers('W/"a"', None) == {"If-None-Match": 'W/"a"'}
+    assert policy.conditional_headers(None, None) == {}
+
+
+# --- freshness -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("revalidate", "request_headers", "expected"),
+    [
+        (False, {}, False),
+        (True, {}, True),
+        (False, {"Cache-Control": "no-cache"}, True),
+        (False, {"cache-control": "max-age=0, No-Cache"}, True),
+        (True, {"Cache-Control": "no-cache"}, True),
+        (False, {"Cache-Control": "max-age=0"}, False),  # sent by some clients on every request
+        (False, {"Cache-Control": "no-store"}, False),
+        (False, {"Pragma": "no-cache"}, True),  # an HTTP/1.0 client
+        (False, {"Pragma": "no-cache", "Cache-Control": "max-age=5"}, False),  # Cache-Control wins
+        (False, {"Pragma": "x-custom"}, False),
+    ],
+)
+def test_needs_revalidation(revalidate: bool, request_headers, expected: bool) -> None:
+    assert policy.needs_revalidation(revalidate, request_headers) is expected
