@@ -8,11 +8,13 @@ nothing.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 import trustme
+
+# A clean environment for client processes: see bench.harness.clean_env.
+from bench.harness import clean_env as client_env  # noqa: F401
 
 # Variables that change which CAs a client trusts or which proxy it uses.
 CA_AND_PROXY_VARIABLES = (
@@ -33,22 +35,6 @@ CA_AND_PROXY_VARIABLES = (
     "no_proxy",
     "NO_PROXY",
 )
-
-
-def client_env(**extra: str) -> dict[str, str]:
-    """A minimal environment for a client process: PATH and a locale, plus `extra`.
-
-    `PIP_CONFIG_FILE=/dev/null` keeps pip from reading this machine's /etc/pip.conf,
-    which names a CA of its own.
-    """
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "LANG": "C.UTF-8",
-        "HOME": "/nonexistent",
-        "PIP_CONFIG_FILE": "/dev/null",
-    }
-    env.update(extra)
-    return env
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,211 @@
+"""Local stand-ins for a pod's network: origin and sidecar processes on loopback.
+
+Used by `make demo`, the benchmarks and the end-to-end tests alike, so that all of
+them start the real programs the same way. The sidecar runs in its own mount
+namespace whose /etc/hosts maps the test host names to 127.0.0.1 (root, `unshare`),
+so nothing ever leaves this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trustme
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+START_TIMEOUT = 20.0  # seconds for a process to come up
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """A minimal environment for a child process: PATH and a locale, plus `extra`.
+
+    Nothing CA- or proxy-related is inherited; `PIP_CONFIG_FILE=/dev/null` keeps pip
+    from reading a machine-wide pip.conf that names a CA of its own.
+    """
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "LANG": "C.UTF-8",
+        "HOME": "/nonexistent",
+        "PIP_CONFIG_FILE": "/dev/null",
+    }
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout: float = START_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+def http_get(url: str, timeout: float = 5.0, cafile: Path | None = None) -> tuple[int, bytes]:
+    """A direct request (no proxy) to a local admin or control endpoint."""
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+    if cafile is not None:
+        context = ssl.create_default_context(cafile=str(cafile))
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    opener = urllib.request.build_opener(*handlers)
+    try:
+        with opener.open(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@dataclass
+class Process:
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_process(argv: list[str], log: Path, env: dict[str, str] | None = None) -> Process:
+    handle = open(log, "wb")
+    popen = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    handle.close()
+    return Process(popen, log)
+
+
+@dataclass
+class OriginServer:
+    port: int
+    process: Process
+    ca_pem: Path
+
+    def url(self, name: str, host: str = "origin.test", **query: object) -> str:
+        suffix = "?" + urllib.parse.urlencode(query) if query else ""
+        return f"https://{host}:{self.port}/files/{name}{suffix}"
+
+    def requests(self) -> dict[str, dict[str, int]]:
+        _, body = http_get(f"https://127.0.0.1:{self.port}/__requests", cafile=self.ca_pem)
+        return json.loads(body)
+
+    def count(self, name: str, **query: object) -> int:
+        target = self.url(name, **query).split(f":{self.port}", 1)[1]
+        return self.requests()["requests"].get(target, 0)
+
+
+def start_origin(
+    directory: Path, ca: trustme.CA, names: list[str], tmp: Path, rate: float | None = None
+) -> OriginServer:
+    cert = ca.issue_cert(*names, "127.0.0.1")
+    cert_pem, key_pem, ca_pem = tmp / "origin.pem", tmp / "origin.key", tmp / "origin-ca.pem"
+    cert.private_key_and_cert_chain_pem.write_to_path(str(key_pem))
+    cert.cert_chain_pems[0].write_to_path(str(cert_pem))
+    ca.cert_pem.write_to_path(str(ca_pem))
+    port = free_port()
+    argv = [PYTHON, "-m", "bench.origin", "--dir", str(directory), "--port", str(port)]
+    argv += ["--cert", str(cert_pem), "--key", str(key_pem)]
+    if rate:
+        argv += ["--rate", str(rate)]
+    process = start_process(argv, tmp / "origin.log")
+    wait_until(lambda: port_open(port), f"origin on port {port}")
+    return OriginServer(port, process, ca_pem)
+
+
+@dataclass
+class Sidecar:
+    directory: Path
+    hosts_file: Path
+    args: list[str]
+    proxy_port: int = field(default_factory=free_port)
+    admin_port: int = field(default_factory=free_port)
+    process: Process | None = None
+
+    @property
+    def buffer_dir(self) -> Path:
+        return self.directory / "buffer"
+
+    @property
+    def ca_dir(self) -> Path:
+        return self.directory / "ca"
+
+    @property
+    def trust_dir(self) -> Path:
+        return self.directory / "trust"
+
+    @property
+    def bundle(self) -> Path:
+        return self.trust_dir / "ca-bundle.crt"
+
+    @property
+    def proxy(self) -> str:
+        return f"http://127.0.0.1:{self.proxy_port}"
+
+    def start(self) -> None:
+        argv = [
+            "unshare", "-m", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"',
+            str(self.hosts_file), PYTHON, "-m", "sidecar",
+            "--listen-port", str(self.proxy_port),
+            "--admin-port", str(self.admin_port),
+            "--buffer-dir", str(self.buffer_dir),
+            "--ca-dir", str(self.ca_dir),
+            "--trust-dir", str(self.trust_dir),
+            *self.args,
+        ]  # fmt: skip
+        env = clean_env(PYTHONPATH=str(ROOT))
+        self.process = start_process(argv, self.directory / "sidecar.log", env)
+        try:
+            wait_until(self.healthy, "the sidecar's /healthz")
+        except TimeoutError:
+            raise TimeoutError(f"sidecar did not become healthy:\n{self.log()}") from None
+
+    def healthy(self) -> bool:
+        assert self.process is not None
+        if self.process.popen.poll() is not None:
+            raise RuntimeError(f"sidecar exited:\n{self.log()}")
+        try:
+            return http_get(f"http://127.0.0.1:{self.admin_port}/healthz")[0] == 200
+        except OSError:
+            return False
+
+    def stats(self) -> dict[str, int]:
+        status, body = http_get(f"http://127.0.0.1:{self.admin_port}/stats")
+        assert status == 200
+        return json.loads(body)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is not None:
+            self.process.stop(sig)
+
+    def log(self) -> str:
+        return self.process.output() if self.process else ""

@@ -1,0 +1,184 @@
+"""A local HTTPS origin for the demo, the benchmarks and the tests.
+
+It serves the files of one directory under `/files/<name>` like a dataset host:
+ETag, Last-Modified, single Range requests, If-Range, If-None-Match, HEAD. Query
+parameters turn on the behaviours a cache must survive:
+
+    rate=N        throttle this response to N bytes/s (a far host's per-connection cap)
+    drop=N        close the connection after N body bytes, on the first request only
+    dropalways=N  the same, on every request
+    novalidators  send neither ETag nor Last-Modified (a body that cannot be resumed)
+    noranges      ignore Range (always 200)
+    lie=N         announce N more bytes in Content-Length than are sent, then close
+    gzip          claim Content-Encoding: gzip whatever the client asked
+    nostore       Cache-Control: no-store
+    status=N      answer N with a short text body
+
+`GET /__requests` returns JSON counts of the requests seen, by request target
+(`/files/a?x=1`), with `ranges` counting those that carried a Range header.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import email.utils
+import hashlib
+import json
+import os
+import re
+import ssl
+import time
+from pathlib import Path
+
+from aiohttp import web
+
+CHUNK = 256 * 1024
+_RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+class Origin:
+    def __init__(self, directory: Path, default_rate: float | None) -> None:
+        self.directory = directory
+        self.default_rate = default_rate
+        self.requests: collections.Counter[str] = collections.Counter()
+        self.ranges: collections.Counter[str] = collections.Counter()
+        self._dropped: set[str] = set()
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/__requests", self.counts)
+        app.router.add_route("*", "/files/{name}", self.serve)
+        return app
+
+    async def counts(self, _: web.Request) -> web.Response:
+        return web.json_response({"requests": self.requests, "ranges": self.ranges})
+
+    async def serve(self, request: web.Request) -> web.StreamResponse:
+        target = request.path_qs
+        self.requests[target] += 1
+        if "Range" in request.headers:
+            self.ranges[target] += 1
+        q = request.query
+        if "status" in q:
+            return web.Response(status=int(q["status"]), text=f"status {q['status']}\n")
+        path = self.directory / request.match_info["name"]
+        if not path.is_file():
+            raise web.HTTPNotFound(text="no such file\n")
+        stat = path.stat()
+        size = stat.st_size
+        headers = {"Content-Type": "application/octet-stream"}
+        etag = '"' + hashlib.sha1(f"{path.name}{size}{stat.st_mtime_ns}".encode()).hexdigest() + '"'
+        last_modified = email.utils.formatdate(stat.st_mtime, usegmt=True)
+        if "novalidators" not in q:
+            headers["ETag"] = etag
+            headers["Last-Modified"] = last_modified
+        if "noranges" not in q:
+            headers["Accept-Ranges"] = "bytes"
+        if "gzip" in q:
+            headers["Content-Encoding"] = "gzip"
+        if "nostore" in q:
+            headers["Cache-Control"] = "no-store"
+        if "novalidators" not in q and request.headers.get("If-None-Match") == etag:
+            return web.Response(status=304, headers={"ETag": etag})
+
+        start, end, status = 0, size, 200
+        wanted = _RANGE_RE.match(request.headers.get("Range", ""))
+        if_range = request.headers.get("If-Range")
+        if wanted and "noranges" not in q and if_range in (None, etag, last_modified):
+            first, last = wanted.groups()
+            if first:
+                start, end = int(first), min(int(last) + 1 if last else size, size)
+            elif last:
+                start, end = max(size - int(last), 0), size
+            if start >= size:
+                return web.Response(status=416, headers={"Content-Range": f"bytes */{size}"})
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+
+        announced = end - start + int(q.get("lie", 0))
+        headers["Content-Length"] = str(announced)
+        response = web.StreamResponse(status=status, headers=headers)
+        await response.prepare(request)
+        if request.method == "HEAD":
+            return response
+
+        drop_at = None
+        if "dropalways" in q:
+            drop_at = int(q["dropalways"])
+        elif "drop" in q and target not in self._dropped:
+            self._dropped.add(target)
+            drop_at = int(q["drop"])
+        rate = float(q["rate"]) if "rate" in q else self.default_rate
+        await self._send_body(request, response, path, start, end, drop_at, rate)
+        if "lie" in q:
+            _abort(request)
+        return response
+
+    async def _send_body(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        path: Path,
+        start: int,
+        end: int,
+        drop_at: int | None,
+        rate: float | None,
+    ) -> None:
+        began = time.monotonic()
+        sent = 0
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            while start + sent < end:
+                size = min(CHUNK, end - start - sent)
+                if rate:
+                    size = min(size, max(int(rate / 20), 1))
+                if drop_at is not None and sent + size > drop_at:
+                    await response.write(os.pread(fd, drop_at - sent, start + sent))
+                    await asyncio.sleep(0.05)
+                    _abort(request)
+                    return
+                chunk = os.pread(fd, size, start + sent)
+                await response.write(chunk)
+                sent += len(chunk)
+                if rate:
+                    ahead = sent / rate - (time.monotonic() - began)
+                    if ahead > 0:
+                        await asyncio.sleep(ahead)
+        finally:
+            os.close(fd)
+
+
+def _abort(request: web.Request) -> None:
+    if request.transport is not None:
+        request.transport.abort()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", type=Path, required=True, help="directory of files to serve")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--cert", type=Path, help="PEM certificate chain (omit for plain HTTP)")
+    parser.add_argument("--key", type=Path, help="PEM private key")
+    parser.add_argument("--rate", type=float, help="default per-response throttle, bytes/s")
+    args = parser.parse_args()
+    context = None
+    if args.cert:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(args.cert, args.key)
+    origin = Origin(args.dir, args.rate)
+    print(json.dumps({"listening": f"{args.host}:{args.port}"}), flush=True)
+    web.run_app(
+        origin.app(),
+        host=args.host,
+        port=args.port,
+        ssl_context=context,
+        print=None,
+        access_log=None,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""`burstbuffer-sidecar`: flags and environment -> Settings -> the pod CA -> the proxy.
+
+mitmproxy runs embedded, with only the addons a cache needs (its default set costs
+about half of the CPU per small request in event dispatch), and two defaults
+changed on purpose:
+
+- `connection_strategy=lazy`: with the default `eager`, every CONNECT opens an
+  origin connection, so a hit would cost one and would fail when the origin is down.
+- `http2=false` towards clients: the fast response path speaks HTTP/1.1, the
+  dataset clients that matter (wget, curl, urllib, requests) all do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
+from mitmproxy.master import Master
+
+from certs import bundle
+from certs.ca import load_or_create_ca
+from sidecar import admin, respond
+from sidecar.addon import BurstBuffer
+from sidecar.fill import Fills
+from sidecar.metrics import Metrics
+from sidecar.settings import Settings, SettingsError, host_glob_regex, parse
+from sidecar.store import Store, StoreError
+from sidecar.upstream import Upstream
+
+logger = logging.getLogger("sidecar")
+
+# Name of the origin trust file (public roots + --upstream-ca) in the private CA dir.
+UPSTREAM_TRUST_FILE = "upstream-trust.pem"
+
+
+def allow_hosts(globs: Sequence[str]) -> list[str]:
+    """mitmproxy `allow_hosts` patterns (matched against `host:port`) for host globs."""
+    return [rf"^(?:{host_glob_regex(glob)}):\d+$" for glob in globs]
+
+
+async def run(settings: Settings) -> None:
+    ca = load_or_create_ca(settings.ca_dir)
+    extra_ca = bundle.read_upstream_ca(settings.upstream_ca) if settings.upstream_ca else None
+    upstream_trust = settings.ca_dir / UPSTREAM_TRUST_FILE
+    bundle.write_private(upstream_trust, bundle.upstream_trust_pem(extra_ca))
+    if settings.trust_dir is not None:
+        bundle.write_trust_files(settings.trust_dir, ca.cert_pem, extra_ca)
+
+    store = Store(settings.buffer_dir, settings.buffer_size, settings.eviction)
+    try:
+        store.open()
+    except StoreError as e:
+        # A broken buffer must not break downloads: run as a pass-through proxy.
+        logger.error("%s; serving everything from upstream", e)
+
+    upstream = Upstream(upstream_trust, settings.upstream_proxy)
+    await upstream.open()
+    master = Master(None)
+    ps = proxyserver.Proxyserver()
+    # The gauges read `fills` at scrape time (it is bound just below).
+    metrics = Metrics(
+        lambda: {
+            "entries": store.entries,
+            "unverified_entries": store.unverified,
+            "buffer_bytes": store.used,
+            "reserved_bytes": store.reserved,
+            "capacity_bytes": store.capacity,
+            "fills_in_progress": len(fills),
+        }
+    )
+    fills = Fills(store, upstream, metrics)
+    addon = BurstBuffer(settings, store, fills, upstream, metrics, respond.Connections(ps))
+    master.addons.add(
+        core.Core(),
+        ps,
+        next_layer.NextLayer(),
+        tlsconfig.TlsConfig(),
+        errorcheck.ErrorCheck(),
+        addon,
+    )
+    master.options.update(
+        listen_host=settings.listen_host,
+        listen_port=settings.listen_port,
+        confdir=str(settings.ca_dir),
+        connection_strategy="lazy",
+        http2=False,
+        allow_hosts=allow_hosts(settings.intercept),
+        ssl_verify_upstream_trusted_ca=str(upstream_trust),
+        mode=[f"upstream:{settings.upstream_proxy}"] if settings.upstream_proxy else ["regular"],
+        # What mitmproxy relays itself (non-GET, HEAD misses) streams past 1 MiB.
+        stream_large_bodies="1m",
+    )
+
+    def ready() -> str | None:
+        if not ps.is_running or not ps.listen_addrs():
+            return "the proxy is not listening yet"
+        if settings.trust_dir is not None and not all(
+            (settings.trust_dir / name).is_file() for name in bundle.TRUST_FILES
+        ):
+            return "the trust files are not written yet"
+        return None
+
+    runner = await admin.start(
+        admin.make_app(ready, metrics.stats, metrics.prometheus_text),
+        settings.admin_host,
+        settings.admin_port,
+    )
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, master.shutdown)
+    verify = asyncio.create_task(store.verify_existing())
+    logger.info(
+        "proxy on %s:%d, buffer %s (%d bytes, eviction %s), intercepting %d host patterns",
+        settings.listen_host,
+        settings.listen_port,
+        settings.buffer_dir,
+        settings.buffer_size,
+        settings.eviction,
+        len(settings.intercept),
+    )
+    try:
+        await master.run()
+    finally:
+        verify.cancel()
+        await fills.close()
+        await upstream.close()
+        await runner.cleanup()
+        store.close()
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # mitmproxy logs every client connect and disconnect at INFO: too chatty for a sidecar.
+    logging.getLogger("mitmproxy").setLevel(logging.WARNING)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        settings = parse(sys.argv[1:] if argv is None else argv, os.environ)
+    except SettingsError as e:
+        print(f"burstbuffer-sidecar: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    _configure_logging()
+    try:
+        asyncio.run(run(settings))
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,302 @@
+"""Fills: one upstream fetch per object, written into the buffer, read by many clients.
+
+A fill belongs to no client. Its pump copies the origin's body into a partial file
+in the buffer at the origin's pace; every client reading the object (the one that
+started it, those that joined, Range readers) follows the file at its own pace, so a
+slow client never slows the fill and nothing is held in memory. Time to first byte
+is the origin's: a reader is handed bytes as soon as they are on the buffer.
+
+When the body is complete and its length matches Content-Length the partial file is
+renamed into the buffer (commit); any failure deletes it. If the origin drops the
+connection mid-body, the pump resumes from the byte it had with a Range request
+validated by If-Range, a few times with backoff; if it cannot, every reader's
+connection is aborted, so no client ever sees a short body with a success status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+
+from sidecar import policy
+from sidecar.metrics import Metrics
+from sidecar.store import Reservation, Store, StoreError
+from sidecar.upstream import CannotResume, Upstream, UpstreamError, Validators, forwarded_headers
+
+logger = logging.getLogger(__name__)
+
+# Bytes per read of a body file; large, because each read becomes TLS records in one go.
+CHUNK = 256 * 1024
+# Attempts to resume a dropped upstream body, and the first backoff (doubled each time).
+RESUME_ATTEMPTS = 4
+RESUME_BACKOFF = 0.25  # seconds
+
+
+class FillFailed(Exception):
+    """The fill could not complete; readers must abort their responses."""
+
+
+class Declined(Exception):
+    """The object is not being stored (not cacheable, or no room): fetch it yourself."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Head:
+    """The response every reader of a fill sends: 200 with the stored headers."""
+
+    size: int
+    headers: tuple[tuple[str, str], ...]
+
+
+class Fill:
+    """One object being copied from its origin into the buffer."""
+
+    def __init__(self, key: str, url: str) -> None:
+        self.key = key
+        self.url = url
+        self.head: asyncio.Future[Head] = asyncio.get_running_loop().create_future()
+        self.written = 0
+        self.failure: BaseException | None = None
+        self.complete = False
+        self._progress = asyncio.Event()
+        # One descriptor on the body, shared by all readers (pread needs no position):
+        # it stays valid across the rename of a commit and the unlink of a failure.
+        self._fd: int | None = None
+        self._readers = 0
+        self._ended = False
+
+    def attach(self) -> None:
+        """Count a reader in; every attach() is paired with a detach()."""
+        self._readers += 1
+
+    def detach(self) -> None:
+        self._readers -= 1
+        self._close_when_unused()
+
+    def _close_when_unused(self) -> None:
+        if self._ended and self._readers == 0 and self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _advance(self, count: int) -> None:
+        self.written += count
+        self._wake()
+
+    def _finish(self, failure: BaseException | None) -> None:
+        self.failure = failure
+        self.complete = failure is None
+        self._ended = True
+        self._close_when_unused()
+        if not self.head.done():
+            self.head.set_exception(failure or FillFailed("fill ended before its headers"))
+            self.head.exception()  # mark retrieved: nobody may be waiting
+        self._wake()
+
+    def _wake(self) -> None:
+        self._progress.set()
+        self._progress = asyncio.Event()
+
+    async def read(self, start: int, end: int) -> AsyncIterator[bytes]:
+        """Bytes [start, end) of the body, as soon as the pump has written them.
+
+        Only for an attached reader, after `head` resolved.
+        """
+        offset = start
+        while offset < end:
+            if offset >= self.written:
+                if self.failure is not None:
+                    raise FillFailed(str(self.failure))
+                await self._progress.wait()
+                continue
+            assert self._fd is not None
+            chunk = os.pread(self._fd, min(CHUNK, end - offset, self.written - offset), offset)
+            if not chunk:
+                raise FillFailed("the partial body is shorter than reported")
+            offset += len(chunk)
+            yield chunk
+
+
+class Fills:
+    """The fills in progress, keyed by cache key, and the pumps that drive them."""
+
+    def __init__(self, store: Store, upstream: Upstream, metrics: Metrics) -> None:
+        self._store = store
+        self._upstream = upstream
+        self._metrics = metrics
+        self._active: dict[str, Fill] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def __len__(self) -> int:
+        return len(self._active)
+
+    def join(self, key: str) -> Fill | None:
+        """The running fill of `key`, attached for the caller (who must detach), or None."""
+        fill = self._active.get(key)
+        if fill is not None:
+            fill.attach()
+        return fill
+
+    async def begin(
+        self, key: str, url: str, request_headers: list[tuple[str, str]]
+    ) -> tuple[Fill | None, aiohttp.ClientResponse | None, str]:
+        """Fetch `url` upstream and decide whether it becomes a fill.
+
+        Returns (fill, None, "") when the body is being stored (the fill attached for
+        the caller, who must detach), or (None, response, reason) when it is passed
+        through: the caller relays `response` and releases it. Raises UpstreamError when
+        the origin cannot be reached. Clients that ask for the key meanwhile join this
+        attempt through `join()`.
+        """
+        fill = Fill(key, url)
+        self._active[key] = fill
+        headers = forwarded_headers(request_headers, for_fill=True)
+        try:
+            self._metrics.counters.upstream_requests += 1
+            response = await self._upstream.get(url, headers)
+        except UpstreamError as e:
+            self._metrics.counters.upstream_errors += 1
+            self._end(fill, e)
+            raise
+        cacheable, reason = policy.response_is_cacheable(response.status, response.headers)
+        reservation = None
+        if cacheable:
+            size = int(response.headers["Content-Length"])
+            reservation = self._reserve(size)
+            if reservation is None:
+                reason = "no-room"
+                self._metrics.counters.admissions_refused += 1
+        if reservation is None:
+            self._end(fill, Declined(reason))
+            return None, response, reason
+        stored = tuple(policy.stored_headers(response.headers))
+        try:
+            # Created before anyone reads, so that readers can open it at once.
+            out = os.open(reservation.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fill._fd = os.open(reservation.path, os.O_RDONLY)
+        except OSError as e:
+            self._store.abort(reservation)
+            self._metrics.buffer_trouble("creating a partial body", e)
+            self._end(fill, Declined("buffer-error"))
+            return None, response, "buffer-error"
+        fill.attach()
+        fill.head.set_result(Head(reservation.size, stored))
+        task = asyncio.create_task(self._pump(fill, response, reservation, out, headers))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return fill, None, ""
+
+    def _reserve(self, size: int) -> Reservation | None:
+        try:
+            return self._store.reserve(size)
+        except StoreError as e:
+            self._metrics.buffer_trouble("reserving room", e)
+            return None
+
+    def _end(self, fill: Fill, failure: BaseException | None) -> None:
+        if self._active.get(fill.key) is fill:
+            del self._active[fill.key]
+        fill._finish(failure)
+
+    async def _pump(
+        self,
+        fill: Fill,
+        response: aiohttp.ClientResponse,
+        reservation: Reservation,
+        out: int,
+        headers: list[tuple[str, str]],
+    ) -> None:
+        started = time.monotonic()
+        digest = hashlib.sha256()
+        head = fill.head.result()
+        validators = Validators(response.headers.get("ETag"), response.headers.get("Last-Modified"))
+        failure: BaseException | None = None
+        attempts = 0
+        try:
+            while True:
+                try:
+                    async for chunk in response.content.iter_any():
+                        if fill.written + len(chunk) > reservation.size:
+                            raise FillFailed("origin sent more bytes than its Content-Length")
+                        _write_all(out, chunk)
+                        digest.update(chunk)
+                        self._metrics.counters.bytes_from_upstream += len(chunk)
+                        fill._advance(len(chunk))
+                    if fill.written == reservation.size:
+                        break
+                    raise UpstreamError(
+                        f"origin closed after {fill.written} of {reservation.size} bytes"
+                    )
+                except (aiohttp.ClientError, TimeoutError, UpstreamError) as e:
+                    response.release()
+                    attempts += 1
+                    self._metrics.counters.upstream_errors += 1
+                    if attempts > RESUME_ATTEMPTS:
+                        raise FillFailed(f"gave up after {RESUME_ATTEMPTS} resumes: {e}") from e
+                    logger.warning(
+                        "fill %s: upstream broke off at byte %d (%s); resuming",
+                        loggable_url(fill.url),
+                        fill.written,
+                        e,
+                    )
+                    await asyncio.sleep(RESUME_BACKOFF * 2 ** (attempts - 1))
+                    self._metrics.counters.upstream_requests += 1
+                    response = await self._resume(fill, headers, reservation.size, validators)
+            entry = self._store.commit(reservation, fill.key, digest.hexdigest(), head.headers)
+            elapsed = time.monotonic() - started
+            logger.info(
+                "stored %s: %d bytes in %.2fs (%.1f MB/s)",
+                loggable_url(fill.url),
+                entry.size,
+                elapsed,
+                entry.size / max(elapsed, 1e-6) / 1e6,
+            )
+        except OSError as e:
+            failure = e
+            self._metrics.buffer_trouble("writing a body", e)
+        except StoreError as e:
+            # The body is complete on disk; readers finish from their open descriptors.
+            self._metrics.buffer_trouble("committing a body", e)
+        except (FillFailed, UpstreamError) as e:
+            failure = e
+            logger.warning("fill %s failed: %s", loggable_url(fill.url), e)
+        finally:
+            response.release()
+            os.close(out)
+            self._store.abort(reservation)  # no-op after a commit
+            self._end(fill, failure)
+
+    async def _resume(
+        self, fill: Fill, headers: list[tuple[str, str]], size: int, validators: Validators
+    ) -> aiohttp.ClientResponse:
+        try:
+            return await self._upstream.resume(fill.url, headers, fill.written, size, validators)
+        except CannotResume as e:
+            raise FillFailed(f"cannot resume at byte {fill.written}: {e}") from e
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def loggable_url(url: str) -> str:
+    """A URL without its query: signed query strings are credentials."""
+    return url.split("?", 1)[0]

@@ -1,0 +1,126 @@
+"""The sidecar's counters, exposed as Prometheus metrics and as the `/stats` JSON.
+
+One set of plain integers is the source of truth; a Prometheus collector reads them
+at scrape time, so `/metrics` and `/stats` can never disagree.
+
+Definitions (DESIGN.md): a *hit* is a GET or HEAD answered from a stored object
+(Range included); a *miss* is a cacheable GET that started an upstream fill;
+*coalesced* counts clients that joined a fill already in progress; a *pass* is a
+request served from upstream without storing (not cacheable, not admitted).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+logger = logging.getLogger(__name__)
+
+# Conditions such as "buffer full" or "tmpfs read-only" are logged at most this often.
+_CONDITION_LOG_INTERVAL = 60.0  # seconds
+
+
+@dataclass
+class Counters:
+    hits: int = 0
+    misses: int = 0
+    coalesced: int = 0
+    passes: int = 0
+    bytes_from_buffer: int = 0
+    bytes_from_upstream: int = 0
+    upstream_requests: int = 0
+    upstream_errors: int = 0
+    admissions_refused: int = 0
+    buffer_errors: int = 0
+    client_aborts: int = 0
+    pass_reasons: collections.Counter[str] = field(default_factory=collections.Counter)
+
+
+_COUNTER_HELP = {
+    "hits": "Requests answered from a stored object (GET or HEAD, ranges included).",
+    "misses": "Cacheable GETs that started an upstream fill.",
+    "coalesced": "Clients served by joining a fill already in progress.",
+    "passes": "Requests served from upstream without storing the object.",
+    "bytes_from_buffer": "Body bytes sent to clients from the buffer.",
+    "bytes_from_upstream": "Body bytes received from origins by fills and passes.",
+    "upstream_requests": "Requests sent to origins by the sidecar's own fetcher.",
+    "upstream_errors": "Upstream requests that failed (connect, TLS, reset, short body).",
+    "admissions_refused": "Cacheable objects passed through because the buffer had no room.",
+    "buffer_errors": "Buffer operations that failed (disk full, read-only, index busy).",
+    "client_aborts": "Responses cut short because the client went away.",
+}
+
+
+class Metrics:
+    """Counters plus live gauges read from the store at scrape time."""
+
+    def __init__(self, gauges: Callable[[], dict[str, int]]) -> None:
+        self.counters = Counters()
+        self._gauges = gauges
+        self._last_logged: dict[str, float] = {}
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Exporter(self))
+
+    def count_pass(self, reason: str) -> None:
+        self.counters.passes += 1
+        self.counters.pass_reasons[reason] += 1
+
+    def buffer_trouble(self, what: str, error: BaseException) -> None:
+        """Count a buffer error; log it at most once a minute per kind of trouble."""
+        self.counters.buffer_errors += 1
+        now = time.monotonic()
+        if now - self._last_logged.get(what, -_CONDITION_LOG_INTERVAL) >= _CONDITION_LOG_INTERVAL:
+            self._last_logged[what] = now
+            logger.warning(
+                "buffer: %s failed, serving from upstream instead: %s (%d buffer errors so far)",
+                what,
+                error,
+                self.counters.buffer_errors,
+            )
+
+    def stats(self) -> dict[str, object]:
+        c = self.counters
+        stats: dict[str, object] = {name: getattr(c, name) for name in _COUNTER_HELP}
+        stats["pass_reasons"] = dict(c.pass_reasons)
+        stats.update(self._gauges())
+        return stats
+
+    def prometheus_text(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Exporter(Collector):
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        counters = self._metrics.counters
+        for name, help_text in _COUNTER_HELP.items():
+            yield CounterMetricFamily(
+                f"burstbuffer_{name}", help_text, value=getattr(counters, name)
+            )
+        reasons = CounterMetricFamily(
+            "burstbuffer_passes_by_reason", "Passes by reason.", labels=["reason"]
+        )
+        for reason, count in sorted(counters.pass_reasons.items()):
+            reasons.add_metric([reason], count)
+        yield reasons
+        for name, value in self._metrics._gauges().items():
+            yield GaugeMetricFamily(f"burstbuffer_{name}", _GAUGE_HELP.get(name, name), value=value)
+
+
+_GAUGE_HELP = {
+    "entries": "Complete objects stored in the buffer.",
+    "unverified_entries": "Objects found at start whose digest is not checked yet (misses).",
+    "buffer_bytes": "Body bytes of the stored objects.",
+    "reserved_bytes": "Bytes held for fills in progress.",
+    "capacity_bytes": "The buffer's hard cap (--buffer-size).",
+    "fills_in_progress": "Upstream fills currently running.",
+}

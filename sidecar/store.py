@@ -1,0 +1,289 @@
+"""The burst buffer: stored objects, their index, and admission control.
+
+Layout of `--buffer-dir`:
+
+    index/      a diskcache Cache: cache key -> StoredObject (metadata only, small)
+    objects/    one body file per stored object, named by a random id
+    partial/    bodies being filled; renamed into objects/ on commit (same file
+                system, so committing never copies the body)
+
+diskcache keeps the index transactional and crash-safe; the bodies are ours because
+diskcache's own file values would copy a finished fill once more on `set()`, and
+its `size_limit` is soft while an emptyDir that outgrows its `sizeLimit` gets the
+whole pod evicted. So the hard cap and the admission policy live here:
+
+- `none` ("no replacement"): once full, what is stored stays, new objects pass
+  through uncached. A scan over a dataset larger than the buffer then keeps a steady
+  hit ratio of buffer/dataset per epoch, where LRU would keep nothing.
+- `lru`: least recently used objects are evicted to make room.
+
+Fills in progress reserve their full Content-Length up front, so concurrent fills
+can never overshoot the cap together.
+
+Entries found at start (a restarted sidecar on the same emptyDir) are only served
+once their body has been checked against the size and SHA-256 recorded at commit;
+until then they count as misses. The check runs in the background so that the
+sidecar is ready at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import logging
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import diskcache
+
+from sidecar.settings import Eviction
+
+logger = logging.getLogger(__name__)
+
+# Bytes hashed per read when verifying a body after a restart.
+_VERIFY_CHUNK = 1024 * 1024
+# diskcache waits this long (seconds) for SQLite's lock before raising Timeout.
+_INDEX_TIMEOUT = 5.0
+
+
+class StoreError(Exception):
+    """The buffer could not do what was asked (disk full, read-only, corrupt index)."""
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """What the index records for one complete, committed object."""
+
+    file: str  # body file name inside objects/
+    size: int  # body bytes (== Content-Length of the stored 200 response)
+    sha256: str  # hex digest of the body, computed while filling
+    headers: tuple[tuple[str, str], ...]  # end-to-end response headers to replay
+    stored_at: float  # time.time() of the commit
+
+    def header(self, name: str) -> str | None:
+        lowered = name.lower()
+        for key, value in self.headers:
+            if key.lower() == lowered:
+                return value
+        return None
+
+
+class Reservation:
+    """Room for one fill: `size` bytes held against the cap until commit or abort."""
+
+    def __init__(self, store: Store, size: int, path: Path) -> None:
+        self.store = store
+        self.size = size
+        self.path = path
+        self.settled = False
+
+
+class Store:
+    """The buffer directory with a hard cap and an admission policy."""
+
+    def __init__(self, directory: Path, capacity: int, eviction: Eviction) -> None:
+        self.directory = directory
+        self.capacity = capacity
+        self.eviction = eviction
+        self.objects_dir = directory / "objects"
+        self.partial_dir = directory / "partial"
+        self.used = 0  # bytes of committed bodies
+        self.reserved = 0  # bytes held by fills in progress
+        # key -> size, least recently used first (for `lru` and for accounting).
+        self._recency: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._unverified: set[str] = set()
+        self._index: diskcache.Cache | None = None
+
+    # -- start ------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Open (or create) the buffer; drop leftovers of an earlier, killed sidecar."""
+        try:
+            self.objects_dir.mkdir(parents=True, exist_ok=True)
+            if self.partial_dir.exists():
+                # A fill interrupted by a crash can never be completed: its client is gone.
+                shutil.rmtree(self.partial_dir, ignore_errors=True)
+            self.partial_dir.mkdir(exist_ok=True)
+            self._index = diskcache.Cache(
+                str(self.directory / "index"),
+                eviction_policy="none",  # eviction is ours: see the module docstring
+                size_limit=2**62,
+                timeout=_INDEX_TIMEOUT,
+                statistics=False,
+            )
+            self._load_index()
+        except (OSError, diskcache.Timeout) as e:
+            raise StoreError(f"cannot open the buffer in {self.directory}: {e}") from e
+
+    def _load_index(self) -> None:
+        index = self._require_index()
+        referenced: set[str] = set()
+        for key in list(index.iterkeys()):
+            entry = index.get(key)
+            body = self.objects_dir / entry.file if isinstance(entry, StoredObject) else None
+            if body is None or not body.is_file() or body.stat().st_size != entry.size:
+                logger.warning("buffer: dropping an index entry whose body is missing or short")
+                index.delete(key)
+                continue
+            referenced.add(entry.file)
+            self._recency[key] = entry.size
+            self._unverified.add(key)
+            self.used += entry.size
+        for body in self.objects_dir.iterdir():
+            if body.name not in referenced:
+                body.unlink(missing_ok=True)
+        if self._recency:
+            logger.info(
+                "buffer: found %d objects (%d bytes) from before a restart; verifying them",
+                len(self._recency),
+                self.used,
+            )
+
+    async def verify_existing(self) -> None:
+        """Check every entry found at start against its recorded size and digest."""
+        for key in list(self._unverified):
+            entry = self._get(key)
+            if entry is None:
+                self._unverified.discard(key)
+                continue
+            ok = await asyncio.to_thread(_body_matches, self.objects_dir / entry.file, entry)
+            self._unverified.discard(key)
+            if not ok:
+                logger.warning("buffer: dropping an object whose body does not match its digest")
+                self.remove(key)
+        logger.info("buffer: verified; %d objects ready", len(self._recency))
+
+    # -- lookups ----------------------------------------------------------------------
+
+    def lookup(self, key: str) -> StoredObject | None:
+        """The complete, verified object stored under `key`, or None (a miss)."""
+        if key not in self._recency or key in self._unverified:
+            return None
+        entry = self._get(key)
+        if entry is None:
+            return None
+        self._recency.move_to_end(key)
+        return entry
+
+    def open_body(self, entry: StoredObject) -> BinaryIO:
+        """Open a stored body for reading (the file stays readable even if evicted)."""
+        try:
+            return open(self.objects_dir / entry.file, "rb")
+        except OSError as e:
+            raise StoreError(f"cannot read a stored body: {e}") from e
+
+    @property
+    def entries(self) -> int:
+        return len(self._recency)
+
+    @property
+    def unverified(self) -> int:
+        return len(self._unverified)
+
+    # -- admission, commit, abort -------------------------------------------------------
+
+    def reserve(self, size: int) -> Reservation | None:
+        """Hold room for a `size`-byte fill, or None if the policy admits no more.
+
+        None is not an error: the object is then passed through uncached.
+        """
+        if size > self.capacity:
+            return None
+        if self.eviction == "lru":
+            self._evict_until_free(size)
+        if self.used + self.reserved + size > self.capacity:
+            return None
+        self.reserved += size
+        return Reservation(self, size, self.partial_dir / uuid.uuid4().hex)
+
+    def _evict_until_free(self, size: int) -> None:
+        while self._recency and self.used + self.reserved + size > self.capacity:
+            victim = next(iter(self._recency))
+            logger.info("buffer: evicting the least recently used object to admit a new one")
+            self.remove(victim)
+
+    def commit(
+        self, reservation: Reservation, key: str, sha256: str, headers: tuple[tuple[str, str], ...]
+    ) -> StoredObject:
+        """Make a complete fill servable: move its body into objects/ and index it."""
+        if reservation.settled:
+            raise StoreError("reservation already settled")
+        reservation.settled = True
+        self.reserved -= reservation.size
+        name = reservation.path.name
+        entry = StoredObject(name, reservation.size, sha256, headers, time.time())
+        try:
+            size_on_disk = reservation.path.stat().st_size
+            if size_on_disk != reservation.size:
+                raise StoreError(f"body has {size_on_disk} bytes, expected {reservation.size}")
+            os.rename(reservation.path, self.objects_dir / name)
+            if key in self._recency:
+                self.remove(key)  # a concurrent fill of the same key committed first
+            self._require_index().set(key, entry)
+        except (OSError, diskcache.Timeout) as e:
+            (self.objects_dir / name).unlink(missing_ok=True)
+            reservation.path.unlink(missing_ok=True)
+            raise StoreError(f"cannot commit an object: {e}") from e
+        self._recency[key] = entry.size
+        self.used += entry.size
+        return entry
+
+    def abort(self, reservation: Reservation) -> None:
+        """Forget a fill that will not complete; its partial body is deleted."""
+        if reservation.settled:
+            return
+        reservation.settled = True
+        self.reserved -= reservation.size
+        reservation.path.unlink(missing_ok=True)
+
+    def remove(self, key: str) -> None:
+        """Delete one object (evicted, stale or corrupt)."""
+        size = self._recency.pop(key, None)
+        self._unverified.discard(key)
+        if size is None:
+            return
+        self.used -= size
+        entry = self._get(key)
+        try:
+            self._require_index().delete(key)
+        except diskcache.Timeout as e:
+            logger.warning("buffer: index busy while removing an object: %s", e)
+        if entry is not None:
+            (self.objects_dir / entry.file).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        if self._index is not None:
+            self._index.close()
+
+    # -- internals --------------------------------------------------------------------
+
+    def _require_index(self) -> diskcache.Cache:
+        if self._index is None:
+            raise StoreError("the buffer is not open")
+        return self._index
+
+    def _get(self, key: str) -> StoredObject | None:
+        try:
+            entry = self._require_index().get(key)
+        except (OSError, diskcache.Timeout) as e:
+            raise StoreError(f"cannot read the index: {e}") from e
+        return entry if isinstance(entry, StoredObject) else None
+
+
+def _body_matches(path: Path, entry: StoredObject) -> bool:
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with open(path, "rb") as body:
+            while chunk := body.read(_VERIFY_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+    except OSError:
+        return False
+    return size == entry.size and digest.hexdigest() == entry.sha256

@@ -1,0 +1,173 @@
+"""The sidecar's own HTTP client towards origins.
+
+Fills, coalescing and resume need upstream fetches that belong to no single client
+connection, so the sidecar talks to origins with aiohttp rather than through
+mitmproxy's per-connection server side. Origin certificates are always verified
+against the public roots plus `--upstream-ca`; `--upstream-proxy` is honoured with
+HTTP CONNECT. Bodies are never decompressed: a cache stores bytes as sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import ssl
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+logger = logging.getLogger(__name__)
+
+# A connect that takes longer than this fails; a body that stalls longer than this
+# counts as a dropped connection (and is resumed where possible).
+CONNECT_TIMEOUT = 30.0  # seconds
+READ_TIMEOUT = 60.0  # seconds
+
+# RFC 9110 §7.6.1: connection-specific fields are never forwarded by a proxy.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# Request fields that make a response partial or conditional: dropped for the full,
+# unconditional fetch that fills the buffer.
+_PARTIAL_OR_CONDITIONAL = frozenset(
+    {"range", "if-range", "if-match", "if-none-match", "if-modified-since", "if-unmodified-since"}
+)
+_CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+
+
+class UpstreamError(Exception):
+    """The origin could not be reached, refused TLS verification, or broke off."""
+
+
+class CannotResume(UpstreamError):
+    """The origin cannot continue a body from an offset (no validators, no ranges, changed)."""
+
+
+def forwarded_headers(
+    headers: Iterable[tuple[str, str]], *, for_fill: bool
+) -> list[tuple[str, str]]:
+    """The client's request headers as sent upstream.
+
+    Hop-by-hop fields and Host (the client library sets it) are dropped. A fill asks for
+    the whole, unencoded representation: one object, one representation, so a gzip body
+    is never stored for clients that did not ask for it.
+    """
+    out = []
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered in HOP_BY_HOP or lowered == "host":
+            continue
+        if for_fill and (lowered in _PARTIAL_OR_CONDITIONAL or lowered == "accept-encoding"):
+            continue
+        out.append((name, value))
+    if for_fill:
+        out.append(("Accept-Encoding", "identity"))
+    return out
+
+
+def response_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """An upstream response's headers as relayed to a client (hop-by-hop fields dropped)."""
+    return [(k, v) for k, v in headers if k.lower() not in HOP_BY_HOP]
+
+
+@dataclass(frozen=True)
+class Validators:
+    """What proves that a resumed body belongs to the same representation (RFC 9110 §13.1.5)."""
+
+    etag: str | None
+    last_modified: str | None
+
+    @property
+    def if_range(self) -> str | None:
+        # A weak ETag cannot validate a range; a date is the weaker, allowed fallback.
+        if self.etag and not self.etag.startswith("W/"):
+            return self.etag
+        return self.last_modified
+
+
+def check_resumed(status: int, headers: Mapping[str, str], offset: int, size: int) -> None:
+    """Raise CannotResume unless a response continues the body at `offset` of `size`."""
+    if status != 206:
+        raise CannotResume(f"origin answered {status} to a resume request")
+    match = _CONTENT_RANGE_RE.match(headers.get("Content-Range", ""))
+    if not match or int(match.group(1)) != offset or match.group(3) not in (str(size), "*"):
+        raise CannotResume(f"origin sent Content-Range {headers.get('Content-Range')!r}")
+    if int(match.group(2)) != size - 1:
+        raise CannotResume("origin sent a shorter range than asked")
+
+
+class Upstream:
+    """One aiohttp session shared by every fill and pass of this sidecar."""
+
+    def __init__(self, trust_file: Path, proxy: str | None) -> None:
+        self._ssl = ssl.create_default_context(cafile=str(trust_file))
+        self._proxy = proxy
+        self._session: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=self._ssl, limit=0, ttl_dns_cache=60),
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT
+            ),
+            auto_decompress=False,
+            # No cookie jar: cookies are the client's business, forwarded as sent.
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            trust_env=False,
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def get(
+        self, url: str, headers: list[tuple[str, str]], method: str = "GET"
+    ) -> aiohttp.ClientResponse:
+        """Send a request; the caller reads the body and must `release()` the response."""
+        assert self._session is not None, "Upstream.open() first"
+        try:
+            return await self._session.request(
+                method,
+                url,
+                headers=headers,
+                allow_redirects=False,  # redirects are the client's to follow
+                proxy=self._proxy,
+            )
+        except aiohttp.ClientConnectorCertificateError as e:
+            raise UpstreamError(f"origin certificate rejected: {e.certificate_error}") from e
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            raise UpstreamError(f"{type(e).__name__}: {e}") from e
+
+    async def resume(
+        self,
+        url: str,
+        headers: list[tuple[str, str]],
+        offset: int,
+        size: int,
+        validators: Validators,
+    ) -> aiohttp.ClientResponse:
+        """Ask for the rest of a body from `offset`, only if it is still the same object."""
+        if_range = validators.if_range
+        if if_range is None:
+            raise CannotResume("the origin gave no validator (ETag or Last-Modified)")
+        ranged = [*headers, ("Range", f"bytes={offset}-"), ("If-Range", if_range)]
+        response = await self.get(url, ranged)
+        try:
+            check_resumed(response.status, response.headers, offset, size)
+        except CannotResume:
+            response.release()
+            raise
+        return response

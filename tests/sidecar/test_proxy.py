@@ -1,0 +1,290 @@
+"""The sidecar end to end: real origins, the real sidecar, real clients."""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import subprocess
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from bench.harness import OriginServer, Sidecar, http_get, wait_until
+from tests.sidecar.conftest import (
+    FILES,
+    Download,
+    curl,
+    requests_get,
+    urllib_get,
+    wget,
+)
+
+pytestmark = pytest.mark.e2e
+
+CLIENTS: dict[str, Callable[..., Download]] = {
+    "curl": curl,
+    "wget": wget,
+    "urllib": urllib_get,
+    "requests": requests_get,
+}
+
+
+def body_of(dataset: Path, name: str) -> bytes:
+    return (dataset / name).read_bytes()
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_cold_then_warm_download_is_identical_and_fetched_once(
+    client: str, sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    url = origin.url("medium.bin", client=client)
+    fetch = CLIENTS[client]
+    cold = fetch(sidecar, url)
+    assert cold.returncode == 0, cold.stderr
+    warm = fetch(sidecar, url)
+    assert warm.returncode == 0, warm.stderr
+    expected = body_of(dataset, "medium.bin")
+    assert cold.body == expected and warm.body == expected
+    assert origin.count("medium.bin", client=client) == 1
+    stats = sidecar.stats()
+    assert (stats["misses"], stats["hits"], stats["entries"]) == (1, 1, 1)
+    assert stats["bytes_from_buffer"] == len(expected)
+    assert stats["buffer_bytes"] == len(expected)
+
+
+def test_range_head_and_conditional_requests_are_answered_from_the_buffer(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    url = origin.url("small.bin", case="range")
+    expected = body_of(dataset, "small.bin")
+    assert curl(sidecar, url).body == expected
+
+    assert curl(sidecar, url, "-r", "100-199").body == expected[100:200]
+    assert curl(sidecar, url, "-H", "Range: bytes=-10").body == expected[-10:]
+    assert curl(sidecar, url, "-H", "Range: bytes=1000-").body == expected[1000:]
+    # Unparseable ranges are ignored (whole object), unsatisfiable ones get 416.
+    assert curl(sidecar, url, "-H", "Range: pages=1-2").body == expected
+    unsatisfiable = curl(sidecar, url, "-H", f"Range: bytes={len(expected)}-", "-w", "%{http_code}")
+    assert unsatisfiable.returncode == 22  # --fail on 416
+
+    head = curl(sidecar, url, "-I")
+    assert head.returncode == 0
+    etag = _header(head.body, "etag")
+    assert etag is not None
+    assert _header(head.body, "content-length") == str(len(expected))
+    assert _header(head.body, "accept-ranges") == "bytes"
+
+    not_modified = curl(sidecar, url, "-H", f"If-None-Match: {etag}", "-w", "%{http_code}")
+    assert not_modified.stdout == "304"
+
+    assert origin.count("small.bin", case="range") == 1
+    assert sidecar.stats()["hits"] == 7
+
+
+def test_keep_alive_survives_hits(sidecar: Sidecar, origin: OriginServer, dataset: Path) -> None:
+    url = origin.url("small.bin", case="keepalive")
+    expected = body_of(dataset, "small.bin")
+    # One curl process, five transfers: the connection must be reused after each hit.
+    argv = ["-v"] + [part for _ in range(5) for part in ("-o", "/dev/null", url)]
+    result = curl(sidecar, url, *argv)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("Re-using existing") + result.stderr.count("Reusing existing") >= 4
+    assert curl(sidecar, url).body == expected
+    assert origin.count("small.bin", case="keepalive") == 1
+
+
+def test_concurrent_cold_clients_share_one_upstream_fetch(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    url = origin.url("medium.bin", case="coalesce", rate=6_000_000)
+    with ThreadPoolExecutor(8) as pool:
+        downloads = list(pool.map(lambda _: curl(sidecar, url), range(8)))
+    expected = body_of(dataset, "medium.bin")
+    assert all(d.returncode == 0 and d.body == expected for d in downloads)
+    assert origin.count("medium.bin", case="coalesce", rate=6_000_000) == 1
+    stats = sidecar.stats()
+    assert stats["misses"] + stats["coalesced"] + stats["hits"] == 8
+    assert stats["misses"] == 1
+
+
+def test_a_host_that_is_not_intercepted_is_tunnelled_with_its_own_certificate(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    url = origin.url("small.bin", host="tunnel.test")
+    # Trusting only the origin's own CA works only if the sidecar did not intercept.
+    direct_trust = curl(sidecar, url, "--cacert", str(origin.ca_pem))
+    assert direct_trust.returncode == 0, direct_trust.stderr
+    assert direct_trust.body == body_of(dataset, "small.bin")
+    stats = sidecar.stats()
+    assert stats["misses"] == stats["hits"] == stats["entries"] == 0
+
+
+def test_a_bad_origin_certificate_is_an_error_never_a_download(
+    start_sidecar: Callable[..., Sidecar], bad_origin: OriginServer
+) -> None:
+    sidecar = start_sidecar("--intercept", "origin.test,badcert.test")
+    url = bad_origin.url("small.bin", host="badcert.test")
+    result = curl(sidecar, url, "-w", "%{http_code}")
+    assert result.returncode == 22
+    assert result.stdout == "502"
+    assert "certificate" in sidecar.log().lower()
+    assert sidecar.stats()["entries"] == 0
+
+
+def test_an_object_larger_than_the_buffer_passes_through(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    sidecar = start_sidecar("--buffer-size", "1MiB")
+    url = origin.url("medium.bin", case="toobig")
+    for _ in range(2):
+        assert curl(sidecar, url).body == body_of(dataset, "medium.bin")
+    assert origin.count("medium.bin", case="toobig") == 2
+    stats = sidecar.stats()
+    assert stats["entries"] == 0 and stats["admissions_refused"] == 2
+
+
+@pytest.mark.parametrize(("eviction", "kept"), [("none", "first"), ("lru", "second")])
+def test_a_full_buffer_keeps_or_evicts_by_policy(
+    eviction: str,
+    kept: str,
+    start_sidecar: Callable[..., Sidecar],
+    origin: OriginServer,
+) -> None:
+    # Room for one 3 MiB object only.
+    sidecar = start_sidecar("--buffer-size", "4MiB", "--eviction", eviction)
+    first, second = origin.url("medium.bin", n=1), origin.url("medium.bin", n=2)
+    curl(sidecar, first)
+    curl(sidecar, second)
+    curl(sidecar, first)
+    curl(sidecar, second)
+    counts = origin.count("medium.bin", n=1), origin.count("medium.bin", n=2)
+    if kept == "first":
+        # No replacement: the first object stays; the second always passes through.
+        assert counts == (1, 2)
+    else:
+        # LRU: each object evicts the other.
+        assert counts == (2, 2)
+    assert sidecar.stats()["entries"] == 1
+
+
+def test_a_dropped_upstream_connection_is_resumed_transparently(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    url = origin.url("big.bin", drop=5_000_000)
+    download = curl(sidecar, url)
+    assert download.returncode == 0, download.stderr
+    assert (
+        hashlib.sha256(download.body).digest()
+        == hashlib.sha256(body_of(dataset, "big.bin")).digest()
+    )
+    ranges = origin.requests()["ranges"]
+    assert sum(ranges.values()) >= 1
+    assert curl(sidecar, url).body == body_of(dataset, "big.bin")
+    assert sidecar.stats()["hits"] == 1
+
+
+def test_an_unresumable_drop_fails_the_client_and_stores_nothing(
+    sidecar: Sidecar, origin: OriginServer
+) -> None:
+    url = origin.url("big.bin", dropalways=2_000_000, novalidators=1)
+    download = curl(sidecar, url)
+    assert download.returncode != 0  # curl: (18) transfer closed with bytes remaining
+    assert len(download.body) < FILES["big.bin"]
+    stats = sidecar.stats()
+    assert stats["entries"] == 0 and stats["buffer_bytes"] == 0 and stats["reserved_bytes"] == 0
+
+
+def test_a_lying_content_length_is_an_error_and_is_not_stored(
+    sidecar: Sidecar, origin: OriginServer
+) -> None:
+    url = origin.url("small.bin", lie=1000, novalidators=1)
+    assert curl(sidecar, url).returncode != 0
+    assert sidecar.stats()["entries"] == 0
+
+
+@pytest.mark.parametrize(
+    ("query", "reason"),
+    [({"nostore": 1}, "response-no-store"), ({"gzip": 1}, "content-encoding")],
+)
+def test_uncacheable_responses_pass_and_are_not_stored(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path, query: dict[str, int], reason: str
+) -> None:
+    url = origin.url("small.bin", **query)
+    for _ in range(2):
+        assert curl(sidecar, url).body == body_of(dataset, "small.bin")
+    assert origin.count("small.bin", **query) == 2
+    stats = sidecar.stats()
+    assert stats["entries"] == 0 and stats["pass_reasons"][reason] == 2
+
+
+def test_a_full_tmpfs_never_fails_a_download(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path, tmp_path: Path
+) -> None:
+    # The buffer claims 64 MiB, the file system under it holds 1 MiB: ENOSPC mid-fill.
+    directory = tmp_path / "tiny"
+    (directory / "buffer").mkdir(parents=True)
+    mount = ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(directory / "buffer")]
+    subprocess.run(mount, check=True)
+    try:
+        sidecar = start_sidecar("--buffer-size", "64MiB", directory=directory)
+        url = origin.url("medium.bin", case="enospc")
+        for _ in range(2):
+            download = curl(sidecar, url)
+            assert download.returncode == 0, download.stderr
+            assert download.body == body_of(dataset, "medium.bin")
+        stats = sidecar.stats()
+        assert stats["buffer_errors"] >= 1 and stats["entries"] == 0
+    finally:
+        subprocess.run(["umount", "-l", str(directory / "buffer")], check=False)
+
+
+def test_a_restarted_sidecar_keeps_complete_objects_and_its_trust_files(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path, tmp_path: Path
+) -> None:
+    directory = tmp_path / "pod"
+    directory.mkdir()
+    sidecar = start_sidecar(directory=directory)
+    url = origin.url("medium.bin", case="restart")
+    assert curl(sidecar, url).body == body_of(dataset, "medium.bin")
+    bundle_before = sidecar.bundle.stat()
+    sidecar.stop(signal.SIGKILL)
+
+    again = start_sidecar(directory=directory)
+    bundle_after = again.bundle.stat()
+    assert (bundle_after.st_ino, bundle_after.st_mtime_ns) == (
+        bundle_before.st_ino,
+        bundle_before.st_mtime_ns,
+    )
+    wait_until(lambda: again.stats()["unverified_entries"] == 0, "verification after restart")
+    assert curl(again, url).body == body_of(dataset, "medium.bin")
+    assert origin.count("medium.bin", case="restart") == 1
+    assert again.stats()["hits"] == 1
+
+
+def test_admin_endpoints(sidecar: Sidecar) -> None:
+    status, body = http_get(f"http://127.0.0.1:{sidecar.admin_port}/metrics")
+    assert status == 200
+    text = body.decode()
+    for name in ("burstbuffer_hits_total", "burstbuffer_misses_total", "burstbuffer_entries"):
+        assert name in text
+    stats = sidecar.stats()
+    for key in (
+        "hits",
+        "misses",
+        "bytes_from_buffer",
+        "bytes_from_upstream",
+        "upstream_requests",
+        "entries",
+        "buffer_bytes",
+    ):
+        assert isinstance(stats[key], int)
+
+
+def _header(raw: bytes, name: str) -> str | None:
+    for line in raw.decode("latin-1").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() == name:
+            return value.strip()
+    return None
