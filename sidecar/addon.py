@@ -171,7 +171,9 @@ class BurstBuffer:
             self.metrics.counters.misses += 1
         else:
             self.metrics.counters.coalesced += 1
-        await self._send(flow, channel, representation, kind, fill.read)
+        await self._send(
+            flow, channel, representation, kind, lambda a, b: self.fills.read(fill, a, b)
+        )
 
     def _lookup(self, key: str) -> StoredObject | None:
         try:

@@ -43,6 +43,10 @@ class FillFailed(Exception):
     """The fill could not complete; readers must abort their responses."""
 
 
+class BufferFailed(FillFailed):
+    """The buffer refused the body (disk full, read-only): readers fetch the rest upstream."""
+
+
 class Declined(Exception):
     """The object is not being stored (not cacheable, or no room): fetch it yourself."""
 
@@ -57,6 +61,8 @@ class Head:
 
     size: int
     headers: tuple[tuple[str, str], ...]
+    validators: Validators
+    request_headers: list[tuple[str, str]]  # as sent upstream, for resuming
 
 
 class Fill:
@@ -115,6 +121,8 @@ class Fill:
         offset = start
         while offset < end:
             if offset >= self.written:
+                if isinstance(self.failure, OSError):
+                    raise BufferFailed(str(self.failure))
                 if self.failure is not None:
                     raise FillFailed(str(self.failure))
                 await self._progress.wait()
@@ -180,21 +188,61 @@ class Fills:
             self._end(fill, Declined(reason))
             return None, response, reason
         stored = tuple(policy.stored_headers(response.headers))
+        validators = Validators(response.headers.get("ETag"), response.headers.get("Last-Modified"))
         try:
             # Created before anyone reads, so that readers can open it at once.
             out = os.open(reservation.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             fill._fd = os.open(reservation.path, os.O_RDONLY)
         except OSError as e:
             self._store.abort(reservation)
+            self._store.report_failure()
             self._metrics.buffer_trouble("creating a partial body", e)
             self._end(fill, Declined("buffer-error"))
             return None, response, "buffer-error"
         fill.attach()
-        fill.head.set_result(Head(reservation.size, stored))
+        fill.head.set_result(Head(reservation.size, stored, validators, headers))
         task = asyncio.create_task(self._pump(fill, response, reservation, out, headers))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return fill, None, ""
+
+    async def read(self, fill: Fill, start: int, end: int) -> AsyncIterator[bytes]:
+        """Bytes [start, end) of a fill's body; if the buffer fails under the fill, the
+        rest comes from the origin with a validated Range request (fail open)."""
+        offset = start
+        buffer_failed = False
+        try:
+            async for chunk in fill.read(start, end):
+                offset += len(chunk)
+                yield chunk
+        except BufferFailed:
+            buffer_failed = True
+        if buffer_failed and offset < end:
+            async for chunk in self._from_upstream(fill, offset, end):
+                yield chunk
+
+    async def _from_upstream(self, fill: Fill, start: int, end: int) -> AsyncIterator[bytes]:
+        head = fill.head.result()
+        self._metrics.counters.upstream_requests += 1
+        try:
+            response = await self._upstream.resume(
+                fill.url, head.request_headers, start, end, head.size, head.validators
+            )
+        except UpstreamError as e:
+            self._metrics.counters.upstream_errors += 1
+            raise FillFailed(f"buffer failed and the origin cannot resume: {e}") from e
+        received = 0
+        try:
+            async for chunk in response.content.iter_any():
+                self._metrics.counters.bytes_from_upstream += len(chunk)
+                received += len(chunk)
+                yield chunk
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise FillFailed(f"origin broke off: {e}") from e
+        finally:
+            response.release()
+        if received != end - start:
+            raise FillFailed(f"origin sent {received} of {end - start} bytes")
 
     def _reserve(self, size: int) -> Reservation | None:
         try:
@@ -219,7 +267,6 @@ class Fills:
         started = time.monotonic()
         digest = hashlib.sha256()
         head = fill.head.result()
-        validators = Validators(response.headers.get("ETag"), response.headers.get("Last-Modified"))
         failure: BaseException | None = None
         attempts = 0
         try:
@@ -251,7 +298,7 @@ class Fills:
                     )
                     await asyncio.sleep(RESUME_BACKOFF * 2 ** (attempts - 1))
                     self._metrics.counters.upstream_requests += 1
-                    response = await self._resume(fill, headers, reservation.size, validators)
+                    response = await self._resume(fill, head)
             entry = self._store.commit(reservation, fill.key, digest.hexdigest(), head.headers)
             elapsed = time.monotonic() - started
             logger.info(
@@ -263,6 +310,7 @@ class Fills:
             )
         except OSError as e:
             failure = e
+            self._store.report_failure()
             self._metrics.buffer_trouble("writing a body", e)
         except StoreError as e:
             # The body is complete on disk; readers finish from their open descriptors.
@@ -276,11 +324,11 @@ class Fills:
             self._store.abort(reservation)  # no-op after a commit
             self._end(fill, failure)
 
-    async def _resume(
-        self, fill: Fill, headers: list[tuple[str, str]], size: int, validators: Validators
-    ) -> aiohttp.ClientResponse:
+    async def _resume(self, fill: Fill, head: Head) -> aiohttp.ClientResponse:
         try:
-            return await self._upstream.resume(fill.url, headers, fill.written, size, validators)
+            return await self._upstream.resume(
+                fill.url, head.request_headers, fill.written, head.size, head.size, head.validators
+            )
         except CannotResume as e:
             raise FillFailed(f"cannot resume at byte {fill.written}: {e}") from e
 

@@ -50,6 +50,9 @@ logger = logging.getLogger(__name__)
 _VERIFY_CHUNK = 1024 * 1024
 # diskcache waits this long (seconds) for SQLite's lock before raising Timeout.
 _INDEX_TIMEOUT = 5.0
+# After a failed write (disk full, read-only), admit nothing for this long: downloads
+# pass through once instead of failing into the buffer and resuming upstream each time.
+FAILURE_BACKOFF = 30.0  # seconds
 
 
 class StoreError(Exception):
@@ -99,6 +102,7 @@ class Store:
         self._recency: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._unverified: set[str] = set()
         self._index: diskcache.Cache | None = None
+        self._refuse_until = 0.0  # time.monotonic() until which nothing is admitted
 
     # -- start ------------------------------------------------------------------------
 
@@ -193,7 +197,7 @@ class Store:
 
         None is not an error: the object is then passed through uncached.
         """
-        if size > self.capacity:
+        if size > self.capacity or time.monotonic() < self._refuse_until:
             return None
         if self.eviction == "lru":
             self._evict_until_free(size)
@@ -233,6 +237,10 @@ class Store:
         self._recency[key] = entry.size
         self.used += entry.size
         return entry
+
+    def report_failure(self) -> None:
+        """A write into the buffer failed: stop admitting for FAILURE_BACKOFF seconds."""
+        self._refuse_until = time.monotonic() + FAILURE_BACKOFF
 
     def abort(self, reservation: Reservation) -> None:
         """Forget a fill that will not complete; its partial body is deleted."""

@@ -97,15 +97,21 @@ class Validators:
         return self.last_modified
 
 
-def check_resumed(status: int, headers: Mapping[str, str], offset: int, size: int) -> None:
-    """Raise CannotResume unless a response continues the body at `offset` of `size`."""
+def check_resumed(status: int, headers: Mapping[str, str], start: int, end: int, size: int) -> None:
+    """Raise CannotResume unless a response carries exactly bytes [start, end) of `size`.
+
+    A 200 means If-Range failed (the object changed) or the origin ignores ranges.
+    """
     if status != 206:
         raise CannotResume(f"origin answered {status} to a resume request")
-    match = _CONTENT_RANGE_RE.match(headers.get("Content-Range", ""))
-    if not match or int(match.group(1)) != offset or match.group(3) not in (str(size), "*"):
-        raise CannotResume(f"origin sent Content-Range {headers.get('Content-Range')!r}")
-    if int(match.group(2)) != size - 1:
-        raise CannotResume("origin sent a shorter range than asked")
+    content_range = headers.get("Content-Range", "")
+    match = _CONTENT_RANGE_RE.match(content_range)
+    if (
+        not match
+        or (int(match.group(1)), int(match.group(2)) + 1) != (start, end)
+        or match.group(3) not in (str(size), "*")
+    ):
+        raise CannotResume(f"origin sent Content-Range {content_range!r}, not {start}-{end - 1}")
 
 
 class Upstream:
@@ -155,18 +161,19 @@ class Upstream:
         self,
         url: str,
         headers: list[tuple[str, str]],
-        offset: int,
+        start: int,
+        end: int,
         size: int,
         validators: Validators,
     ) -> aiohttp.ClientResponse:
-        """Ask for the rest of a body from `offset`, only if it is still the same object."""
+        """Ask for bytes [start, end) of a body, only if it is still the same object."""
         if_range = validators.if_range
         if if_range is None:
             raise CannotResume("the origin gave no validator (ETag or Last-Modified)")
-        ranged = [*headers, ("Range", f"bytes={offset}-"), ("If-Range", if_range)]
+        ranged = [*headers, ("Range", f"bytes={start}-{end - 1}"), ("If-Range", if_range)]
         response = await self.get(url, ranged)
         try:
-            check_resumed(response.status, response.headers, offset, size)
+            check_resumed(response.status, response.headers, start, end, size)
         except CannotResume:
             response.release()
             raise

@@ -154,12 +154,12 @@ def test_a_full_buffer_keeps_or_evicts_by_policy(
 ) -> None:
     # Room for one 3 MiB object only.
     sidecar = start_sidecar("--buffer-size", "4MiB", "--eviction", eviction)
-    first, second = origin.url("medium.bin", n=1), origin.url("medium.bin", n=2)
+    first, second = (origin.url("medium.bin", n=n, policy=eviction) for n in (1, 2))
     curl(sidecar, first)
     curl(sidecar, second)
     curl(sidecar, first)
     curl(sidecar, second)
-    counts = origin.count("medium.bin", n=1), origin.count("medium.bin", n=2)
+    counts = tuple(origin.count("medium.bin", n=n, policy=eviction) for n in (1, 2))
     if kept == "first":
         # No replacement: the first object stays; the second always passes through.
         assert counts == (1, 2)
