@@ -92,8 +92,9 @@ class PodCA:
 
     @property
     def name(self) -> str:
-        """The certificate's subject, e.g. `CN=burstbuffer pod CA 3f9a0c1e,O=burstbuffer`."""
-        return self.cert.subject.rfc4514_string()
+        """The certificate's common name, e.g. `burstbuffer pod CA 3f9a0c1e`."""
+        names = self.cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        return str(names[0].value) if names else self.cert.subject.rfc4514_string()
 
 
 def write_atomically(path: Path, data: bytes, mode: int) -> None:
@@ -218,11 +219,11 @@ def _create(ca_dir: Path) -> PodCA:
     return PodCA(cert, key)
 
 
-def _read(path: Path) -> bytes:
+def _read(path: Path, advice: str) -> bytes:
     try:
         return path.read_bytes()
     except FileNotFoundError:
-        raise CAError(f"{path} is missing although {path.parent / CA_FILE} exists") from None
+        raise CAError(f"{path} is missing beside {path.parent / CA_FILE}{advice}") from None
     except OSError as e:
         raise CAError(f"cannot read {path}: {e}") from e
 
@@ -230,7 +231,7 @@ def _read(path: Path) -> bytes:
 def _load(ca_dir: Path) -> PodCA:
     ca_file = ca_dir / CA_FILE
     advice = f"; the pod CA in {ca_dir} is damaged: delete the pod, its replacement gets a new one"
-    raw = _read(ca_file)
+    raw = _read(ca_file, advice)
     try:
         key = serialization.load_pem_private_key(raw, password=None)
     except (ValueError, TypeError, UnsupportedAlgorithm) as e:
@@ -256,14 +257,14 @@ def _load(ca_dir: Path) -> PodCA:
         raise CAError(f"{ca_file}: the CA expired on {cert.not_valid_after_utc:%Y-%m-%d}{advice}")
     cert_file = ca_dir / CA_CERT_FILE
     try:
-        same = x509.load_pem_x509_certificate(_read(cert_file)) == cert
+        same = x509.load_pem_x509_certificate(_read(cert_file, advice)) == cert
     except ValueError:
         same = False
     if not same:
         raise CAError(f"{cert_file} does not hold the certificate of {ca_file}{advice}")
     dhparam_file = ca_dir / DHPARAM_FILE
     try:
-        serialization.load_pem_parameters(_read(dhparam_file))
+        serialization.load_pem_parameters(_read(dhparam_file, advice))
     except (ValueError, UnsupportedAlgorithm) as e:
         raise CAError(f"{dhparam_file} holds no readable DH parameters ({e}){advice}") from e
     return PodCA(cert, key)
