@@ -19,6 +19,7 @@ from helmchart import (
     SCENARIOS,
     is_builtin,
     lint,
+    notes,
     of_kind,
     one,
     pod_template,
@@ -227,3 +228,16 @@ def test_pod_monitor_scrapes_sidecars_everywhere_by_port_name() -> None:
 def test_monitors_are_off_by_default() -> None:
     kinds = {d["kind"] for d in render()}
     assert not kinds & {"ServiceMonitor", "PodMonitor"}
+
+
+def test_notes_say_how_to_enable_check_and_read_the_hit_ratio() -> None:
+    text = notes()
+    assert "kubectl label namespace <namespace> burstbuffer.io/inject=enabled" in text
+    assert "burstbuffer\\.io/status" in text
+    assert "{range .spec.initContainers[*]}" in text
+    assert "pods/<pod>:3129/proxy/stats" in text
+    assert "burstbuffer_hits_total" not in text  # only with the PodMonitor
+    classic = notes({"sidecar": {"nativeSidecar": False, "adminPort": 9000}})
+    assert "{range .spec.containers[*]}" in classic
+    assert "pods/<pod>:9000/proxy/stats" in classic
+    assert "burstbuffer_hits_total" in notes(SCENARIOS["monitoring"])
