@@ -288,3 +288,56 @@ def _header(raw: bytes, name: str) -> str | None:
         if key.strip().lower() == name:
             return value.strip()
     return None
+
+
+def test_a_range_only_reader_is_answered_at_once_and_fills_the_buffer(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    url = origin.url("big.bin", case="range-only")
+    expected = body_of(dataset, "big.bin")
+    first = curl(sidecar, url, "-r", "0-65535")
+    assert first.returncode == 0 and first.body == expected[:65536]
+    far = curl(sidecar, url, "-r", f"{len(expected) - 1000}-")
+    assert far.returncode == 0 and far.body == expected[-1000:]
+    wait_until(lambda: sidecar.stats()["entries"] == 1, "the background fill to commit")
+    assert curl(sidecar, url, "-r", "1000000-1999999").body == expected[1000000:2000000]
+    assert sidecar.stats()["hits"] == 1
+    assert origin.count("big.bin", case="range-only") <= 3
+
+
+def test_secrets_never_reach_the_log(sidecar: Sidecar, origin: OriginServer) -> None:
+    url = origin.url("small.bin", **{"X-Amz-Signature": "s3cr3tsignature", "case": "secrets"})
+    result = curl(
+        sidecar,
+        url,
+        "-H",
+        "Authorization: Bearer s3cr3ttoken",
+        "-H",
+        "Cookie: session=s3cr3tcookie",
+    )
+    assert result.returncode == 0
+    curl(sidecar, url, "-H", "Authorization: Bearer s3cr3ttoken")
+    log = sidecar.log()
+    assert "hit GET" in log
+    for secret in ("s3cr3tsignature", "s3cr3ttoken", "s3cr3tcookie"):
+        assert secret not in log
+
+
+def test_the_proxy_and_admin_listen_on_loopback_and_the_key_stays_private(
+    start_sidecar: Callable[..., Sidecar],
+) -> None:
+    first, second = start_sidecar(), start_sidecar()
+    listening = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    for port in (first.proxy_port, first.admin_port):
+        local = [line.split()[1] for line in listening if line.split()[3] == "0A"]
+        assert f"0100007F:{port:04X}" in local  # 127.0.0.1, in LISTEN state
+        assert f"00000000:{port:04X}" not in local
+    key_files = [p for p in first.ca_dir.iterdir() if b"PRIVATE KEY" in p.read_bytes()]
+    assert key_files
+    for key_file in key_files:
+        assert key_file.stat().st_mode & 0o077 == 0
+    assert first.ca_dir.stat().st_mode & 0o077 == 0
+    for trust_file in first.trust_dir.iterdir():
+        assert b"PRIVATE KEY" not in trust_file.read_bytes()
+    # Every pod has its own CA.
+    assert (first.trust_dir / "ca.crt").read_bytes() != (second.trust_dir / "ca.crt").read_bytes()
