@@ -20,6 +20,7 @@ from tests.sidecar.conftest import (
     urllib_get,
     wget,
 )
+from tests.sidecar.parent_proxy import ParentProxy
 
 pytestmark = pytest.mark.e2e
 
@@ -341,3 +342,19 @@ def test_the_proxy_and_admin_listen_on_loopback_and_the_key_stays_private(
         assert b"PRIVATE KEY" not in trust_file.read_bytes()
     # Every pod has its own CA.
     assert (first.trust_dir / "ca.crt").read_bytes() != (second.trust_dir / "ca.crt").read_bytes()
+
+
+def test_an_upstream_proxy_carries_fills_and_tunnels(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    names = {host: "127.0.0.1" for host in ("origin.test", "tunnel.test")}
+    with ParentProxy(names).running() as parent:
+        sidecar = start_sidecar("--upstream-proxy", f"http://127.0.0.1:{parent.port}")
+        cached = origin.url("small.bin", case="parent")
+        for _ in range(2):
+            assert curl(sidecar, cached).body == body_of(dataset, "small.bin")
+        tunnelled = origin.url("small.bin", host="tunnel.test", case="parent")
+        direct = curl(sidecar, tunnelled, "--cacert", str(origin.ca_pem))
+        assert direct.body == body_of(dataset, "small.bin"), direct.stderr
+        assert parent.connects[f"origin.test:{origin.port}"] == 1
+        assert parent.connects[f"tunnel.test:{origin.port}"] == 1
