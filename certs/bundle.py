@@ -88,7 +88,7 @@ def upstream_trust_pem(extra_ca_pem: bytes | None) -> bytes:
 
     Raises TrustError when `extra_ca_pem` holds no certificates.
     """
-    extra = certificates_pem(extra_ca_pem, "--upstream-ca") if extra_ca_pem else b""
+    extra = certificates_pem(extra_ca_pem, "--upstream-ca") if extra_ca_pem is not None else b""
     return public_roots_pem() + _bundle(("--upstream-ca", extra))
 
 
@@ -118,7 +118,7 @@ def write_trust_files(trust_dir: Path, ca_cert_pem: bytes, extra_ca_pem: bytes |
     """
     ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
     ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
-    extra = certificates_pem(extra_ca_pem, "--upstream-ca") if extra_ca_pem else b""
+    extra = certificates_pem(extra_ca_pem, "--upstream-ca") if extra_ca_pem is not None else b""
     ca_file, bundle_file = trust_dir / CA_CERT_FILE, trust_dir / BUNDLE_FILE
     present = _certificate_in(ca_file)
     if present is not None and present != ca_cert:
