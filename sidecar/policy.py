@@ -70,6 +70,12 @@ from sidecar.settings import host_matches
 
 Headers = Mapping[str, str]
 
+# Longer numbers (after leading zeros) are absurd for a size or an offset: 10**19 bytes is
+# beyond any object, and int() of thousands of digits raises. RFC 9110 §14.1.2:
+# "recipients MUST anticipate potentially large decimal numerals and prevent parsing
+# errors due to integer conversion overflows".
+_MAX_DIGITS = 19
+
 
 def header(headers: Headers, name: str) -> str | None:
     """The value of field `name` in any headers mapping, case-insensitively; None if absent.
@@ -324,10 +330,9 @@ def content_length(headers: Headers) -> int | None:
     if len(members) != 1:
         return None
     (digits,) = members
-    # 19 digits: beyond any real object; int() of thousands of digits would raise.
-    if not digits or len(digits) > 19 or not digits.isascii() or not digits.isdigit():
+    if not digits or not digits.isascii() or not digits.isdigit():
         return None
-    return int(digits)
+    return int(digits) if len(digits.lstrip("0")) <= _MAX_DIGITS else None
 
 
 def response_is_cacheable(status: int, headers: Headers) -> Verdict:
@@ -439,10 +444,7 @@ UNSATISFIABLE = Unsatisfiable()
 # ignore "a set of many small ranges", "indications of either a broken client or a
 # deliberate denial-of-service attack".
 MAX_RANGE_SPECS = 100
-# Numbers longer than this saturate: RFC 9110 §14.1.2, "recipients MUST anticipate
-# potentially large decimal numerals and prevent parsing errors due to integer
-# conversion overflows". 10**19 bytes is beyond any object.
-_MAX_DIGITS = 19
+# What longer numbers in a Range become: more than any object's size.
 _SATURATED = 10**_MAX_DIGITS
 _INT_RANGE = re.compile(r"([0-9]+)-([0-9]*)")
 _SUFFIX_RANGE = re.compile(r"-([0-9]+)")
@@ -479,7 +481,7 @@ def parse_range(value: str | None, size: int) -> ByteRange | Full | Unsatisfiabl
       header field that contains a range unit it does not understand").
     - Range-specs that are not satisfiable (a first-pos at or past the end, `-0`) are
       left out; when none is left, the set is unsatisfiable: 416 (§15.5.17).
-    - Several satisfiable ranges: overlapping and adjacent ones are coalesced (§15.3.7:
+    - Several satisfiable ranges: overlapping and adjacent ones are coalesced (§15.3.7.2:
       "a server MAY coalesce any of the ranges that overlap, or that are separated by
       a gap that is smaller than the overhead of sending multiple parts"). If they
       collapse into one, that range is served; otherwise the whole object is (`FULL`).
