@@ -8,6 +8,7 @@ went into the chart.
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from helmchart import (
+    CHART,
     KUBE_VERSIONS,
     SCENARIOS,
     injector_config,
@@ -172,3 +174,9 @@ def test_the_injector_with_the_chart_configuration_makes_the_expected_pod(
     assert "burstbuffer.io/status" in pod["metadata"]["annotations"]
     for version in KUBE_VERSIONS:
         validate_builtin(pod, version)
+
+
+def test_chart_app_version_is_the_package_version() -> None:
+    # image.tag defaults to appVersion: a release must bump both together.
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == importlib.metadata.version("burstbuffer")
