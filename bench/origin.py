@@ -7,6 +7,7 @@ parameters turn on the behaviours a cache must survive:
     rate=N        throttle this response to N bytes/s (a far host's per-connection cap)
     drop=N        close the connection after N body bytes, on the first request only
     dropalways=N  the same, on every request
+    stall=N       go silent for 30 s after N body bytes, on the first request only
     novalidators  send neither ETag nor Last-Modified (a body that cannot be resumed)
     noranges      ignore Range (always 200)
     lie=N         announce N more bytes in Content-Length than are sent, then close
@@ -35,6 +36,7 @@ from pathlib import Path
 from aiohttp import web
 
 CHUNK = 256 * 1024
+STALL = 30.0  # seconds an origin asked to stall stays silent
 _RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 
@@ -104,14 +106,17 @@ class Origin:
         if request.method == "HEAD":
             return response
 
-        drop_at = None
+        drop_at = stall_at = None
+        if "stall" in q and target not in self._dropped:
+            self._dropped.add(target)
+            stall_at = int(q["stall"])
         if "dropalways" in q:
             drop_at = int(q["dropalways"])
         elif "drop" in q and target not in self._dropped:
             self._dropped.add(target)
             drop_at = int(q["drop"])
         rate = float(q["rate"]) if "rate" in q else self.default_rate
-        await self._send_body(request, response, path, start, end, drop_at, rate)
+        await self._send_body(request, response, path, start, end, drop_at, stall_at, rate)
         if "lie" in q:
             _abort(request)
         return response
@@ -124,6 +129,7 @@ class Origin:
         start: int,
         end: int,
         drop_at: int | None,
+        stall_at: int | None,
         rate: float | None,
     ) -> None:
         began = time.monotonic()
@@ -137,6 +143,11 @@ class Origin:
                 if drop_at is not None and sent + size > drop_at:
                     await response.write(os.pread(fd, drop_at - sent, start + sent))
                     await asyncio.sleep(0.05)
+                    _abort(request)
+                    return
+                if stall_at is not None and sent + size > stall_at:
+                    await response.write(os.pread(fd, stall_at - sent, start + sent))
+                    await asyncio.sleep(STALL)
                     _abort(request)
                     return
                 chunk = os.pread(fd, size, start + sent)

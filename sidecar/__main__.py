@@ -23,7 +23,8 @@ from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfi
 from mitmproxy.master import Master
 
 from certs import bundle
-from certs.ca import load_or_create_ca
+from certs.bundle import TrustError
+from certs.ca import CAError, load_or_create_ca
 from sidecar import admin, respond
 from sidecar.addon import BurstBuffer
 from sidecar.fill import Fills
@@ -58,7 +59,7 @@ async def run(settings: Settings) -> None:
         # A broken buffer must not break downloads: run as a pass-through proxy.
         logger.error("%s; serving everything from upstream", e)
 
-    upstream = Upstream(upstream_trust, settings.upstream_proxy)
+    upstream = Upstream(upstream_trust, settings.upstream_proxy, settings.upstream_timeout)
     await upstream.open()
     master = Master(None)
     ps = proxyserver.Proxyserver()
@@ -154,6 +155,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         asyncio.run(run(settings))
     except KeyboardInterrupt:
         pass
+    except (CAError, TrustError, OSError) as e:
+        # The CA or trust files cannot be set up: nothing to serve safely; say why.
+        logger.error("cannot start: %s", e)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

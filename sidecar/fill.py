@@ -179,7 +179,8 @@ class Fills:
         cacheable, reason = policy.response_is_cacheable(response.status, response.headers)
         reservation = None
         if cacheable:
-            size = int(response.headers["Content-Length"])
+            size = policy.content_length(response.headers)
+            assert size is not None  # a cacheable response has a valid length
             reservation = self._reserve(size)
             if reservation is None:
                 reason = "no-room"
@@ -201,7 +202,7 @@ class Fills:
             return None, response, "buffer-error"
         fill.attach()
         fill.head.set_result(Head(reservation.size, stored, validators, headers))
-        task = asyncio.create_task(self._pump(fill, response, reservation, out, headers))
+        task = asyncio.create_task(self._pump(fill, response, reservation, out))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return fill, None, ""
@@ -262,43 +263,13 @@ class Fills:
         response: aiohttp.ClientResponse,
         reservation: Reservation,
         out: int,
-        headers: list[tuple[str, str]],
     ) -> None:
         started = time.monotonic()
         digest = hashlib.sha256()
         head = fill.head.result()
         failure: BaseException | None = None
-        attempts = 0
         try:
-            while True:
-                try:
-                    async for chunk in response.content.iter_any():
-                        if fill.written + len(chunk) > reservation.size:
-                            raise FillFailed("origin sent more bytes than its Content-Length")
-                        _write_all(out, chunk)
-                        digest.update(chunk)
-                        self._metrics.counters.bytes_from_upstream += len(chunk)
-                        fill._advance(len(chunk))
-                    if fill.written == reservation.size:
-                        break
-                    raise UpstreamError(
-                        f"origin closed after {fill.written} of {reservation.size} bytes"
-                    )
-                except (aiohttp.ClientError, TimeoutError, UpstreamError) as e:
-                    response.release()
-                    attempts += 1
-                    self._metrics.counters.upstream_errors += 1
-                    if attempts > RESUME_ATTEMPTS:
-                        raise FillFailed(f"gave up after {RESUME_ATTEMPTS} resumes: {e}") from e
-                    logger.warning(
-                        "fill %s: upstream broke off at byte %d (%s); resuming",
-                        loggable_url(fill.url),
-                        fill.written,
-                        e,
-                    )
-                    await asyncio.sleep(RESUME_BACKOFF * 2 ** (attempts - 1))
-                    self._metrics.counters.upstream_requests += 1
-                    response = await self._resume(fill, head)
+            await self._copy_body(fill, head, response, out, digest)
             entry = self._store.commit(reservation, fill.key, digest.hexdigest(), head.headers)
             elapsed = time.monotonic() - started
             logger.info(
@@ -315,22 +286,86 @@ class Fills:
         except StoreError as e:
             # The body is complete on disk; readers finish from their open descriptors.
             self._metrics.buffer_trouble("committing a body", e)
-        except (FillFailed, UpstreamError) as e:
+        except FillFailed as e:
             failure = e
             logger.warning("fill %s failed: %s", loggable_url(fill.url), e)
         finally:
-            response.release()
             os.close(out)
             self._store.abort(reservation)  # no-op after a commit
             self._end(fill, failure)
 
-    async def _resume(self, fill: Fill, head: Head) -> aiohttp.ClientResponse:
+    async def _copy_body(
+        self,
+        fill: Fill,
+        head: Head,
+        response: aiohttp.ClientResponse,
+        out: int,
+        digest: hashlib._Hash,
+    ) -> None:
+        """Copy the body into `out`, resuming a dropped or stalled origin where it stopped.
+
+        Each resume is a Range request validated by If-Range, so that bytes of a changed
+        object are never appended to an older one; RESUME_ATTEMPTS tries, with backoff.
+        """
+        attempt = 0
+        while True:
+            error: BaseException
+            try:
+                await self._append(fill, head, response, out, digest)
+                if fill.written == head.size:
+                    return
+                error = UpstreamError(f"origin closed after {fill.written} of {head.size} bytes")
+            except (aiohttp.ClientError, TimeoutError) as e:
+                error = e
+            while True:
+                attempt += 1
+                self._metrics.counters.upstream_errors += 1
+                if attempt > RESUME_ATTEMPTS:
+                    raise FillFailed(f"gave up after {RESUME_ATTEMPTS} resumes: {error}")
+                logger.warning(
+                    "fill %s: upstream failed at byte %d (%s); resuming (attempt %d of %d)",
+                    loggable_url(fill.url),
+                    fill.written,
+                    error,
+                    attempt,
+                    RESUME_ATTEMPTS,
+                )
+                await asyncio.sleep(RESUME_BACKOFF * 2 ** (attempt - 1))
+                self._metrics.counters.upstream_requests += 1
+                try:
+                    response = await self._upstream.resume(
+                        fill.url,
+                        head.request_headers,
+                        fill.written,
+                        head.size,
+                        head.size,
+                        head.validators,
+                    )
+                    break
+                except CannotResume as e:
+                    raise FillFailed(f"cannot resume at byte {fill.written}: {e}") from e
+                except UpstreamError as e:
+                    error = e
+
+    async def _append(
+        self,
+        fill: Fill,
+        head: Head,
+        response: aiohttp.ClientResponse,
+        out: int,
+        digest: hashlib._Hash,
+    ) -> None:
+        """Append one upstream response's body to the fill, until it ends or breaks."""
         try:
-            return await self._upstream.resume(
-                fill.url, head.request_headers, fill.written, head.size, head.size, head.validators
-            )
-        except CannotResume as e:
-            raise FillFailed(f"cannot resume at byte {fill.written}: {e}") from e
+            async for chunk in response.content.iter_any():
+                if fill.written + len(chunk) > head.size:
+                    raise FillFailed("origin sent more bytes than its Content-Length")
+                _write_all(out, chunk)
+                digest.update(chunk)
+                self._metrics.counters.bytes_from_upstream += len(chunk)
+                fill._advance(len(chunk))
+        finally:
+            response.release()
 
     async def close(self) -> None:
         for task in list(self._tasks):

@@ -158,6 +158,18 @@ def parse_port(text: str) -> int:
     return port
 
 
+def parse_seconds(text: str) -> float:
+    """Parse a positive duration in seconds (`60`, `2.5`, `30s`)."""
+    value = text.strip().lower().removesuffix("s")
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"invalid duration {text!r}: expected seconds, e.g. 60") from None
+    if not 0 < seconds < 86400:
+        raise ValueError(f"invalid duration {text!r}: must be between 0 and 86400 seconds")
+    return seconds
+
+
 def parse_proxy_url(text: str) -> str:
     """Parse an upstream proxy URL: `http://host:port` (credentials allowed)."""
     value = text.strip()
@@ -194,6 +206,8 @@ class Settings:
     upstream_ca: Path | None = None
     # upstream_proxy, default none. Parent proxy (http://host:port) for upstream traffic.
     upstream_proxy: str | None = None
+    # upstream_timeout, default 60 (seconds). An origin silent this long is resumed.
+    upstream_timeout: float = 60.0
     # revalidate, default off. Revalidate stored objects with the origin before a hit.
     revalidate: bool = False
 
@@ -226,6 +240,7 @@ _FLAGS: tuple[_Flag, ...] = (
     _Flag("trust_dir", Path, "where ca.crt and ca-bundle.crt are written for the app containers"),
     _Flag("upstream_ca", Path, "extra CA certificates (PEM) trusted for origins"),
     _Flag("upstream_proxy", parse_proxy_url, "parent proxy for upstream traffic, http://host:port"),
+    _Flag("upstream_timeout", parse_seconds, "seconds an origin may stall before a resume (60)"),
     _Flag("revalidate", None, "revalidate stored objects with the origin instead of immutable"),
 )
 _FLAGS_BY_FIELD = {flag.field: flag for flag in _FLAGS}

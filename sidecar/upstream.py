@@ -20,10 +20,8 @@ import aiohttp
 
 logger = logging.getLogger(__name__)
 
-# A connect that takes longer than this fails; a body that stalls longer than this
-# counts as a dropped connection (and is resumed where possible).
+# A connect that takes longer than this fails.
 CONNECT_TIMEOUT = 30.0  # seconds
-READ_TIMEOUT = 60.0  # seconds
 
 # RFC 9110 §7.6.1: connection-specific fields are never forwarded by a proxy.
 HOP_BY_HOP = frozenset(
@@ -117,16 +115,20 @@ def check_resumed(status: int, headers: Mapping[str, str], start: int, end: int,
 class Upstream:
     """One aiohttp session shared by every fill and pass of this sidecar."""
 
-    def __init__(self, trust_file: Path, proxy: str | None) -> None:
+    def __init__(self, trust_file: Path, proxy: str | None, read_timeout: float) -> None:
+        """`read_timeout`: a body that stalls this long counts as a dropped connection."""
         self._ssl = ssl.create_default_context(cafile=str(trust_file))
         self._proxy = proxy
+        self._read_timeout = read_timeout
         self._session: aiohttp.ClientSession | None = None
 
     async def open(self) -> None:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=self._ssl, limit=0, ttl_dns_cache=60),
             timeout=aiohttp.ClientTimeout(
-                total=None, sock_connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT
+                total=None,
+                sock_connect=min(CONNECT_TIMEOUT, self._read_timeout),
+                sock_read=self._read_timeout,
             ),
             auto_decompress=False,
             # No cookie jar: cookies are the client's business, forwarded as sent.

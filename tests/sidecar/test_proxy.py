@@ -358,3 +358,15 @@ def test_an_upstream_proxy_carries_fills_and_tunnels(
         assert direct.body == body_of(dataset, "small.bin"), direct.stderr
         assert parent.connects[f"origin.test:{origin.port}"] == 1
         assert parent.connects[f"tunnel.test:{origin.port}"] == 1
+
+
+def test_a_stalled_origin_is_resumed_after_the_upstream_timeout(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    sidecar = start_sidecar("--upstream-timeout", "1")
+    url = origin.url("medium.bin", stall=1_000_000)
+    download = curl(sidecar, url)
+    assert download.returncode == 0, download.stderr
+    assert download.body == body_of(dataset, "medium.bin")
+    assert origin.requests()["ranges"][url.split(f":{origin.port}", 1)[1]] == 1
+    assert sidecar.stats()["entries"] == 1
