@@ -19,7 +19,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +73,14 @@ def http_get(url: str, timeout: float = 5.0, cafile: Path | None = None) -> tupl
             return response.status, response.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+
+
+def private_mounts(mounts: Mapping[str, Path], argv: list[str]) -> list[str]:
+    """`argv` run in its own mount namespace with each file `mounts[target]` bound over
+    `target` (e.g. a private /etc/hosts, a pod's CA bundle over the system one)."""
+    binds = [f'mount --bind "${i}" {target}' for i, target in enumerate(mounts, start=1)]
+    script = " && ".join([*binds, f"shift {len(mounts)}", 'exec "$@"'])
+    return ["unshare", "-m", "sh", "-c", script, "sh", *map(str, mounts.values()), *argv]
 
 
 def port_open(port: int) -> bool:
@@ -172,9 +180,16 @@ class Sidecar:
         return f"http://127.0.0.1:{self.proxy_port}"
 
     def start(self) -> None:
+        self.launch()
+        try:
+            wait_until(self.healthy, "the sidecar's /healthz")
+        except TimeoutError:
+            raise TimeoutError(f"sidecar did not become healthy:\n{self.log()}") from None
+
+    def launch(self) -> None:
+        """Start the process without waiting for it to become healthy."""
         argv = [
-            "unshare", "-m", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"',
-            str(self.hosts_file), PYTHON, "-m", "sidecar",
+            PYTHON, "-m", "sidecar",
             "--listen-port", str(self.proxy_port),
             "--admin-port", str(self.admin_port),
             "--buffer-dir", str(self.buffer_dir),
@@ -183,11 +198,14 @@ class Sidecar:
             *self.args,
         ]  # fmt: skip
         env = clean_env(PYTHONPATH=str(ROOT))
+        argv = private_mounts({"/etc/hosts": self.hosts_file}, argv)
         self.process = start_process(argv, self.directory / "sidecar.log", env)
-        try:
-            wait_until(self.healthy, "the sidecar's /healthz")
-        except TimeoutError:
-            raise TimeoutError(f"sidecar did not become healthy:\n{self.log()}") from None
+
+    @property
+    def pid(self) -> int:
+        """The sidecar's own process id (`unshare` and `sh` exec into it)."""
+        assert self.process is not None
+        return self.process.popen.pid
 
     def healthy(self) -> bool:
         assert self.process is not None

@@ -1,0 +1,187 @@
+"""One benchmark's bench: a tmpfs directory, dataset files, and the processes under test.
+
+A `Lab` owns everything a benchmark starts (nginx, the sidecar, mitmdump, the Python
+origin) and stops and deletes it all on exit, so each benchmark starts from nothing
+and leaves nothing behind. Files and buffers live on tmpfs, so disks are never what
+is measured. `Profile` holds the sizes: the issue's, or tiny ones for `--quick`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import filecmp
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import trustme
+
+from bench.clients import Route, wget
+from bench.harness import OriginServer, Sidecar, start_origin
+from bench.mitmdump import Mitmdump, start_mitmdump
+from bench.nginx import Nginx, start_nginx
+
+HOST = "datasets.bench.test"
+MiB = 1024 * 1024
+MB = 1_000_000  # throughputs are in MB/s, as Nezha's were
+WRITE_CHUNK = 16 * MiB  # random bytes generated and written at a time
+
+
+class WrongPath(RuntimeError):
+    """The sidecar did not take the path a benchmark meant to measure, or served wrong bytes."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Sizes and repetitions. Every figure is a median of `runs` runs."""
+
+    quick: bool
+    runs: int
+    large_bytes: int  # the large hit and the cold miss
+    rss_bytes: int  # the object streamed while the sidecar's memory is watched
+    small_bytes: int  # one small object
+    small_count: int  # small objects, all fetched over one connection
+    ready_starts: int
+    nezha_bytes: int  # CIFAR-100's tarball is 169,001,437 bytes
+    nezha_rate: float  # bytes/s: the far host's per-connection rate Nezha measured
+
+
+FULL = Profile(
+    quick=False,
+    runs=5,
+    large_bytes=512 * MiB,
+    rss_bytes=400 * MiB,
+    small_bytes=64 * 1024,
+    small_count=600,
+    ready_starts=7,
+    nezha_bytes=169_001_437,
+    nezha_rate=3.49e6,
+)
+QUICK = Profile(
+    quick=True,
+    runs=3,
+    large_bytes=8 * MiB,
+    rss_bytes=8 * MiB,
+    small_bytes=64 * 1024,
+    small_count=20,
+    ready_starts=1,
+    nezha_bytes=1_000_000,
+    nezha_rate=3.49e6,
+)
+
+
+def mb_per_s(size: int, seconds: float) -> float:
+    return size / seconds / MB
+
+
+def expect_stats(sidecar: Sidecar, **expected: int) -> None:
+    """The sidecar's /stats counters are what the benchmark's requests should have made
+    them: proof that a "hit" figure measured hits and a "miss" figure misses."""
+    stats = sidecar.stats()
+    wrong = {k: (stats[k], v) for k, v in expected.items() if stats[k] != v}
+    if wrong:
+        raise WrongPath(f"sidecar /stats (found, expected): {wrong}; all: {stats}")
+
+
+def tmpfs_root() -> Path:
+    """/dev/shm when it is a tmpfs (it is on Debian and in containers), else refuse:
+    a disk-backed bench would measure the disk."""
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            fields = line.split()
+            if len(fields) > 2 and fields[1] == "/dev/shm" and fields[2] == "tmpfs":
+                return Path("/dev/shm")
+    raise RuntimeError("/dev/shm is not a tmpfs: mount one there (mount -t tmpfs tmpfs /dev/shm)")
+
+
+class Lab:
+    """`with Lab() as lab:` a private tmpfs directory and the processes of one benchmark."""
+
+    def __init__(self) -> None:
+        self._stack = contextlib.ExitStack()
+        self.dir = Path("/nonexistent")
+        self.ca = trustme.CA()  # signs nginx's and the Python origin's certificates
+
+    def __enter__(self) -> Lab:
+        self.dir = Path(
+            self._stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="burstbuffer-bench-", dir=tmpfs_root())
+            )
+        )
+        self.data = self.dir / "data"
+        self.data.mkdir()
+        self.hosts = self.dir / "hosts"
+        self.hosts.write_text(f"127.0.0.1 localhost {HOST}\n")
+        self.ca_pem = self.dir / "ca.pem"
+        self.ca.cert_pem.write_to_path(str(self.ca_pem))
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stack.close()
+
+    def make_file(self, name: str, size: int) -> Path:
+        """A dataset file of `size` random (incompressible) bytes."""
+        path = self.data / name
+        with open(path, "wb") as f:
+            for offset in range(0, size, WRITE_CHUNK):
+                f.write(os.urandom(min(WRITE_CHUNK, size - offset)))
+        return path
+
+    def check_download(self, route: Route, url: str, source: Path) -> float:
+        """Download `url` with wget, compare it with `source` byte by byte; the seconds
+        the download took."""
+        copy = self.dir / "download"
+        seconds = wget(route, url, copy)
+        try:
+            if not filecmp.cmp(copy, source, shallow=False):
+                raise WrongPath(f"{url} differs from {source.name}")
+        finally:
+            copy.unlink()
+        return seconds
+
+    def nginx(self) -> Nginx:
+        server = start_nginx(self.data, self.ca, [HOST], self.dir / "nginx")
+        self._stack.callback(server.stop)
+        return server
+
+    def origin(self, rate: float) -> OriginServer:
+        """The Python origin, throttled to `rate` bytes/s per response."""
+        workdir = self._fresh("origin")
+        server = start_origin(self.data, self.ca, [HOST], workdir, rate=rate)
+        self._stack.callback(server.process.stop)
+        return server
+
+    def sidecar(self, upstream_ca: Path, *args: str, start: bool = True) -> Sidecar:
+        """A sidecar intercepting HOST, trusting `upstream_ca` for the origin."""
+        argv = ["--intercept", HOST, "--upstream-ca", str(upstream_ca), *args]
+        sidecar = Sidecar(self._fresh("sidecar"), self.hosts, argv)
+        self._stack.callback(sidecar.stop)
+        if start:
+            sidecar.start()
+        return sidecar
+
+    def mitmdump(self, upstream_ca: Path) -> Mitmdump:
+        proxy = start_mitmdump(self._fresh("mitmdump"), self.hosts, upstream_ca)
+        self._stack.callback(proxy.stop)
+        return proxy
+
+    def direct(self, server: Nginx) -> Route:
+        """A client talking to nginx itself, trusting nginx's CA."""
+        return Route(server.ca_pem, self.hosts)
+
+    def through(self, sidecar: Sidecar) -> Route:
+        """A client of the sidecar, trusting the pod bundle, as an injected pod does."""
+        return Route(sidecar.bundle, self.hosts, sidecar.proxy)
+
+    def through_mitmdump(self, proxy: Mitmdump) -> Route:
+        return Route(proxy.ca_pem, self.hosts, proxy.proxy)
+
+    def _fresh(self, prefix: str) -> Path:
+        return Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=self.dir))

@@ -1,0 +1,68 @@
+"""Resident memory of a running process, from /proc/<pid>/status.
+
+`VmRSS` is sampled by a background thread while a transfer runs (the figure a pod's
+memory limit is held against); `VmHWM`, the kernel's own peak, catches spikes between
+samples. Writing 5 to /proc/<pid>/clear_refs resets that peak, so that the hit and
+the miss of one process can be measured apart.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import TracebackType
+
+SAMPLE_INTERVAL = 0.01  # seconds between VmRSS samples
+MB = 1_000_000
+
+
+def status_kb(pid: int, field: str) -> int:
+    """A `kB` field of /proc/<pid>/status (VmRSS, VmHWM), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name == field:
+            return int(value.split()[0])
+    raise KeyError(f"{field} not in /proc/{pid}/status")
+
+
+def rss_mb(pid: int) -> float:
+    return status_kb(pid, "VmRSS") * 1024 / MB
+
+
+def peak_mb(pid: int) -> float:
+    """The process's peak RSS since it started or since `reset_peak`."""
+    return status_kb(pid, "VmHWM") * 1024 / MB
+
+
+def reset_peak(pid: int) -> None:
+    """Make VmHWM restart from the current RSS (Linux >= 4.0; own processes or root)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+class RssSampler:
+    """`with RssSampler(pid) as s: ...` -> `s.max_mb`, the largest VmRSS seen meanwhile."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.max_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while True:
+            self.max_mb = max(self.max_mb, rss_mb(self.pid))
+            if self._stop.wait(SAMPLE_INTERVAL):
+                return

@@ -1,0 +1,129 @@
+"""The reference web server: nginx serving a directory over HTTPS, as the benchmarks'
+"as fast as it gets" baseline and as the unthrottled origin behind the sidecar.
+
+Everything nginx needs (config, certificate, pid file, temp paths, error log) lives in
+one temporary directory; nothing under /etc/nginx is read or written. Debian's
+`nginx-light` provides /usr/sbin/nginx; when it is missing it is installed with
+apt-get if we are root, otherwise `NginxMissing` says what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import trustme
+
+from bench.harness import Process, free_port, port_open, start_process, wait_until
+
+logger = logging.getLogger(__name__)
+
+NGINX = "/usr/sbin/nginx"
+DEBIAN_PACKAGE = "nginx-light"
+
+# Plain static serving, tuned only where the defaults would make nginx look slower than
+# it is: one worker (clients are sequential, as in the sidecar), no access log, and
+# keep-alive long enough for the small-object run on one connection.
+CONFIG = """\
+daemon off;
+master_process on;
+worker_processes 1;
+{user}
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    types {{ }}
+    default_type application/octet-stream;
+    sendfile on;
+    keepalive_requests 100000;
+    keepalive_timeout 60s;
+    server {{
+        listen 127.0.0.1:{port} ssl;
+        ssl_certificate {dir}/server.pem;
+        ssl_certificate_key {dir}/server.key;
+        ssl_protocols TLSv1.2 TLSv1.3;
+        location /files/ {{ alias {root}/; }}
+    }}
+}}
+"""
+
+
+class NginxMissing(RuntimeError):
+    """nginx is not installed and cannot be installed from here."""
+
+
+@dataclass
+class Nginx:
+    port: int
+    process: Process
+    ca_pem: Path
+
+    def url(self, name: str, host: str, query: str = "") -> str:
+        return f"https://{host}:{self.port}/files/{name}" + (f"?{query}" if query else "")
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+def ensure_installed() -> str:
+    """The nginx binary, installing Debian's nginx-light first when root and missing."""
+    if os.access(NGINX, os.X_OK):
+        return NGINX
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise NginxMissing(
+            f"{NGINX} not found: install it (`apt-get install {DEBIAN_PACKAGE}`) and rerun"
+        )
+    logger.info("installing %s with apt-get", DEBIAN_PACKAGE)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], env=env, check=True, timeout=600)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", DEBIAN_PACKAGE],
+        env=env,
+        check=True,
+        timeout=600,
+    )
+    if not os.access(NGINX, os.X_OK):
+        raise NginxMissing(f"{DEBIAN_PACKAGE} was installed but {NGINX} is still missing")
+    return NGINX
+
+
+def start_nginx(root: Path, ca: trustme.CA, names: list[str], workdir: Path) -> Nginx:
+    """nginx serving `root` under https://<name>:<port>/files/, certificate from `ca`."""
+    binary = ensure_installed()
+    workdir.mkdir(parents=True, exist_ok=True)
+    cert = ca.issue_cert(*names, "127.0.0.1")
+    cert.private_key_pem.write_to_path(str(workdir / "server.key"))
+    cert.cert_chain_pems[0].write_to_path(str(workdir / "server.pem"))
+    ca_pem = workdir / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_pem))
+    port = free_port()
+    # Workers drop to `nobody` by default, who cannot read a private temp directory.
+    user = "user root;" if os.geteuid() == 0 else ""
+    config = workdir / "nginx.conf"
+    config.write_text(CONFIG.format(dir=workdir, root=root, port=port, user=user))
+    argv = [binary, "-e", str(workdir / "error.log"), "-p", str(workdir), "-c", str(config)]
+    process = start_process(argv, workdir / "nginx.out")
+    try:
+        wait_until(lambda: _listening(process, port), f"nginx on port {port}")
+    except (TimeoutError, RuntimeError):
+        process.stop()
+        raise
+    return Nginx(port, process, ca_pem)
+
+
+def _listening(process: Process, port: int) -> bool:
+    if process.popen.poll() is not None:
+        log = process.log.parent / "error.log"
+        raise RuntimeError(f"nginx exited:\n{process.output()}{log.read_text(errors='replace')}")
+    return port_open(port)
