@@ -168,7 +168,7 @@ def _sidecar_args(
         buffer_size=sidecar_buffer_size(options.buffer.size),
         eviction=options.buffer.eviction,
         intercept=settings.intercept + options.extra_intercept,
-        ca_dir=names.CA_DIR,
+        ca_dir=names.CA_PRIVATE_DIR,
         trust_dir=names.TRUST_DIR,
         upstream_proxy=upstream_proxy,
         revalidate=settings.revalidate,

@@ -30,6 +30,9 @@ TRUST_VOLUME = "burstbuffer-trust"
 # Where the sidecar mounts its volumes.
 BUFFER_DIR = "/var/lib/burstbuffer/buffer"
 CA_DIR = "/var/lib/burstbuffer/ca"
+# The sidecar's --ca-dir: a directory it creates itself, so that it can make it 0700 (an
+# emptyDir's own root is 0777 and root's).
+CA_PRIVATE_DIR = CA_DIR + "/private"
 TRUST_DIR = "/var/lib/burstbuffer/trust"
 # The trust files the sidecar writes into TRUST_DIR (DESIGN.md, --trust-dir).
 CA_FILE = "ca.crt"

@@ -590,4 +590,21 @@ class PodRun:
             )  # fmt: skip
         running = Running(container["name"], process, log, env, user)
         self.running[container["name"]] = running
+        self._await_root(running)
         return running
+
+    def _await_root(self, running: Running, timeout: float = 30.0) -> None:
+        """Wait until the container is in its own root (its mounts are then final)."""
+        host_root = os.stat("/")
+        deadline = time.monotonic() + timeout
+        while running.process.poll() is None and time.monotonic() < deadline:
+            inner = running.inner_pid()
+            try:
+                root = os.stat(f"/proc/{inner}/root") if inner is not None else host_root
+            except OSError:
+                root = host_root
+            if (root.st_dev, root.st_ino) != (host_root.st_dev, host_root.st_ino):
+                return
+            time.sleep(0.02)
+        if running.process.poll() is None:
+            raise PodFailed(f"container {running.name} did not start: {running.log.read_text()}")

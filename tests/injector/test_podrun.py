@@ -270,8 +270,9 @@ def test_app_container_cannot_read_the_ca_key(run_pod: Any, tmp_path: Path) -> N
     pod, _ = run_pod(rendered)
 
     ca_dir = pod.volume_dir(volume_of(rendered, names.CA_DIR))
-    keys = [p.read_text() for p in ca_dir.iterdir() if "PRIVATE KEY-----" in p.read_text()]
-    assert keys, f"no CA key in the sidecar's CA directory: {sorted(ca_dir.iterdir())}"
+    files = [p for p in ca_dir.rglob("*") if p.is_file()]
+    keys = [p.read_text() for p in files if "PRIVATE KEY-----" in p.read_text()]
+    assert keys, f"no CA key in the sidecar's CA volume: {files}"
     label = "RSA PRIVATE KEY" if "BEGIN RSA PRIVATE KEY" in keys[0] else "PRIVATE KEY"
     trust_dir = pod.volume_dir(volume_of(rendered, names.TRUST_DIR))
     certificate = (trust_dir / names.CA_FILE).read_text()
@@ -289,3 +290,78 @@ def test_app_container_cannot_read_the_ca_key(run_pod: Any, tmp_path: Path) -> N
     assert scan(pem_body_line(keys[0], label)) == []
     done = pod.exec("shell", ["ls", names.CA_DIR])
     assert done.returncode != 0, done.stdout
+
+
+def test_pods_own_init_containers_download_through_the_native_sidecar(
+    run_pod: Any, tmp_path: Path
+) -> None:
+    pod_spec = app_pod("init", [{"name": "app", "command": ["sh", "-c", TWICE["curl"]]}])
+    pod_spec["spec"]["initContainers"] = [
+        {
+            "name": "prefetch",
+            "image": APP_IMAGE,
+            "command": ["wget", "-q", "-O", "/out/init", URL],
+            "volumeMounts": [{"name": "out", "mountPath": "/out"}],
+        }
+    ]
+    rendered = render(pod_spec, tmp_path)
+    pod, origin = run_pod(rendered)
+
+    assert pod.wait("app") == 0, pod.log("app")
+    out = pod.volume_dir("out")
+    for name in ("init", "first", "second"):
+        assert (out / name).read_bytes() == origin.data, name
+    stats = pod.stats(admin_port(rendered))
+    assert stats["misses"] == 1 and stats["hits"] == 2, stats
+    assert origin.requests(pod) == {"/files/data.bin": 1}
+
+
+def test_classic_sidecar_primes_trust_for_init_containers_then_proxies(
+    run_pod: Any, tmp_path: Path
+) -> None:
+    pod_spec = app_pod("classic", [{"name": "app", "command": ["sh", "-c", TWICE["urllib"]]}])
+    pod_spec["spec"]["initContainers"] = [
+        {
+            # Before the classic sidecar exists: trust, but no proxy (a direct download).
+            "name": "prefetch",
+            "image": APP_IMAGE,
+            "command": ["sh", "-c", f'[ -z "$https_proxy" ] && wget -q -O /out/init {URL}'],
+            "volumeMounts": [{"name": "out", "mountPath": "/out"}],
+        }
+    ]
+    rendered = render(pod_spec, tmp_path, config="nativeSidecar: false\n")
+    assert rendered["spec"]["initContainers"][0]["name"] == names.INIT_CONTAINER
+    assert rendered["spec"]["containers"][0]["name"] == names.CONTAINER
+    pod, origin = run_pod(rendered)
+
+    assert pod.wait("app") == 0, pod.log("app") + pod.log(names.CONTAINER)
+    out = pod.volume_dir("out")
+    for name in ("init", "first", "second"):
+        assert (out / name).read_bytes() == origin.data, name
+    stats = pod.stats(admin_port(rendered))
+    assert stats["misses"] == 1 and stats["hits"] == 1, stats
+    # One direct download by the init container, one fill by the sidecar.
+    assert origin.requests(pod) == {"/files/data.bin": 2}
+
+
+def test_restarted_sidecar_keeps_its_ca_and_its_buffer(run_pod: Any, tmp_path: Path) -> None:
+    pod_spec = app_pod("restart", [{"name": "shell", "command": ["sleep", "3600"]}])
+    rendered = render(pod_spec, tmp_path)
+    pod, origin = run_pod(rendered)
+    trust = pod.volume_dir(volume_of(rendered, names.TRUST_DIR))
+    before = {name: (trust / name).read_bytes() for name in (names.CA_FILE, names.BUNDLE_FILE)}
+
+    def download(name: str) -> None:
+        done = pod.exec("shell", ["curl", "-sS", "--fail", "-o", f"/out/{name}", URL])
+        assert done.returncode == 0, done.stdout
+        assert (pod.volume_dir("out") / name).read_bytes() == origin.data
+
+    download("before")
+    pod.restart(names.CONTAINER)
+    # The app still trusts the restarted sidecar (its bundle was pinned at start), and the
+    # object stored before the restart is served from the buffer.
+    download("after")
+    assert {name: (trust / name).read_bytes() for name in before} == before
+    stats = pod.stats(admin_port(rendered))
+    assert stats["hits"] == 1 and stats["misses"] == 0, stats
+    assert origin.requests(pod) == {"/files/data.bin": 1}
