@@ -63,17 +63,12 @@ def parse_bytes(text: str | int) -> int:
 
 
 def format_bytes(size: int) -> str:
-    """The shortest exact quantity for a number of bytes (`1073741824` -> `1Gi`).
+    """The shortest exact quantity for a number of bytes (`2**30` -> `1Gi`, `10**10` -> `10G`).
 
-    Binary suffixes are preferred (what users write for memory), then decimal ones.
+    Of equally short spellings the binary one wins (what users write for memory).
     """
     if size == 0:
         return "0"
-    for suffix, multiplier in reversed(_BINARY.items()):
-        if size % multiplier == 0:
-            return f"{size // multiplier}{suffix}"
-    for suffix in ("E", "P", "T", "G", "M", "k"):
-        multiplier = int(_DECIMAL[suffix])
-        if size % multiplier == 0:
-            return f"{size // multiplier}{suffix}"
-    return str(size)
+    multipliers = [*_BINARY.items(), *((suffix, int(_DECIMAL[suffix])) for suffix in "kMGTPE")]
+    spellings = [f"{size // m}{suffix}" for suffix, m in multipliers if size % m == 0]
+    return min([*spellings, str(size)], key=len)

@@ -1,0 +1,339 @@
+"""Unit tests of decide, overrides, capture and mutate: the rules, one at a time."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from podcheck import check_pod
+
+from injector import names, settings
+from injector.capture import BUILTIN_NO_PROXY, find_upstream_proxy, normalize_proxy, redact
+from injector.decide import ALREADY_INJECTED, HOST_NETWORK, INJECTED, OPTED_OUT, WINDOWS, decide
+from injector.mutate import TRUST_VARIABLES, mutate, sidecar_buffer_size, sidecar_resources
+from injector.overrides import parse_stage_in, pod_options
+from injector.quantity import parse_bytes
+from injector.settings import InjectorSettings, NotImplementedSetting
+from sidecar import settings as sidecar_settings
+from sidecar.settings import DEFAULT_INTERCEPT
+
+OWN_PROXY = "http://127.0.0.1:3128"
+BUNDLE = "/etc/burstbuffer/trust/ca-bundle.crt"
+
+
+def pod(
+    *containers: dict[str, Any], init: list[dict[str, Any]] | None = None, **meta: Any
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": list(containers) or [{"name": "app", "image": "x"}]}
+    if init:
+        spec["initContainers"] = init
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", **meta}, "spec": spec}
+
+
+def containers(p: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    spec = p["spec"]
+    return {c["name"]: c for c in (spec.get("initContainers") or []) + spec["containers"]}
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env") or []}
+
+
+# -- decide ---------------------------------------------------------------------------
+
+
+def test_decide_injects_a_plain_pod() -> None:
+    assert decide(pod()).inject and decide(pod()).reasons == (INJECTED,)
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda p: p["metadata"].update(annotations={names.INJECT: "false"}), OPTED_OUT),
+        (lambda p: p["metadata"].update(labels={names.INJECT: "False"}), OPTED_OUT),
+        (lambda p: p["spec"].update(hostNetwork=True), HOST_NETWORK),
+        (lambda p: p["spec"].update(os={"name": "windows"}), WINDOWS),
+        (lambda p: p["spec"].update(nodeSelector={"kubernetes.io/os": "windows"}), WINDOWS),
+        (lambda p: p["spec"]["containers"].append({"name": "burstbuffer"}), ALREADY_INJECTED),
+    ],
+)
+def test_decide_never_inject_rules(change: Any, reason: Any) -> None:
+    p = pod()
+    change(p)
+    decision = decide(p)
+    assert not decision.inject and decision.reasons == (reason,)
+
+
+def test_decide_reports_every_reason_and_ignores_other_values() -> None:
+    p = pod(metadata={})
+    p["metadata"]["annotations"] = {names.INJECT: "false"}
+    p["spec"]["hostNetwork"] = True
+    assert decide(p).reasons == (OPTED_OUT, HOST_NETWORK)
+    assert decide(pod(labels={names.INJECT: "true"})).inject
+    assert decide(pod(annotations={names.INJECT: "yes please"})).inject
+
+
+# -- annotations ------------------------------------------------------------------------
+
+
+def test_stage_in_urls() -> None:
+    text = " https://a.example/x.tar,\nhttp://b.example:8080/y  https://a.example/x.tar "
+    assert parse_stage_in(text) == ("https://a.example/x.tar", "http://b.example:8080/y")
+    for bad in ("ftp://a/x", "https:///nohost", "a.example/x", "", "https://a:99999/x"):
+        with pytest.raises(ValueError):
+            parse_stage_in(bad)
+
+
+def test_overrides_apply_and_fall_back_with_warnings() -> None:
+    config = InjectorSettings()
+    good = pod_options(
+        {
+            names.BUFFER_SIZE: "4Gi",
+            names.BUFFER_MEDIUM: "Disk",
+            names.INTERCEPT: "data.example.org, HF.CO",
+        },
+        config,
+    )
+    assert (good.buffer.size, good.buffer.medium) == (4 * 2**30, "Disk")
+    assert good.extra_intercept == ("data.example.org",)  # hf.co is intercepted already
+    assert good.warnings == ()
+
+    bad = pod_options({names.BUFFER_SIZE: "1Mi", names.BUFFER_MEDIUM: "ssd"}, config)
+    assert bad.buffer == config.buffer
+    assert [w.split(":")[0] for w in bad.warnings] == [names.BUFFER_MEDIUM, names.BUFFER_SIZE]
+    assert "below the minimum" in bad.warnings[1]
+
+
+def test_pmem_by_annotation_needs_a_configured_source() -> None:
+    assert pod_options({names.BUFFER_MEDIUM: "pmem"}, InjectorSettings()).buffer.medium == "Memory"
+    config = settings.load("buffer: {pmem: {hostPath: /mnt/pmem}}")
+    options = pod_options({names.BUFFER_MEDIUM: "pmem"}, config)
+    assert options.buffer.medium == "pmem" and options.warnings == ()
+
+
+# -- capture ------------------------------------------------------------------------------
+
+
+def test_proxy_spellings() -> None:
+    assert normalize_proxy(" proxy.corp:3128 ") == "http://proxy.corp:3128"
+    assert normalize_proxy("http://u:p@proxy:8080/") == "http://u:p@proxy:8080"
+    assert redact("http://u:p@proxy:8080") == "http://proxy:8080"
+    with pytest.raises(ValueError):
+        normalize_proxy("socks5://proxy:1080")
+
+
+def test_upstream_proxy_is_the_first_seen_and_ours_is_not_one() -> None:
+    found = find_upstream_proxy(
+        [
+            {"name": "a", "env": [{"name": "http_proxy", "value": OWN_PROXY}]},
+            {"name": "b", "env": [{"name": "ALL_PROXY", "value": "http://ignored:1"}]},
+            {"name": "c", "env": [{"name": "HTTP_PROXY", "value": "p1:3128"}]},
+            {"name": "d", "env": [{"name": "https_proxy", "value": "socks5://s:1080"}]},
+            {"name": "e", "env": [{"name": "https_proxy", "value": "http://p2:3128"}]},
+        ],
+        OWN_PROXY,
+    )
+    assert found.url == "http://p1:3128"
+    assert len(found.warnings) == 2
+    assert "container d: https_proxy is not an http proxy URL" in found.warnings[0]
+    assert "uses http://p1:3128 (c) and ignores http://p2:3128 (e)" in found.warnings[1]
+
+
+# -- mutate -------------------------------------------------------------------------------
+
+
+def test_buffer_headroom() -> None:
+    assert sidecar_buffer_size(32 * 2**20) == 16 * 2**20
+    assert sidecar_buffer_size(2**30) == 960 * 2**20
+    assert sidecar_buffer_size(100 * 2**30) == 100 * 2**30 - 512 * 2**20
+    assert sidecar_buffer_size(10**9) % 2**20 == 0
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ("", {"requests": {"cpu": "100m", "memory": "1152Mi"}, "limits": {"memory": "1280Mi"}}),
+        ("buffer: {medium: Disk, size: 10G}", {
+            "requests": {"cpu": "100m", "memory": "128Mi", "ephemeral-storage": "10G"},
+            "limits": {"memory": "256Mi"},
+        }),
+        ("buffer: {medium: pmem, pmem: {storageClassName: sc}}", {
+            "requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"},
+        }),
+        ("resources: {requests: {}, limits: {memory: 100M}}", {"limits": {"memory": "1173741824"}}),
+    ],
+)  # fmt: skip
+def test_the_buffer_is_charged_to_the_sidecar(config: str, expected: dict[str, Any]) -> None:
+    s = settings.load(config)
+    assert sidecar_resources(s, s.buffer) == expected
+
+
+def test_sidecar_flags_read_back_with_the_sidecars_parser() -> None:
+    config = settings.load("revalidate: true\nbuffer: {eviction: lru}\nproxyPort: 8888\n")
+    p = pod(annotations={names.INTERCEPT: "datasets.example.org"})
+    sidecar = containers(mutate(p, config).pod)[names.CONTAINER]
+    parsed = sidecar_settings.parse(
+        [a.replace("$(POD_IP)", "10.1.2.3") for a in sidecar["args"]], {}
+    )
+    assert (parsed.listen_host, parsed.listen_port) == ("127.0.0.1", 8888)
+    assert (parsed.admin_host, parsed.admin_port) == ("10.1.2.3", 3129)
+    assert parsed.buffer_size == sidecar_buffer_size(2**30)
+    assert parsed.eviction == "lru" and parsed.revalidate
+    assert parsed.intercept == (*DEFAULT_INTERCEPT, "datasets.example.org")
+    assert str(parsed.ca_dir) == names.CA_PRIVATE_DIR
+    assert str(parsed.trust_dir) == names.TRUST_DIR
+    assert parsed.upstream_proxy is None
+    assert sidecar["env"][0]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+
+
+def test_every_container_trusts_and_only_the_sidecar_holds_the_ca() -> None:
+    p = pod(
+        {"name": "app", "image": "x"},
+        {"name": "side", "image": "y", "restartPolicy": None},
+        init=[
+            {"name": "prep", "image": "z"},
+            {"name": "logs", "image": "z", "restartPolicy": "Always"},
+        ],
+    )
+    del p["spec"]["containers"][1]["restartPolicy"]
+    injected = mutate(p, InjectorSettings()).pod
+    check_pod(injected)
+    all_containers = containers(injected)
+    sidecar = all_containers.pop(names.CONTAINER)
+    ca_volume = next(m["name"] for m in sidecar["volumeMounts"] if m["mountPath"] == names.CA_DIR)
+    assert set(all_containers) == {"app", "side", "prep", "logs"}
+    for container in all_containers.values():
+        mounts = container["volumeMounts"]
+        assert all(m["readOnly"] for m in mounts), container["name"]
+        assert ca_volume not in {m["name"] for m in mounts}
+        assert {m["mountPath"] for m in mounts} == {
+            "/etc/burstbuffer/trust",
+            "/etc/ssl/certs/ca-certificates.crt",
+            "/etc/pki/tls/certs/ca-bundle.crt",
+            "/etc/ssl/cert.pem",
+        }
+        env = env_of(container)
+        assert all(env[name] == BUNDLE for name in TRUST_VARIABLES)
+        assert env["https_proxy"] == env["HTTP_PROXY"] == OWN_PROXY
+    # The native sidecar comes before the pod's own init containers.
+    assert [c["name"] for c in injected["spec"]["initContainers"]] == [
+        "burstbuffer",
+        "prep",
+        "logs",
+    ]
+
+
+def test_no_proxy_keeps_what_the_container_had() -> None:
+    p = pod({"name": "app", "env": [{"name": "NO_PROXY", "value": "corp.example, 10.0.0.0/8"}]})
+    config = settings.load("noProxy: [.internal.example]")
+    env = env_of(containers(mutate(p, config).pod)["app"])
+    expected = [*BUILTIN_NO_PROXY, ".internal.example", "corp.example", "10.0.0.0/8"]
+    assert env["no_proxy"].split(",") == env["NO_PROXY"].split(",") == expected
+
+
+def test_an_existing_proxy_becomes_the_upstream_proxy_and_survives_a_second_pass() -> None:
+    p = pod({"name": "app", "env": [{"name": "https_proxy", "value": "proxy.corp:3128"}]})
+    once = mutate(p, InjectorSettings())
+    args = containers(once.pod)[names.CONTAINER]["args"]
+    assert args[args.index("--upstream-proxy") + 1] == "http://proxy.corp:3128"
+    assert env_of(containers(once.pod)["app"])["https_proxy"] == OWN_PROXY
+    assert (
+        '"upstreamProxy":"http://proxy.corp:3128"'
+        in once.pod["metadata"]["annotations"][names.STATUS]
+    )
+    assert mutate(once.pod, InjectorSettings()).pod == once.pod
+
+
+def test_replaced_trust_variables_and_taken_paths_are_warned_about() -> None:
+    p = pod(
+        {
+            "name": "app",
+            "env": [
+                {
+                    "name": "REQUESTS_CA_BUNDLE",
+                    "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}},
+                }
+            ],
+            "volumeMounts": [{"name": "corp", "mountPath": "/etc/ssl/cert.pem/"}],
+        }
+    )
+    p["spec"]["volumes"] = [{"name": "corp", "configMap": {"name": "corp-ca"}}]
+    injected = mutate(p, InjectorSettings())
+    assert injected.warnings == (
+        "container app: /etc/ssl/cert.pem is already mounted from volume corp; "
+        "the pod CA is not added there",
+        "container app: REQUESTS_CA_BUNDLE is replaced by the pod's CA bundle",
+    )
+    assert env_of(containers(injected.pod)["app"])["REQUESTS_CA_BUNDLE"] == BUNDLE
+
+
+def test_classic_mode() -> None:
+    config = settings.load("nativeSidecar: false")
+    injected = mutate(pod(init=[{"name": "prep", "image": "z"}]), config).pod
+    check_pod(injected)
+    init = injected["spec"]["initContainers"]
+    regular = injected["spec"]["containers"]
+    assert [c["name"] for c in init] == [names.INIT_CONTAINER, "prep"]
+    assert [c["name"] for c in regular] == [names.CONTAINER, "app"]
+    sidecar, prime = regular[0], init[0]
+    assert "restartPolicy" not in sidecar
+    assert sidecar["lifecycle"]["postStart"]["exec"]["command"][:2] == [
+        "burstbuffer-injector",
+        "wait",
+    ]
+    assert prime["command"][:2] == ["burstbuffer-injector", "prime"]
+    assert (
+        prime["command"][prime["command"].index("--") + 1 :] == sidecar["command"] + sidecar["args"]
+    )
+    # The pod's own init containers run before the proxy: trust, but no proxy.
+    assert "https_proxy" not in env_of(init[1]) and env_of(init[1])["SSL_CERT_FILE"] == BUNDLE
+    assert env_of(regular[1])["https_proxy"] == OWN_PROXY
+    # The prime does not fill the buffer: no buffer in its resources.
+    assert prime["resources"] == {
+        "requests": {"cpu": "100m", "memory": "128Mi"},
+        "limits": {"memory": "256Mi"},
+    }
+
+
+def test_switching_modes_converges() -> None:
+    native, classic = InjectorSettings(), settings.load("nativeSidecar: false")
+    p = pod()
+    assert mutate(mutate(p, native).pod, classic).pod == mutate(p, classic).pod
+    assert mutate(mutate(p, classic).pod, native).pod == mutate(p, native).pod
+
+
+def test_pmem_host_path_buffers_are_per_pod() -> None:
+    config = settings.load("buffer: {medium: pmem, pmem: {hostPath: /mnt/pmem0}}")
+    injected = mutate(pod(), config).pod
+    sidecar = containers(injected)[names.CONTAINER]
+    assert (
+        sidecar["args"][sidecar["args"].index("--buffer-dir") + 1]
+        == f"{names.BUFFER_DIR}/$(POD_UID)"
+    )
+    assert {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}} in sidecar[
+        "env"
+    ]
+    volume = next(v for v in injected["spec"]["volumes"] if v["name"] == names.BUFFER_VOLUME)
+    assert volume["hostPath"] == {"path": "/mnt/pmem0", "type": "Directory"}
+
+
+def test_mutate_does_not_touch_its_input_and_keeps_unknown_fields() -> None:
+    p = pod({"name": "app", "image": "x", "futureField": {"a": 1}})
+    p["spec"]["someNewPodField"] = True
+    before = copy.deepcopy(p)
+    injected = mutate(p, InjectorSettings()).pod
+    assert p == before
+    assert injected["spec"]["someNewPodField"] is True
+    assert containers(injected)["app"]["futureField"] == {"a": 1}
+
+
+def test_unimplemented_capture_is_refused() -> None:
+    with pytest.raises(NotImplementedSetting, match="hostAliases' is not implemented yet"):
+        mutate(pod(), settings.load("capture: hostAliases"))
+
+
+def test_memory_limits_add_up_exactly() -> None:
+    config = settings.load("buffer: {size: 1.5Gi}\nresources: {limits: {memory: 300M}}")
+    sidecar = containers(mutate(pod(), config).pod)[names.CONTAINER]
+    assert parse_bytes(sidecar["resources"]["limits"]["memory"]) == 300 * 10**6 + 3 * 2**29
