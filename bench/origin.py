@@ -14,6 +14,9 @@ parameters turn on the behaviours a cache must survive:
     gzip          claim Content-Encoding: gzip whatever the client asked
     nostore       Cache-Control: no-store
     status=N      answer N with a short text body
+    loop          redirect (302) to this very URL, forever
+    wrong206      answer a plain GET with 206 and a Content-Range for the whole body
+    badrange      answer a Range request with the bytes one past those asked for
 
 `GET /__requests` returns JSON counts of the requests seen, by request target
 (`/files/a?x=1`), with `ranges` counting those that carried a Range header.
@@ -65,6 +68,8 @@ class Origin:
         q = request.query
         if "status" in q:
             return web.Response(status=int(q["status"]), text=f"status {q['status']}\n")
+        if "loop" in q:
+            raise web.HTTPFound(location=target)
         path = self.directory / request.match_info["name"]
         if not path.is_file():
             raise web.HTTPNotFound(text="no such file\n")
@@ -97,7 +102,12 @@ class Origin:
             if start >= size:
                 return web.Response(status=416, headers={"Content-Range": f"bytes */{size}"})
             status = 206
+            if "badrange" in q:
+                start, end = min(start + 1, size - 1), min(end + 1, size)
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+        elif "wrong206" in q:
+            status = 206
+            headers["Content-Range"] = f"bytes 0-{size - 1}/{size}"
 
         announced = end - start + int(q.get("lie", 0))
         headers["Content-Length"] = str(announced)

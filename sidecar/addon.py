@@ -107,6 +107,12 @@ class BurstBuffer:
                 # Headers were sent already: abort, so the client sees an error.
                 logger.warning("aborted %s: %s", loggable_url(request.url), e)
                 channel.abort()
+            except Exception:
+                # A bug of ours must not cost a download: before any byte was sent,
+                # mitmproxy forwards the request itself; after, the client sees an error.
+                logger.exception("unexpected error serving %s", loggable_url(request.url))
+                if channel.started:
+                    channel.abort()
 
     # -- routing ----------------------------------------------------------------------
 
@@ -175,6 +181,13 @@ class BurstBuffer:
             flow, channel, representation, kind, lambda a, b: self.fills.read(fill, a, b)
         )
 
+    def _forget(self, key: str) -> None:
+        """Drop an object whose body is gone, so that the next request fills it again."""
+        try:
+            self.store.remove(key)
+        except StoreError as e:
+            self.metrics.buffer_trouble("removing an object", e)
+
     def _lookup(self, key: str) -> StoredObject | None:
         try:
             return self.store.lookup(key)
@@ -205,7 +218,7 @@ class BurstBuffer:
         logger.info(
             "%s changed upstream (%d); refetching", loggable_url(request.url), response.status
         )
-        self.store.remove(key)
+        self._forget(key)
         return None
 
     # -- responses --------------------------------------------------------------------
@@ -217,6 +230,7 @@ class BurstBuffer:
             body = self.store.open_body(entry)
         except StoreError as e:
             self.metrics.buffer_trouble("opening a stored body", e)
+            self._forget(policy.cache_key(flow.request.url))
             await self._pass(flow, channel, "buffer-error")
             return
         self.metrics.counters.hits += 1

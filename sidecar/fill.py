@@ -22,6 +22,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 
@@ -168,19 +169,28 @@ class Fills:
         """
         fill = Fill(key, url)
         self._active[key] = fill
-        headers = forwarded_headers(request_headers, for_fill=True)
         try:
-            self._metrics.counters.upstream_requests += 1
-            response = await self._upstream.get(url, headers)
-        except UpstreamError as e:
-            self._metrics.counters.upstream_errors += 1
-            self._end(fill, e)
+            return await self._decide(fill, request_headers)
+        except BaseException as e:
+            if not fill.head.done():
+                self._end(fill, e if isinstance(e, Exception) else FillFailed("cancelled"))
             raise
-        cacheable, reason = policy.response_is_cacheable(response.status, response.headers)
+
+    async def _decide(
+        self, fill: Fill, request_headers: list[tuple[str, str]]
+    ) -> tuple[Fill | None, aiohttp.ClientResponse | None, str]:
+        headers = forwarded_headers(request_headers, for_fill=True)
+        self._metrics.counters.upstream_requests += 1
+        try:
+            response = await self._upstream.get(fill.url, headers)
+        except UpstreamError:
+            self._metrics.counters.upstream_errors += 1
+            raise
+        verdict = policy.response_is_cacheable(response.status, response.headers)
+        size = policy.content_length(response.headers)
         reservation = None
-        if cacheable:
-            size = policy.content_length(response.headers)
-            assert size is not None  # a cacheable response has a valid length
+        reason: str = verdict.reason
+        if verdict.cacheable and size is not None:
             reservation = self._reserve(size)
             if reservation is None:
                 reason = "no-room"
@@ -188,18 +198,17 @@ class Fills:
         if reservation is None:
             self._end(fill, Declined(reason))
             return None, response, reason
-        stored = tuple(policy.stored_headers(response.headers))
-        validators = Validators(response.headers.get("ETag"), response.headers.get("Last-Modified"))
         try:
             # Created before anyone reads, so that readers can open it at once.
-            out = os.open(reservation.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            fill._fd = os.open(reservation.path, os.O_RDONLY)
+            out, fill._fd = _open_partial(reservation.path)
         except OSError as e:
             self._store.abort(reservation)
             self._store.report_failure()
             self._metrics.buffer_trouble("creating a partial body", e)
             self._end(fill, Declined("buffer-error"))
             return None, response, "buffer-error"
+        validators = Validators(response.headers.get("ETag"), response.headers.get("Last-Modified"))
+        stored = tuple(policy.stored_headers(response.headers))
         fill.attach()
         fill.head.set_result(Head(reservation.size, stored, validators, headers))
         task = asyncio.create_task(self._pump(fill, response, reservation, out))
@@ -371,6 +380,16 @@ class Fills:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _open_partial(path: Path) -> tuple[int, int]:
+    """Create a partial body: a descriptor to write it and one for its readers."""
+    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        return out, os.open(path, os.O_RDONLY)
+    except OSError:
+        os.close(out)
+        raise
 
 
 def _write_all(fd: int, data: bytes) -> None:

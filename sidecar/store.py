@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hashlib
 import logging
 import os
 import shutil
+import sqlite3
 import time
 import uuid
 from dataclasses import dataclass
@@ -122,7 +124,7 @@ class Store:
                 statistics=False,
             )
             self._load_index()
-        except (OSError, diskcache.Timeout) as e:
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
             raise StoreError(f"cannot open the buffer in {self.directory}: {e}") from e
 
     def _load_index(self) -> None:
@@ -152,15 +154,19 @@ class Store:
     async def verify_existing(self) -> None:
         """Check every entry found at start against its recorded size and digest."""
         for key in list(self._unverified):
-            entry = self._get(key)
-            if entry is None:
+            try:
+                entry = self._get(key)
+                ok = entry is not None and await asyncio.to_thread(
+                    _body_matches, self.objects_dir / entry.file, entry
+                )
                 self._unverified.discard(key)
-                continue
-            ok = await asyncio.to_thread(_body_matches, self.objects_dir / entry.file, entry)
-            self._unverified.discard(key)
-            if not ok:
-                logger.warning("buffer: dropping an object whose body does not match its digest")
-                self.remove(key)
+                if not ok:
+                    logger.warning("buffer: dropping an object that does not match its digest")
+                    self.remove(key)
+            except StoreError as e:
+                logger.warning("buffer: cannot verify an object, dropping it: %s", e)
+                self._recency.pop(key, None)
+                self._unverified.discard(key)
         logger.info("buffer: verified; %d objects ready", len(self._recency))
 
     # -- lookups ----------------------------------------------------------------------
@@ -199,6 +205,12 @@ class Store:
         """
         if size > self.capacity or time.monotonic() < self._refuse_until:
             return None
+        try:
+            # Someone may have emptied the buffer directory under us: start again.
+            self.partial_dir.mkdir(parents=True, exist_ok=True)
+            self.objects_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot prepare the buffer directory: {e}") from e
         if self.eviction == "lru":
             self._evict_until_free(size)
         if self.used + self.reserved + size > self.capacity:
@@ -230,7 +242,7 @@ class Store:
             if key in self._recency:
                 self.remove(key)  # a concurrent fill of the same key committed first
             self._require_index().set(key, entry)
-        except (OSError, diskcache.Timeout) as e:
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
             (self.objects_dir / name).unlink(missing_ok=True)
             reservation.path.unlink(missing_ok=True)
             raise StoreError(f"cannot commit an object: {e}") from e
@@ -248,7 +260,9 @@ class Store:
             return
         reservation.settled = True
         self.reserved -= reservation.size
-        reservation.path.unlink(missing_ok=True)
+        # A buffer that refuses the unlink (read-only) is cleaned at the next start.
+        with contextlib.suppress(OSError):
+            reservation.path.unlink(missing_ok=True)
 
     def remove(self, key: str) -> None:
         """Delete one object (evicted, stale or corrupt)."""
@@ -260,10 +274,10 @@ class Store:
         entry = self._get(key)
         try:
             self._require_index().delete(key)
-        except diskcache.Timeout as e:
-            logger.warning("buffer: index busy while removing an object: %s", e)
-        if entry is not None:
-            (self.objects_dir / entry.file).unlink(missing_ok=True)
+            if entry is not None:
+                (self.objects_dir / entry.file).unlink(missing_ok=True)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            raise StoreError(f"cannot remove an object: {e}") from e
 
     def close(self) -> None:
         if self._index is not None:
@@ -279,7 +293,7 @@ class Store:
     def _get(self, key: str) -> StoredObject | None:
         try:
             entry = self._require_index().get(key)
-        except (OSError, diskcache.Timeout) as e:
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
             raise StoreError(f"cannot read the index: {e}") from e
         return entry if isinstance(entry, StoredObject) else None
 

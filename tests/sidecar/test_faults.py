@@ -1,0 +1,239 @@
+"""Faults: a killed sidecar, a damaged or vanished buffer, lying origins, hostile clients."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import ssl
+import subprocess
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import diskcache
+import pytest
+
+from bench.harness import OriginServer, Sidecar, wait_until
+from tests.sidecar.conftest import FILES, curl
+
+pytestmark = pytest.mark.e2e
+
+
+def body_of(dataset: Path, name: str) -> bytes:
+    return (dataset / name).read_bytes()
+
+
+def index_is_consistent(buffer_dir: Path) -> bool:
+    with diskcache.Cache(str(buffer_dir / "index")) as index:
+        return not index.check()
+
+
+@pytest.fixture
+def pod_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "pod"
+    directory.mkdir()
+    return directory
+
+
+def test_kill_9_during_a_fill_leaves_no_partial_object(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path, pod_dir: Path
+) -> None:
+    sidecar = start_sidecar(directory=pod_dir)
+    url = origin.url("big.bin", case="kill-fill", rate=4_000_000)
+    client = threading.Thread(target=curl, args=(sidecar, url))
+    client.start()
+    wait_until(lambda: sidecar.stats()["bytes_from_upstream"] > 1_000_000, "a fill under way")
+    sidecar.stop(signal.SIGKILL)
+    client.join(30)
+    assert any((sidecar.buffer_dir / "partial").iterdir())  # the kill left a partial body
+
+    again = start_sidecar(directory=pod_dir)
+    assert not any((again.buffer_dir / "partial").iterdir())
+    stats = again.stats()
+    assert stats["entries"] == 0 and stats["buffer_bytes"] == 0
+    assert curl(again, origin.url("big.bin", case="kill-fill")).body == body_of(dataset, "big.bin")
+    again.stop()
+    assert index_is_consistent(again.buffer_dir)
+
+
+def test_kill_9_during_a_hit_keeps_the_object(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path, pod_dir: Path
+) -> None:
+    sidecar = start_sidecar(directory=pod_dir)
+    url = origin.url("big.bin", case="kill-hit")
+    assert curl(sidecar, url).body == body_of(dataset, "big.bin")
+    slow = threading.Thread(target=curl, args=(sidecar, url, "--limit-rate", "2M"))
+    slow.start()
+    wait_until(lambda: sidecar.stats()["bytes_from_buffer"] > 1_000_000, "a hit under way")
+    sidecar.stop(signal.SIGKILL)
+    slow.join(30)
+
+    again = start_sidecar(directory=pod_dir)
+    wait_until(lambda: again.stats()["unverified_entries"] == 0, "verification")
+    assert curl(again, url).body == body_of(dataset, "big.bin")
+    assert again.stats()["hits"] == 1
+    assert origin.count("big.bin", case="kill-hit") == 1
+
+
+def test_a_corrupted_body_is_never_served_after_a_restart(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path, pod_dir: Path
+) -> None:
+    sidecar = start_sidecar(directory=pod_dir)
+    url = origin.url("medium.bin", case="corrupt")
+    assert curl(sidecar, url).body == body_of(dataset, "medium.bin")
+    sidecar.stop()
+    (body,) = (sidecar.buffer_dir / "objects").iterdir()
+    data = bytearray(body.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, one bit pattern flipped
+    body.write_bytes(bytes(data))
+
+    again = start_sidecar(directory=pod_dir)
+    wait_until(lambda: again.stats()["unverified_entries"] == 0, "verification")
+    assert again.stats()["entries"] == 0
+    assert curl(again, url).body == body_of(dataset, "medium.bin")
+    assert origin.count("medium.bin", case="corrupt") == 2
+
+
+def test_a_buffer_emptied_at_run_time_never_fails_a_download(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    url = origin.url("medium.bin", case="emptied")
+    assert curl(sidecar, url).body == body_of(dataset, "medium.bin")
+    subprocess.run(["rm", "-rf", str(sidecar.buffer_dir / "objects")], check=True)
+    subprocess.run(["rm", "-rf", str(sidecar.buffer_dir / "partial")], check=True)
+    for case in ("emptied", "emptied-new"):
+        download = curl(sidecar, origin.url("medium.bin", case=case))
+        assert download.returncode == 0, download.stderr
+        assert download.body == body_of(dataset, "medium.bin")
+    # The buffer rebuilt its directories and fills again.
+    assert curl(sidecar, url).body == body_of(dataset, "medium.bin")
+
+
+def test_a_buffer_made_read_only_at_run_time_never_fails_a_download(
+    start_sidecar: Callable[..., Sidecar],
+    origin: OriginServer,
+    dataset: Path,
+    pod_dir: Path,
+) -> None:
+    buffer_dir = pod_dir / "buffer"
+    buffer_dir.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(buffer_dir)], check=True)
+    try:
+        sidecar = start_sidecar(directory=pod_dir)
+        assert sidecar.process is not None
+        stored = origin.url("small.bin", case="ro-stored")
+        assert curl(sidecar, stored).body == body_of(dataset, "small.bin")
+        # Inside the sidecar's own mount namespace, where its buffer lives, lay a
+        # read-only view over the buffer (a plain remount is refused while files are open).
+        enter = ["nsenter", "-t", str(sidecar.process.popen.pid), "-m"]
+        subprocess.run([*enter, "mount", "--bind", str(buffer_dir), str(buffer_dir)], check=True)
+        readonly = ["mount", "-o", "remount,bind,ro", str(buffer_dir)]
+        subprocess.run([*enter, *readonly], check=True)
+        assert curl(sidecar, stored).body == body_of(dataset, "small.bin")  # still a hit
+        for _ in range(2):
+            download = curl(sidecar, origin.url("medium.bin", case="ro-new"))
+            assert download.returncode == 0, download.stderr
+            assert download.body == body_of(dataset, "medium.bin")
+        stats = sidecar.stats()
+        assert stats["buffer_errors"] >= 1 and stats["hits"] == 1
+        assert sidecar.log().count("failed, serving from upstream instead") == 1  # once a minute
+    finally:
+        subprocess.run(["umount", "-l", str(buffer_dir)], check=False)
+
+
+@pytest.mark.parametrize(
+    ("query", "expect_ok"),
+    [
+        ({"status": 302}, True),  # redirects are the client's to follow, never stored
+        ({"status": 404}, False),
+        ({"wrong206": 1}, True),  # a 206 for a plain GET is passed through as sent
+        ({"drop": 500_000, "badrange": 1}, False),  # a resume with the wrong bytes
+    ],
+)
+def test_origins_that_misbehave_are_passed_or_refused_and_never_stored(
+    sidecar: Sidecar, origin: OriginServer, query: dict[str, int], expect_ok: bool
+) -> None:
+    url = origin.url("medium.bin", **query)
+    download = curl(sidecar, url)
+    assert (download.returncode == 0) is expect_ok, download.stderr
+    if "drop" in query:
+        assert len(download.body) < FILES["medium.bin"]
+    stats = sidecar.stats()
+    assert stats["entries"] == 0 and stats["reserved_bytes"] == 0
+
+
+def test_a_redirect_loop_ends_in_the_client_and_stores_nothing(
+    sidecar: Sidecar, origin: OriginServer
+) -> None:
+    url = origin.url("small.bin", loop=1)
+    download = curl(sidecar, url, "-L", "--max-redirs", "5")
+    assert download.returncode == 47  # curl: maximum redirects followed
+    stats = sidecar.stats()
+    assert stats["entries"] == 0 and stats["passes"] == 6
+
+
+def _tls_through_proxy(sidecar: Sidecar, origin: OriginServer) -> ssl.SSLSocket:
+    raw = socket.create_connection(("127.0.0.1", sidecar.proxy_port), timeout=10)
+    raw.sendall(f"CONNECT origin.test:{origin.port} HTTP/1.1\r\n\r\n".encode())
+    assert raw.recv(4096).startswith(b"HTTP/1.1 200")
+    context = ssl.create_default_context(cafile=str(sidecar.bundle))
+    return context.wrap_socket(raw, server_hostname="origin.test")
+
+
+def _read_response(conn: ssl.SSLSocket, buffered: bytearray) -> tuple[bytes, bytes]:
+    while b"\r\n\r\n" not in buffered:
+        chunk = conn.recv(65536)
+        assert chunk, "connection closed before a response head"
+        buffered += chunk
+    head, _, rest = bytes(buffered).partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    body = bytearray(rest)
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        assert chunk, "connection closed mid-body"
+        body += chunk
+    buffered[:] = body[length:]
+    return head, bytes(body[:length])
+
+
+def test_pipelined_requests_get_their_own_responses_in_order(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    path = "/files/small.bin?case=pipeline"
+    curl(sidecar, origin.url("small.bin", case="pipeline"))  # stored
+    request = f"GET {path} HTTP/1.1\r\nHost: origin.test:{origin.port}\r\n\r\n"
+    ranged = f"GET {path} HTTP/1.1\r\nHost: origin.test:{origin.port}\r\nRange: bytes=0-9\r\n\r\n"
+    with _tls_through_proxy(sidecar, origin) as conn:
+        conn.sendall((request + ranged + request).encode())
+        buffered = bytearray()
+        responses = [_read_response(conn, buffered) for _ in range(3)]
+    expected = body_of(dataset, "small.bin")
+    assert [body for _, body in responses] == [expected, expected[:10], expected]
+    assert responses[1][0].startswith(b"HTTP/1.1 206")
+
+
+@pytest.mark.parametrize(
+    ("extra", "status"),
+    [
+        ("Range: bytes=99999999999999999999999999999-\r\n", b"416"),
+        ("Range: bytes=-99999999999999999999999999999\r\n", b"206"),  # all of it
+        ("Range: bytes=5-1\r\n", b"200"),
+        ("X-Huge: " + "a" * 60_000 + "\r\n", b"200"),
+    ],
+)
+def test_hostile_requests_get_a_clear_answer_and_the_proxy_survives(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path, extra: str, status: bytes
+) -> None:
+    path = "/files/small.bin?case=hostile"
+    curl(sidecar, origin.url("small.bin", case="hostile"))
+    with _tls_through_proxy(sidecar, origin) as conn:
+        conn.sendall(f"GET {path} HTTP/1.1\r\nHost: origin.test\r\n{extra}\r\n".encode())
+        head, _ = _read_response(conn, bytearray())
+    assert head.split(b" ")[1] == status
+    assert curl(sidecar, origin.url("small.bin", case="hostile")).body == body_of(
+        dataset, "small.bin"
+    )
