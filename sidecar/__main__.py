@@ -30,6 +30,7 @@ from sidecar.addon import BurstBuffer
 from sidecar.fill import Fills
 from sidecar.metrics import Metrics
 from sidecar.settings import Settings, SettingsError, host_glob_regex, parse
+from sidecar.stagein import StageIn, StageInError
 from sidecar.store import Store, StoreError
 from sidecar.upstream import Upstream
 
@@ -63,7 +64,7 @@ async def run(settings: Settings) -> None:
     await upstream.open()
     master = Master(None)
     ps = proxyserver.Proxyserver()
-    # The gauges read `fills` at scrape time (it is bound just below).
+    # The gauges read `fills` and `stage_in` at scrape time (they are bound just below).
     metrics = Metrics(
         lambda: {
             "entries": store.entries,
@@ -72,9 +73,16 @@ async def run(settings: Settings) -> None:
             "reserved_bytes": store.reserved,
             "capacity_bytes": store.capacity,
             "fills_in_progress": len(fills),
+            "stage_in_objects": stage_in.progress.objects,
+            "stage_in_done": stage_in.progress.done,
+            "stage_in_failed": stage_in.progress.failed,
+            "stage_in_bytes": stage_in.progress.bytes,
         }
     )
     fills = Fills(store, upstream, metrics)
+    stage_in = StageIn(
+        settings.stage_in, settings.intercept, settings.stage_in_parallel, store, fills, upstream
+    )
     addon = BurstBuffer(settings, store, fills, upstream, metrics, respond.Connections(ps))
     master.addons.add(
         core.Core(),
@@ -114,7 +122,9 @@ async def run(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, master.shutdown)
-    verify = asyncio.create_task(store.verify_existing())
+    background = [asyncio.create_task(store.verify_existing())]
+    if settings.stage_in:
+        background.append(asyncio.create_task(_stage(stage_in)))
     logger.info(
         "proxy on %s:%d, buffer %s (%d bytes, eviction %s), intercepting %d host patterns",
         settings.listen_host,
@@ -127,11 +137,19 @@ async def run(settings: Settings) -> None:
     try:
         await master.run()
     finally:
-        verify.cancel()
+        for task in background:
+            task.cancel()
         await fills.close()
         await upstream.close()
         await runner.cleanup()
         store.close()
+
+
+async def _stage(stage_in: StageIn) -> None:
+    try:
+        await stage_in.run()
+    except StageInError as e:
+        logger.error("stage-in: %s", e)
 
 
 def _configure_logging() -> None:

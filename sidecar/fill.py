@@ -76,6 +76,7 @@ class Fill:
         self.written = 0
         self.failure: BaseException | None = None
         self.complete = False
+        self.ended = asyncio.Event()
         self._progress = asyncio.Event()
         # One descriptor on the body, shared by all readers (pread needs no position):
         # it stays valid across the rename of a commit and the unlink of a failure.
@@ -103,6 +104,7 @@ class Fill:
     def _finish(self, failure: BaseException | None) -> None:
         self.failure = failure
         self.complete = failure is None
+        self.ended.set()
         self._ended = True
         self._close_when_unused()
         if not self.head.done():

@@ -123,4 +123,8 @@ _GAUGE_HELP = {
     "reserved_bytes": "Bytes held for fills in progress.",
     "capacity_bytes": "The buffer's hard cap (--buffer-size).",
     "fills_in_progress": "Upstream fills currently running.",
+    "stage_in_objects": "Objects listed for stage-in (--stage-in).",
+    "stage_in_done": "Stage-in objects stored in the buffer.",
+    "stage_in_failed": "Stage-in objects that could not be stored.",
+    "stage_in_bytes": "Bytes of the stage-in objects stored.",
 }

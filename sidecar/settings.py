@@ -170,6 +170,44 @@ def parse_seconds(text: str) -> float:
     return seconds
 
 
+def parse_stage_in(text: str | Sequence[str]) -> tuple[str, ...]:
+    """Parse stage-in specs: http(s) URLs (brace ranges allowed) or `@URL` manifests.
+
+    Specs are separated by whitespace, or by commas outside braces (so that
+    `{train,val}.bin` stays one spec).
+    """
+    if isinstance(text, str):
+        items, depth, current = [], 0, ""
+        for char in text:
+            depth += {"{": 1, "}": -1}.get(char, 0)
+            if char.isspace() or (char == "," and depth == 0):
+                items.append(current)
+                current = ""
+            else:
+                current += char
+        items.append(current)
+    else:
+        items = list(text)
+    specs = tuple(item.strip() for item in items if item.strip())
+    for spec in specs:
+        if not re.match(r"^@?https?://[^/\s]+", spec):
+            raise ValueError(f"invalid stage-in URL {spec!r}: expected http(s)://host/... or @URL")
+        if spec.count("{") != spec.count("}"):
+            raise ValueError(f"invalid stage-in URL {spec!r}: unbalanced braces")
+    return specs
+
+
+def parse_parallelism(text: str) -> int:
+    """Parse a count of parallel fetches (1-64)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"invalid count {text!r}") from None
+    if not 1 <= value <= 64:
+        raise ValueError(f"invalid count {text!r}: must be 1-64")
+    return value
+
+
 def parse_proxy_url(text: str) -> str:
     """Parse an upstream proxy URL: `http://host:port` (credentials allowed)."""
     value = text.strip()
@@ -210,6 +248,10 @@ class Settings:
     upstream_timeout: float = 60.0
     # revalidate, default off. Revalidate stored objects with the origin before a hit.
     revalidate: bool = False
+    # stage_in, default none. URLs (brace ranges, @manifests) prefetched at start.
+    stage_in: tuple[str, ...] = ()
+    # stage_in_parallel, default 4. How many stage-in objects are fetched at once.
+    stage_in_parallel: int = 4
 
 
 @dataclass(frozen=True)
@@ -242,6 +284,8 @@ _FLAGS: tuple[_Flag, ...] = (
     _Flag("upstream_proxy", parse_proxy_url, "parent proxy for upstream traffic, http://host:port"),
     _Flag("upstream_timeout", parse_seconds, "seconds an origin may stall before a resume (60)"),
     _Flag("revalidate", None, "revalidate stored objects with the origin instead of immutable"),
+    _Flag("stage_in", parse_stage_in, "URLs to prefetch at start: brace ranges, @manifest URLs"),
+    _Flag("stage_in_parallel", parse_parallelism, "stage-in objects fetched at once (4)"),
 )
 _FLAGS_BY_FIELD = {flag.field: flag for flag in _FLAGS}
 
@@ -331,6 +375,9 @@ def command_line(**values: object) -> list[str]:
             argv += [flag.option, format_size(int(value))]  # type: ignore[call-overload]
         elif flag.field == "intercept":
             argv += [flag.option, ",".join(parse_host_globs(value))]  # type: ignore[arg-type]
+        elif flag.field == "stage_in":
+            if value:
+                argv += [flag.option, " ".join(parse_stage_in(value))]  # type: ignore[arg-type]
         else:
             argv += [flag.option, str(value)]
     return argv
