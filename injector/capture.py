@@ -47,7 +47,11 @@ def normalize_proxy(value: str) -> str:
     text = value.strip()
     if "://" not in text:
         text = "http://" + text
-    return parse_proxy_url(text)
+    url = parse_proxy_url(text)
+    parts = urlsplit(url)  # raises ValueError for a broken host ("http://[")
+    if not parts.hostname or parts.port == 0:
+        raise ValueError(f"invalid proxy {value!r}: no host")
+    return url
 
 
 def redact(url: str) -> str:

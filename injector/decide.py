@@ -30,7 +30,8 @@ HOST_NETWORK = Reason(
     "the pod uses the node's network: a loopback proxy there would serve the whole node",
 )
 ALREADY_INJECTED = Reason(
-    "already-injected", f"the pod already has a container named {names.CONTAINER}"
+    "already-injected",
+    f"the pod already has a container named {' or '.join(names.OWN_CONTAINERS)}",
 )
 WINDOWS = Reason("windows", "the pod runs on Windows; the sidecar image is Linux-only")
 
@@ -80,7 +81,7 @@ def decide(pod: Mapping[str, Any]) -> Decision:
         reasons.append(OPTED_OUT)
     if spec.get("hostNetwork") is True:
         reasons.append(HOST_NETWORK)
-    if any(c.get("name") == names.CONTAINER for c in _containers(spec)):
+    if any(c.get("name") in names.OWN_CONTAINERS for c in _containers(spec)):
         reasons.append(ALREADY_INJECTED)
     if _is_windows(spec):
         reasons.append(WINDOWS)

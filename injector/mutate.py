@@ -127,13 +127,19 @@ def _buffer_dir(buffer: BufferSettings) -> str:
     return names.BUFFER_DIR
 
 
-def _choose_volume_name(volumes: list[dict[str, Any]], stem: str, source: dict[str, Any]) -> str:
-    """`stem`, or `stem-1`, `stem-2`...: the first name that is free or already ours."""
+def _choose_volume_name(
+    volumes: list[dict[str, Any]], stem: str, source: dict[str, Any], taken: set[str]
+) -> str:
+    """`stem`, or `stem-1`, `stem-2`...: the first name that is free or already ours.
+
+    A volume equal to ours is ours (an earlier pass added it) unless its name is in
+    `taken`: the CA volume mounted by an app container is the pod's own, never the CA's.
+    """
     by_name = {v.get("name"): v for v in volumes}
     for n in itertools.count():
         name = stem if n == 0 else f"{stem}-{n}"
         existing = by_name.get(name)
-        if existing is None or existing == {"name": name, **source}:
+        if existing is None or (existing == {"name": name, **source} and name not in taken):
             return name
     raise AssertionError("unreachable")
 
@@ -386,9 +392,12 @@ def mutate(original: Mapping[str, Any], settings: InjectorSettings) -> Mutation:
         names.CA_VOLUME: _CA_VOLUME,
         names.TRUST_VOLUME: _TRUST_VOLUME,
     }
+    # Names the pod's own containers mount: never taken for the CA's private volume.
+    app_mounts = {m.get("name") for c in init + regular for m in c.get("volumeMounts") or []}
     volume_names: dict[str, str] = {}
     for stem, source in sources.items():
-        volume_names[stem] = name = _choose_volume_name(volumes, stem, source)
+        taken = app_mounts if stem == names.CA_VOLUME else set()
+        volume_names[stem] = name = _choose_volume_name(volumes, stem, source, taken)
         volumes = _upsert(volumes, "name", {"name": name, **copy.deepcopy(source)})
     spec["volumes"] = volumes
 

@@ -119,8 +119,9 @@ def test_proxy_spellings() -> None:
     assert normalize_proxy(" proxy.corp:3128 ") == "http://proxy.corp:3128"
     assert normalize_proxy("http://u:p@proxy:8080/") == "http://u:p@proxy:8080"
     assert redact("http://u:p@proxy:8080") == "http://proxy:8080"
-    with pytest.raises(ValueError):
-        normalize_proxy("socks5://proxy:1080")
+    for bad in ("socks5://proxy:1080", "[", "http://:3128", "proxy:99999", "proxy:0"):
+        with pytest.raises(ValueError):
+            normalize_proxy(bad)
 
 
 def test_upstream_proxy_is_the_first_seen_and_ours_is_not_one() -> None:
@@ -337,3 +338,19 @@ def test_memory_limits_add_up_exactly() -> None:
     config = settings.load("buffer: {size: 1.5Gi}\nresources: {limits: {memory: 300M}}")
     sidecar = containers(mutate(pod(), config).pod)[names.CONTAINER]
     assert parse_bytes(sidecar["resources"]["limits"]["memory"]) == 300 * 10**6 + 3 * 2**29
+
+
+def test_a_volume_like_our_ca_volume_that_the_app_mounts_is_not_taken_for_the_ca() -> None:
+    lookalike = {"name": names.CA_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}
+    p = pod({"name": "app", "volumeMounts": [{"name": names.CA_VOLUME, "mountPath": "/scratch"}]})
+    p["spec"]["volumes"] = [lookalike]
+    injected = mutate(p, InjectorSettings()).pod
+    sidecar = containers(injected)[names.CONTAINER]
+    ca = next(m["name"] for m in sidecar["volumeMounts"] if m["mountPath"] == names.CA_DIR)
+    assert ca == f"{names.CA_VOLUME}-1"
+    assert injected["spec"]["volumes"][0] == lookalike
+
+
+def test_a_pod_with_a_container_named_like_ours_is_left_alone() -> None:
+    decision = decide(pod({"name": names.INIT_CONTAINER, "image": "x"}))
+    assert not decision.inject and decision.reasons == (ALREADY_INJECTED,)

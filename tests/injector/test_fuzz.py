@@ -1,0 +1,267 @@
+"""Property-based tests: generated pods and reviews, in-process and against the real server.
+
+For any pod the API server could send: the review is allowed, the patched pod is one the
+API server accepts (1.29 and newest schemas, plus the rules schemas cannot express), a
+second review changes nothing, `mutate` converges, and the CA volume stays the sidecar's.
+For any body at all: the server answers with a status it means, never a 500.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import trustme
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from podcheck import admission_review, apply, check_pod, decoded_patch
+from webhook import Webhook, start_webhook, write_pair
+
+from injector import names, review
+from injector.capture import NO_PROXY_VARIABLES, PROXY_VARIABLES
+from injector.mutate import TRUST_VARIABLES, mutate
+from injector.settings import InjectorSettings
+
+CONFIGS = (
+    InjectorSettings(),
+    InjectorSettings(native_sidecar=False),
+)
+
+label = st.from_regex(r"[a-z]([a-z0-9-]{0,6}[a-z0-9])?", fullmatch=True)
+# Names that collide with ours, next to ordinary ones.
+volume_name = st.one_of(
+    label,
+    st.sampled_from(
+        [names.BUFFER_VOLUME, names.CA_VOLUME, names.TRUST_VOLUME, f"{names.TRUST_VOLUME}-1"]
+    ),
+)
+mount_path = st.one_of(
+    st.sampled_from(
+        ["/data", "/etc/ssl/certs", "/etc/ssl/cert.pem", "/etc/burstbuffer/trust", "/cache"]
+        + list(InjectorSettings().trust.bundle_paths)
+    ),
+    label.map(lambda x: f"/mnt/{x}"),
+)
+env_name = st.one_of(
+    st.sampled_from([*PROXY_VARIABLES, *NO_PROXY_VARIABLES, *TRUST_VARIABLES, "ALL_PROXY"]),
+    st.from_regex(r"[A-Z_][A-Z0-9_]{0,8}", fullmatch=True),
+)
+env_value = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(
+        [
+            "http://proxy.corp:3128",
+            "proxy.corp:8080",
+            "http://user:pw@p:3128/",
+            "socks5://s:1080",
+            "http://127.0.0.1:3128",
+            ".corp,10.0.0.0/8",
+            "$(OTHER)",
+            "",
+        ]
+    ),
+)
+env_entry = st.one_of(
+    st.builds(lambda n, v: {"name": n, "value": v}, env_name, env_value),
+    st.builds(
+        lambda n: {"name": n, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}, env_name
+    ),
+)
+volume = st.builds(
+    lambda name, kind: {"name": name, **kind},
+    volume_name,
+    st.sampled_from(
+        [
+            {"emptyDir": {}},
+            {"emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},  # like our CA volume
+            {"emptyDir": {"sizeLimit": "16Mi"}},  # like our trust volume
+            {"configMap": {"name": "corp-ca"}},
+        ]
+    ),
+)
+annotation_values = {
+    names.BUFFER_SIZE: st.sampled_from(["2Gi", "512Mi", "1Mi", "lots", "10G", ""]),
+    names.BUFFER_MEDIUM: st.sampled_from(["Memory", "Disk", "pmem", "ssd"]),
+    names.INTERCEPT: st.sampled_from(["a.example", "*.b.example, c.example", "https://x/y", ""]),
+    names.STAGE_IN: st.sampled_from(["https://a.example/x", "ftp://a/x", "https://a/x http://b/y"]),
+    names.INJECT: st.sampled_from(["true", "false", "maybe"]),
+}
+annotations = st.fixed_dictionaries({}, optional=annotation_values)
+
+
+@st.composite
+def containers(
+    draw: st.DrawFn, volumes: list[dict[str, Any]], count: int, init: bool
+) -> list[dict[str, Any]]:
+    result = []
+    for _ in range(count):
+        container: dict[str, Any] = {"name": "", "image": "busybox"}
+        env = draw(st.lists(env_entry, max_size=5, unique_by=lambda e: e["name"]))
+        if env:
+            container["env"] = env
+        if volumes:
+            paths = draw(st.lists(mount_path, max_size=4, unique=True))
+            mounts = []
+            for path in paths:
+                mount: dict[str, Any] = {
+                    "name": draw(st.sampled_from(volumes))["name"],
+                    "mountPath": path,
+                }
+                if draw(st.booleans()):
+                    mount["readOnly"] = True
+                if draw(st.booleans()):
+                    mount["subPath"] = "x.pem"
+                mounts.append(mount)
+            if mounts:
+                container["volumeMounts"] = mounts
+        if init and draw(st.booleans()):
+            container["restartPolicy"] = "Always"
+        result.append(container)
+    return result
+
+
+@st.composite
+def pods(draw: st.DrawFn) -> dict[str, Any]:
+    volumes = draw(st.lists(volume, max_size=4, unique_by=lambda v: v["name"]))
+    regular = draw(containers(volumes, draw(st.integers(1, 3)), init=False))
+    init = draw(containers(volumes, draw(st.integers(0, 2)), init=True))
+    # Unique container names across both lists, some of them ours.
+    pool = draw(
+        st.lists(
+            st.one_of(label, st.sampled_from(list(names.OWN_CONTAINERS))),
+            min_size=len(regular) + len(init),
+            max_size=len(regular) + len(init),
+            unique=True,
+        )
+    )
+    for container, name in zip(regular + init, pool, strict=True):
+        container["name"] = name
+    spec: dict[str, Any] = {"containers": regular}
+    if init:
+        spec["initContainers"] = init
+    if volumes:
+        spec["volumes"] = volumes
+    if draw(st.booleans()):
+        spec["hostNetwork"] = draw(st.booleans())
+    if draw(st.integers(0, 9)) == 0:
+        spec["os"] = {"name": "windows"}
+    metadata: dict[str, Any] = draw(
+        st.one_of(
+            st.builds(lambda n: {"name": n}, label),
+            st.builds(lambda n: {"generateName": n + "-"}, label),
+        )
+    )
+    found = draw(annotations)
+    if found:
+        metadata["annotations"] = found
+    if draw(st.booleans()):
+        metadata["labels"] = {names.INJECT: draw(st.sampled_from(["true", "false"]))}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def own_mounts_only(pod: dict[str, Any], volume: str) -> bool:
+    spec = pod["spec"]
+    for container in (spec.get("initContainers") or []) + spec["containers"]:
+        if container["name"] not in names.OWN_CONTAINERS:
+            if volume in {m["name"] for m in container.get("volumeMounts") or []}:
+                return False
+    return True
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pod=pods(), config=st.sampled_from(CONFIGS))
+def test_any_pod_is_answered_with_a_valid_patch(
+    pod: dict[str, Any], config: InjectorSettings
+) -> None:
+    response = review.answer(admission_review(pod), config).review["response"]
+    assert response["allowed"] is True, response
+    patched = apply(pod, decoded_patch(response))
+    check_pod(patched)
+    again = review.answer(admission_review(patched), config).review["response"]
+    assert decoded_patch(again) == []
+
+    once = mutate(pod, config).pod
+    check_pod(once)
+    assert mutate(once, config).pod == once
+    sidecar = next(c for c in once["spec"].get("initContainers", []) + once["spec"]["containers"]
+                   if c["name"] == names.CONTAINER)  # fmt: skip
+    ca = next(m["name"] for m in sidecar["volumeMounts"] if m["mountPath"] == names.CA_DIR)
+    assert own_mounts_only(once, ca)
+
+
+# -- the server ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture(scope="module")
+def webhook(ca: trustme.CA, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
+    directory = tmp_path_factory.mktemp("fuzz-webhook")
+    write_pair(ca, directory)
+    server = start_webhook(directory)
+    yield server
+    assert server.stop() == 0
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+review_like = st.builds(
+    lambda uid, kind, operation, obj: {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": kind,
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "operation": operation,
+            "object": obj,
+        },
+    },
+    st.one_of(st.text(min_size=1, max_size=8), json_values),
+    st.one_of(st.just({"group": "", "version": "v1", "kind": "Pod"}), json_values),
+    st.sampled_from(["CREATE", "UPDATE", None]),
+    st.one_of(pods(), json_values, st.builds(lambda s: {"spec": s}, json_values)),
+)
+bodies = st.one_of(
+    st.binary(max_size=200),
+    json_values.map(lambda v: json.dumps(v).encode()),
+    review_like.map(lambda v: json.dumps(v).encode()),
+)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    body=bodies,
+    content_type=st.sampled_from(
+        ["application/json", "application/json; charset=utf-8", "text/plain", ""]
+    ),
+)
+def test_the_server_never_answers_500(
+    webhook: Webhook, ca: trustme.CA, body: bytes, content_type: str
+) -> None:
+    connection = webhook.connection(ca)
+    try:
+        connection.request("POST", "/mutate", body=body, headers={"Content-Type": content_type})
+        response = connection.getresponse()
+        status, payload = response.status, response.read()
+    finally:
+        connection.close()
+    assert status in (200, 400, 415), (status, payload)
+    if status == 200:
+        answer = json.loads(payload)["response"]
+        assert answer["uid"] == json.loads(body)["request"]["uid"]
+        assert isinstance(answer["allowed"], bool)
+        if answer["allowed"] and "patch" in answer:
+            assert isinstance(decoded_patch(answer), list)
