@@ -128,8 +128,15 @@ class OriginServer:
         return json.loads(body)
 
     def count(self, name: str, **query: object) -> int:
+        """Requests seen for this URL, ranged ones included."""
         target = self.url(name, **query).split(f":{self.port}", 1)[1]
         return self.requests()["requests"].get(target, 0)
+
+    def full_fetches(self, name: str, **query: object) -> int:
+        """Requests for this URL without a Range header: fetches of the whole object."""
+        target = self.url(name, **query).split(f":{self.port}", 1)[1]
+        seen = self.requests()
+        return seen["requests"].get(target, 0) - seen["ranges"].get(target, 0)
 
 
 def start_origin(

@@ -79,7 +79,7 @@ async def run(settings: Settings) -> None:
             "stage_in_bytes": stage_in.progress.bytes,
         }
     )
-    fills = Fills(store, upstream, metrics)
+    fills = Fills(store, upstream, metrics, settings.parallel_fetch)
     stage_in = StageIn(
         settings.stage_in, settings.intercept, settings.stage_in_parallel, store, fills, upstream
     )

@@ -28,6 +28,7 @@ import aiohttp
 
 from sidecar import policy
 from sidecar.metrics import Metrics
+from sidecar.segments import SegmentedCopy, SegmentFailed, Target, worth_splitting
 from sidecar.store import Reservation, Store, StoreError
 from sidecar.upstream import CannotResume, Upstream, UpstreamError, Validators, forwarded_headers
 
@@ -101,6 +102,10 @@ class Fill:
         self.written += count
         self._wake()
 
+    def _advance_to(self, prefix: int) -> None:
+        self.written = prefix
+        self._wake()
+
     def _finish(self, failure: BaseException | None) -> None:
         self.failure = failure
         self.complete = failure is None
@@ -141,10 +146,14 @@ class Fill:
 class Fills:
     """The fills in progress, keyed by cache key, and the pumps that drive them."""
 
-    def __init__(self, store: Store, upstream: Upstream, metrics: Metrics) -> None:
+    def __init__(
+        self, store: Store, upstream: Upstream, metrics: Metrics, connections: int
+    ) -> None:
+        """`connections`: how many origin connections one large fill may use."""
         self._store = store
         self._upstream = upstream
         self._metrics = metrics
+        self._connections = connections
         self._active: dict[str, Fill] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -276,12 +285,11 @@ class Fills:
         out: int,
     ) -> None:
         started = time.monotonic()
-        digest = hashlib.sha256()
         head = fill.head.result()
         failure: BaseException | None = None
         try:
-            await self._copy_body(fill, head, response, out, digest)
-            entry = self._store.commit(reservation, fill.key, digest.hexdigest(), head.headers)
+            sha256 = await self._copy(fill, head, response, out)
+            entry = self._store.commit(reservation, fill.key, sha256, head.headers)
             elapsed = time.monotonic() - started
             logger.info(
                 "stored %s: %d bytes in %.2fs (%.1f MB/s)",
@@ -297,13 +305,29 @@ class Fills:
         except StoreError as e:
             # The body is complete on disk; readers finish from their open descriptors.
             self._metrics.buffer_trouble("committing a body", e)
-        except FillFailed as e:
+        except (FillFailed, SegmentFailed) as e:
             failure = e
             logger.warning("fill %s failed: %s", loggable_url(fill.url), e)
         finally:
             os.close(out)
             self._store.abort(reservation)  # no-op after a commit
             self._end(fill, failure)
+
+    async def _copy(
+        self, fill: Fill, head: Head, response: aiohttp.ClientResponse, out: int
+    ) -> str:
+        """Copy the body into the partial file; its SHA-256 (hex) when complete."""
+        accept_ranges = response.headers.get("Accept-Ranges")
+        if worth_splitting(self._connections, head.size, accept_ranges, head.validators):
+            assert fill._fd is not None
+            target = Target(
+                fill.url, head.request_headers, head.validators, head.size, out, fill._fd
+            )
+            copy = SegmentedCopy(self._upstream, self._metrics, target, fill._advance_to)
+            return await copy.run(response, self._connections)
+        digest = hashlib.sha256()
+        await self._copy_body(fill, head, response, out, digest)
+        return digest.hexdigest()
 
     async def _copy_body(
         self,

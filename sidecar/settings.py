@@ -248,6 +248,8 @@ class Settings:
     upstream_timeout: float = 60.0
     # revalidate, default off. Revalidate stored objects with the origin before a hit.
     revalidate: bool = False
+    # parallel_fetch, default 4. Origin connections one large cold fill may use (1: off).
+    parallel_fetch: int = 4
     # stage_in, default none. URLs (brace ranges, @manifests) prefetched at start.
     stage_in: tuple[str, ...] = ()
     # stage_in_parallel, default 4. How many stage-in objects are fetched at once.
@@ -284,6 +286,7 @@ _FLAGS: tuple[_Flag, ...] = (
     _Flag("upstream_proxy", parse_proxy_url, "parent proxy for upstream traffic, http://host:port"),
     _Flag("upstream_timeout", parse_seconds, "seconds an origin may stall before a resume (60)"),
     _Flag("revalidate", None, "revalidate stored objects with the origin instead of immutable"),
+    _Flag("parallel_fetch", parse_parallelism, "origin connections per large cold fill (4; 1=off)"),
     _Flag("stage_in", parse_stage_in, "URLs to prefetch at start: brace ranges, @manifest URLs"),
     _Flag("stage_in_parallel", parse_parallelism, "stage-in objects fetched at once (4)"),
 )
