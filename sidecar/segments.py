@@ -1,0 +1,188 @@
+"""Parallel ranged fetching: one large body over several origin connections at once.
+
+Many dataset hosts cap throughput per connection (Nezha measured 3.49 MB/s to a far
+host). For a large object whose origin supports ranges, the fill splits the body into
+SEGMENT-sized pieces and fetches them over `connections` connections at once, each
+with `Range` and `If-Range` (so a piece of a changed object is refused, never mixed in).
+The first connection is the fill's original response, which supplies the first
+segment. Pieces land in the partial file at their offsets; readers only ever see the
+contiguous prefix, so clients still receive the body in order, as fast as the
+slowest of the segments in front of them allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from sidecar.metrics import Metrics
+from sidecar.upstream import CannotResume, Upstream, UpstreamError, Validators
+
+logger = logging.getLogger(__name__)
+
+SEGMENT = 16 * 1024 * 1024  # bytes per ranged request
+# Attempts per segment, and the first backoff (doubled each time).
+SEGMENT_ATTEMPTS = 4
+SEGMENT_BACKOFF = 0.25  # seconds
+_HASH_STEP = 1024 * 1024  # bytes read back per digest update
+
+
+class SegmentFailed(Exception):
+    """A segment could not be fetched (origin refused to resume, or kept failing)."""
+
+
+def worth_splitting(
+    connections: int, size: int, accept_ranges: str | None, validators: Validators
+) -> bool:
+    """Split only what is large, rangeable, and can be validated with If-Range."""
+    return (
+        connections > 1
+        and size >= 2 * SEGMENT
+        and (accept_ranges or "").strip().lower() == "bytes"
+        and validators.if_range is not None
+    )
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one body comes from and where it goes."""
+
+    url: str
+    headers: list[tuple[str, str]]
+    validators: Validators
+    size: int
+    out: int  # descriptor the segments are written through
+    readback: int  # descriptor the digest reads the contiguous prefix through
+
+
+class SegmentedCopy:
+    """Fetch one body in segments; `advance(prefix)` is told the contiguous bytes."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        metrics: Metrics,
+        target: Target,
+        advance: Callable[[int], None],
+    ) -> None:
+        self._upstream = upstream
+        self._metrics = metrics
+        self._target = target
+        self._advance = advance
+        self._bounds = [
+            (start, min(start + SEGMENT, target.size)) for start in range(0, target.size, SEGMENT)
+        ]
+        self._progress = [0] * len(self._bounds)
+        self._next = 1  # segment 0 comes from the original response
+        self._first_incomplete = 0
+        self._hashed = 0
+        self._digest = hashlib.sha256()
+
+    async def run(self, first: aiohttp.ClientResponse, connections: int) -> str:
+        """Copy the whole body; the SHA-256 hex digest of it when done."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._worker(first))
+                for _ in range(min(connections, len(self._bounds)) - 1):
+                    group.create_task(self._worker(None))
+        except BaseExceptionGroup as failures:
+            # The first failure says why; the others were cancelled because of it.
+            raise failures.exceptions[0] from failures
+        return self._digest.hexdigest()
+
+    def _length(self, index: int) -> int:
+        start, end = self._bounds[index]
+        return end - start
+
+    async def _worker(self, response: aiohttp.ClientResponse | None) -> None:
+        if response is not None:
+            await self._segment(0, response)
+        while self._next < len(self._bounds):
+            index = self._next
+            self._next += 1
+            await self._segment(index, None)
+
+    async def _segment(self, index: int, response: aiohttp.ClientResponse | None) -> None:
+        start, end = self._bounds[index]
+        attempt = 0
+        while self._progress[index] < end - start:
+            offset = start + self._progress[index]
+            try:
+                if response is None:
+                    self._metrics.counters.upstream_requests += 1
+                    response = await self._upstream.resume(
+                        self._target.url,
+                        self._target.headers,
+                        offset,
+                        end,
+                        self._target.size,
+                        self._target.validators,
+                    )
+                await self._copy(index, response, end)
+                error: BaseException = UpstreamError(f"segment {index} ended early")
+            except CannotResume as e:
+                raise SegmentFailed(f"segment {index}: {e}") from e
+            except (aiohttp.ClientError, TimeoutError, UpstreamError) as e:
+                error = e
+            finally:
+                if response is not None:
+                    response.close()  # the first response goes on past its segment
+                response = None
+            if self._progress[index] == end - start:
+                return
+            attempt += 1
+            self._metrics.counters.upstream_errors += 1
+            if attempt > SEGMENT_ATTEMPTS:
+                raise SegmentFailed(
+                    f"segment {index}: gave up after {attempt - 1} retries: {error}"
+                )
+            logger.warning("segment %d failed at byte %d (%s); retrying", index, offset, error)
+            await asyncio.sleep(SEGMENT_BACKOFF * 2 ** (attempt - 1))
+
+    async def _copy(self, index: int, response: aiohttp.ClientResponse, end: int) -> None:
+        start = self._bounds[index][0]
+        async for data in response.content.iter_any():
+            position = start + self._progress[index]
+            piece = data[: end - position]
+            _pwrite_all(self._target.out, piece, position)
+            self._metrics.counters.bytes_from_upstream += len(piece)
+            self._progress[index] += len(piece)
+            if index == self._first_incomplete:
+                self._move_frontier()
+            if position + len(piece) >= end:
+                return
+
+    def _move_frontier(self) -> None:
+        while self._first_incomplete < len(self._bounds) and self._progress[
+            self._first_incomplete
+        ] == self._length(self._first_incomplete):
+            self._first_incomplete += 1
+        if self._first_incomplete == len(self._bounds):
+            frontier = self._target.size
+        else:
+            start = self._bounds[self._first_incomplete][0]
+            frontier = start + self._progress[self._first_incomplete]
+        # The digest covers bytes in order: read back what just became contiguous (from
+        # the page cache or tmpfs, far cheaper than the network that brought it).
+        while self._hashed < frontier:
+            step = min(_HASH_STEP, frontier - self._hashed)
+            data = os.pread(self._target.readback, step, self._hashed)
+            if not data:
+                raise OSError("the partial body is shorter than what was written")
+            self._digest.update(data)
+            self._hashed += len(data)
+        self._advance(frontier)
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
