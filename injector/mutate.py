@@ -178,6 +178,7 @@ def _sidecar_args(
         trust_dir=names.TRUST_DIR,
         upstream_proxy=upstream_proxy,
         revalidate=settings.revalidate,
+        stage_in=options.stage_in or None,
     )
 
 
@@ -357,7 +358,8 @@ def status(
     if upstream_proxy:
         record["upstreamProxy"] = capture.redact(upstream_proxy)
     if options.stage_in:
-        record["stageIn"] = list(options.stage_in)
+        # A count, not the list: a job may stage thousands of URLs (annotations are small).
+        record["stageIn"] = len(options.stage_in)
     return json.dumps(record, sort_keys=True, separators=(",", ":"))
 
 

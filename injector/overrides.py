@@ -7,7 +7,6 @@ configured defaults), and its owner must learn why; so nothing here raises.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,10 +14,7 @@ from urllib.parse import urlsplit
 
 from injector import names
 from injector.settings import MEDIA, BufferSettings, ConfigError, InjectorSettings, buffer_size
-from sidecar.settings import parse_host_globs
-
-# Stage-in URLs are separated by commas or white space (a YAML block scalar lists one a line).
-_URL_SEPARATORS = re.compile(r"[\s,]+")
+from sidecar.settings import host_matches, parse_host_globs, parse_stage_in
 
 
 @dataclass(frozen=True)
@@ -28,29 +24,9 @@ class PodOptions:
     buffer: BufferSettings
     # Hosts intercepted on top of the configured ones.
     extra_intercept: tuple[str, ...] = ()
-    # URLs to prefetch (validated; not yet supported by the sidecar, see pod_options).
+    # What the sidecar prefetches at start (URLs, brace ranges, @manifest URLs).
     stage_in: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
-
-
-def parse_stage_in(text: str) -> tuple[str, ...]:
-    """Parse stage-in URLs: absolute http(s) URLs with a host, separated by commas or spaces."""
-    urls: list[str] = []
-    for url in _URL_SEPARATORS.split(text.strip()):
-        if not url:
-            continue
-        parts = urlsplit(url)
-        try:
-            port_ok = parts.port is None or parts.port > 0
-        except ValueError:
-            port_ok = False
-        if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
-            raise ValueError(f"invalid URL {url!r}: expected an http:// or https:// URL")
-        if url not in urls:
-            urls.append(url)
-    if not urls:
-        raise ValueError("no URL given")
-    return tuple(urls)
 
 
 def _medium(text: str) -> str:
@@ -89,9 +65,23 @@ def pod_options(annotations: Mapping[str, Any], settings: InjectorSettings) -> P
     asked: tuple[str, ...] = read(names.INTERCEPT, parse_host_globs, ())
     extra = tuple(glob for glob in asked if glob not in settings.intercept)
     stage_in: tuple[str, ...] = read(names.STAGE_IN, parse_stage_in, ())
-    if stage_in:
-        warnings.append(
-            f"{names.STAGE_IN}: stage-in is not yet supported by this sidecar version; "
-            f"the URLs are recorded in {names.STATUS} but not prefetched"
-        )
+    intercepted = settings.intercept + extra
+    for spec in stage_in:
+        host = _plain_host(spec)
+        if host is not None and not host_matches(host, intercepted):
+            warnings.append(
+                f"{names.STAGE_IN}: {host} is not intercepted, so {spec} is not staged; "
+                f"add it to {names.INTERCEPT}"
+            )
     return PodOptions(buffer, extra, stage_in, tuple(warnings))
+
+
+def _plain_host(spec: str) -> str | None:
+    """The host of a plain stage-in URL; None for a manifest or a host with a brace range."""
+    if spec.startswith("@"):
+        return None
+    try:
+        host = urlsplit(spec).hostname
+    except ValueError:
+        return None
+    return host if host and "{" not in host else None

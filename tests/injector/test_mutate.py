@@ -12,7 +12,7 @@ from injector import names, settings
 from injector.capture import BUILTIN_NO_PROXY, find_upstream_proxy, normalize_proxy, redact
 from injector.decide import ALREADY_INJECTED, HOST_NETWORK, INJECTED, OPTED_OUT, WINDOWS, decide
 from injector.mutate import TRUST_VARIABLES, mutate, sidecar_buffer_size, sidecar_resources
-from injector.overrides import parse_stage_in, pod_options
+from injector.overrides import pod_options
 from injector.quantity import parse_bytes
 from injector.settings import InjectorSettings, NotImplementedSetting
 from sidecar import settings as sidecar_settings
@@ -77,12 +77,27 @@ def test_decide_reports_every_reason_and_ignores_other_values() -> None:
 # -- annotations ------------------------------------------------------------------------
 
 
-def test_stage_in_urls() -> None:
-    text = " https://a.example/x.tar,\nhttp://b.example:8080/y  https://a.example/x.tar "
-    assert parse_stage_in(text) == ("https://a.example/x.tar", "http://b.example:8080/y")
-    for bad in ("ftp://a/x", "https:///nohost", "a.example/x", "", "https://a:99999/x"):
-        with pytest.raises(ValueError):
-            parse_stage_in(bad)
+def test_stage_in_is_validated_and_handed_to_the_sidecar() -> None:
+    specs = "https://storage.googleapis.com/ds/shard-{0..3}.tar,\n@https://hf.co/manifest.txt"
+    options = pod_options({names.STAGE_IN: specs}, InjectorSettings())
+    assert options.stage_in == (
+        "https://storage.googleapis.com/ds/shard-{0..3}.tar",
+        "@https://hf.co/manifest.txt",
+    )
+    assert options.warnings == ()
+    sidecar = containers(mutate(pod(annotations={names.STAGE_IN: specs}), InjectorSettings()).pod)
+    args = sidecar[names.CONTAINER]["args"]
+    parsed = sidecar_settings.parse([a.replace("$(POD_IP)", "10.1.2.3") for a in args], {})
+    assert parsed.stage_in == options.stage_in
+
+    elsewhere = pod_options({names.STAGE_IN: "https://data.example.org/x"}, InjectorSettings())
+    assert elsewhere.stage_in == ("https://data.example.org/x",)
+    assert "data.example.org is not intercepted" in elsewhere.warnings[0]
+    both = {names.STAGE_IN: "https://data.example.org/x", names.INTERCEPT: "data.example.org"}
+    assert pod_options(both, InjectorSettings()).warnings == ()
+
+    bad = pod_options({names.STAGE_IN: "ftp://a.example/x"}, InjectorSettings())
+    assert bad.stage_in == () and "using the default" in bad.warnings[0]
 
 
 def test_overrides_apply_and_fall_back_with_warnings() -> None:

@@ -365,3 +365,21 @@ def test_restarted_sidecar_keeps_its_ca_and_its_buffer(run_pod: Any, tmp_path: P
     stats = pod.stats(admin_port(rendered))
     assert stats["hits"] == 1 and stats["misses"] == 0, stats
     assert origin.requests(pod) == {"/files/data.bin": 1}
+
+
+def test_stage_in_annotation_prefetches_before_the_app_asks(run_pod: Any, tmp_path: Path) -> None:
+    once = f"curl -sS --fail -o /out/first {URL}"
+    pod_spec = app_pod(
+        "stage-in",
+        [{"name": "app", "command": ["sh", "-c", once]}],
+        **{names.STAGE_IN: URL},
+    )
+    rendered = render(pod_spec, tmp_path)
+    pod, origin = run_pod(rendered)
+
+    assert pod.wait("app") == 0, pod.log("app")
+    assert (pod.volume_dir("out") / "first").read_bytes() == origin.data
+    stats = pod.stats(admin_port(rendered))
+    # The app's one download was served by the staged fill (a hit, or joined in progress).
+    assert stats["misses"] == 0, stats
+    assert origin.requests(pod) == {"/files/data.bin": 1}
