@@ -43,7 +43,7 @@ def worth_splitting(
     """Split only what is large, rangeable, and can be validated with If-Range."""
     return (
         connections > 1
-        and size >= 2 * SEGMENT
+        and size > SEGMENT
         and (accept_ranges or "").strip().lower() == "bytes"
         and validators.if_range is not None
     )

@@ -371,3 +371,20 @@ def test_a_stalled_origin_is_resumed_after_the_upstream_timeout(
     assert download.body == body_of(dataset, "medium.bin")
     assert origin.requests()["ranges"][url.split(f":{origin.port}", 1)[1]] == 1
     assert sidecar.stats()["entries"] == 1
+
+
+@pytest.mark.parametrize("connections", ["4", "1"])
+def test_a_large_cold_object_is_fetched_over_parallel_ranges(
+    connections: str, start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    sidecar = start_sidecar("--parallel-fetch", connections)
+    query = {"case": f"parallel-{connections}", "rate": 16_000_000}
+    download = curl(sidecar, origin.url("big.bin", **query))
+    assert download.returncode == 0, download.stderr
+    assert download.body == body_of(dataset, "big.bin")
+    assert origin.full_fetches("big.bin", **query) == 1
+    ranged = origin.count("big.bin", **query) - 1
+    assert ranged == (1 if connections == "4" else 0)  # 24 MiB = two 16 MiB segments
+    wait_until(lambda: sidecar.stats()["entries"] == 1, "the commit")
+    assert curl(sidecar, origin.url("big.bin", **query)).body == body_of(dataset, "big.bin")
+    assert sidecar.stats()["hits"] == 1
