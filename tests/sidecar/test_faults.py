@@ -72,7 +72,7 @@ def test_kill_9_during_a_hit_keeps_the_object(
     wait_until(lambda: again.stats()["unverified_entries"] == 0, "verification")
     assert curl(again, url).body == body_of(dataset, "big.bin")
     assert again.stats()["hits"] == 1
-    assert origin.count("big.bin", case="kill-hit") == 1
+    assert origin.full_fetches("big.bin", case="kill-hit") == 1
 
 
 def test_a_corrupted_body_is_never_served_after_a_restart(

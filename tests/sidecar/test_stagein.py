@@ -59,7 +59,7 @@ def test_staged_objects_are_hits_from_the_first_request(
     wait_until(lambda: sidecar.stats()["stage_in_done"] == 3, "stage-in to finish")
     for name in ("small.bin", "medium.bin", "big.bin"):
         assert curl(sidecar, origin.url(name, case="staged")).body == (dataset / name).read_bytes()
-        assert origin.count(name, case="staged") == 1
+        assert origin.full_fetches(name, case="staged") == 1
     stats = sidecar.stats()
     assert stats["hits"] == 3 and stats["misses"] == 0
     assert stats["stage_in_bytes"] == sum(
@@ -76,5 +76,5 @@ def test_a_client_joins_an_object_being_staged(
     sidecar = start_sidecar("--stage-in", url)
     wait_until(lambda: sidecar.stats()["fills_in_progress"] == 1, "the staged fill to start")
     assert curl(sidecar, url).body == (dataset / "big.bin").read_bytes()
-    assert origin.count("big.bin", case="stage-join", rate=8_000_000) == 1
+    assert origin.full_fetches("big.bin", case="stage-join", rate=8_000_000) == 1
     assert sidecar.stats()["coalesced"] + sidecar.stats()["hits"] == 1
