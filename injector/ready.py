@@ -10,10 +10,10 @@ These run inside the pod, from the same image as the sidecar:
 
 from __future__ import annotations
 
+import http.client
 import logging
 import subprocess
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 
@@ -37,7 +37,7 @@ def _healthy(url: str) -> bool:
     try:
         with opener.open(url, timeout=2) as response:
             return bool(response.status == 200)
-    except (OSError, urllib.error.URLError):
+    except (OSError, http.client.HTTPException):  # refused, reset, timed out, garbled
         return False
 
 

@@ -15,6 +15,7 @@ appended `--upstream-ca` (a real dataset host has a public certificate).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import subprocess
@@ -76,7 +77,7 @@ class Origin:
     def requests(self, pod: PodRun) -> dict[str, Any]:
         status, body = pod.get("https://127.0.0.1/__requests", cafile=self.ca_pem)
         assert status == 200
-        return yaml.safe_load(body)["requests"]  # type: ignore[no-any-return]
+        return json.loads(body)["requests"]  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="module")
