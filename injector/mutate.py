@@ -378,10 +378,8 @@ def mutate(original: Mapping[str, Any], settings: InjectorSettings) -> Mutation:
     warnings = list(options.warnings)
 
     everything = list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
-    init = [
-        c for c in spec.get("initContainers") or [] if c.get("name") not in names.OWN_CONTAINERS
-    ]
-    regular = [c for c in spec.get("containers") or [] if c.get("name") not in names.OWN_CONTAINERS]
+    init = [c for c in spec.get("initContainers") or [] if not _is_own(c)]
+    regular = [c for c in spec.get("containers") or [] if not _is_own(c)]
 
     own_url = capture.sidecar_proxy_url(settings.proxy_port)
     found = capture.find_upstream_proxy(init + regular, own_url)
