@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from bench import clients
-from bench.lab import HOST, Lab, Profile, expect_stats, mb_per_s
+from bench.lab import HOST, Lab, Profile, expect_stats, in_turn, mb_per_s
 from bench.report import Result, Row, Sample, ratio_at_least
 
 logger = logging.getLogger(__name__)
@@ -34,13 +34,13 @@ def run(profile: Profile, lab: Lab) -> Result:
     for run_index in range(profile.runs):
         logger.info("%s: run %d/%d", NAME, run_index + 1, profile.runs)
         for client in ("wget", "curl"):
-            for side, route in (("nginx", direct), ("sidecar", pod)):
+            for side, route in in_turn(run_index, [("nginx", direct), ("sidecar", pod)]):
                 if client == "wget":
                     seconds = clients.wget(route, url)
                 else:
                     seconds = clients.curl(route, url, size)
                 speeds.setdefault((side, client), []).append(mb_per_s(size, seconds))
-    expect_stats(sidecar, misses=1, upstream_requests=1, hits=1 + 2 * profile.runs)
+    expect_stats(sidecar, misses=1, hits=1 + 2 * profile.runs, bytes_from_upstream=size)
 
     for client, required in (("wget", ratio_at_least(0.8, target=1.0)), ("curl", None)):
         result.rows.append(

@@ -34,6 +34,7 @@ def run(profile: Profile, lab: Lab) -> Result:
     result = Result(NAME, f"Sidecar memory streaming a {size // 2**20} MiB object")
     source = lab.make_file("rss.bin", size)
     nginx = lab.nginx()
+    lab.prefault((profile.runs + 1) * size)
     sidecar = lab.sidecar(nginx.ca_pem, "--buffer-size", str((profile.runs + 1) * size))
     mitmdump = lab.mitmdump(nginx.ca_pem)
     pod, reference = lab.through(sidecar), lab.through_mitmdump(mitmdump)

@@ -14,7 +14,7 @@ import logging
 import statistics
 
 from bench import clients
-from bench.lab import HOST, Lab, Profile, WrongPath, expect_stats
+from bench.lab import HOST, Lab, Profile, WrongPath, expect_stats, in_turn
 from bench.report import Result, Row, Sample
 
 logger = logging.getLogger(__name__)
@@ -52,12 +52,12 @@ def run(profile: Profile, lab: Lab) -> Result:
     figures: dict[tuple[str, str], list[float]] = {}
     for run_index in range(profile.runs):
         logger.info("%s: run %d/%d", NAME, run_index + 1, profile.runs)
-        for side, route in (("nginx", direct), ("sidecar", pod)):
+        for side, route in in_turn(run_index, [("nginx", direct), ("sidecar", pod)]):
             seconds = fetch_all(route, urls, size)
             figures.setdefault((side, "req/s"), []).append(count / sum(seconds))
             figures.setdefault((side, "p50"), []).append(percentile(seconds, 50) * 1000)
             figures.setdefault((side, "p99"), []).append(percentile(seconds, 99) * 1000)
-    expect_stats(sidecar, misses=count, hits=count * profile.runs, upstream_requests=count)
+    expect_stats(sidecar, misses=count, hits=count * profile.runs, bytes_from_upstream=count * size)
 
     for figure, label, unit in (
         ("req/s", "warm hits, throughput", "requests/s"),
