@@ -25,7 +25,7 @@ from mitmproxy.master import Master
 from certs import bundle
 from certs.bundle import TrustError
 from certs.ca import CAError, load_or_create_ca
-from sidecar import admin, respond
+from sidecar import admin, capture, respond
 from sidecar.addon import BurstBuffer
 from sidecar.fill import Fills
 from sidecar.metrics import Metrics
@@ -60,7 +60,13 @@ async def run(settings: Settings) -> None:
         # A broken buffer must not break downloads: run as a pass-through proxy.
         logger.error("%s; serving everything from upstream", e)
 
-    upstream = Upstream(upstream_trust, settings.upstream_proxy, settings.upstream_timeout)
+    resolver = capture.dns_resolver(settings)
+    upstream = Upstream(
+        upstream_trust,
+        settings.upstream_proxy,
+        settings.upstream_timeout,
+        capture.HostsFileBypass(resolver) if resolver else None,
+    )
     await upstream.open()
     master = Master(None)
     ps = proxyserver.Proxyserver()
@@ -90,17 +96,16 @@ async def run(settings: Settings) -> None:
         next_layer.NextLayer(),
         tlsconfig.TlsConfig(),
         errorcheck.ErrorCheck(),
+        capture.HostRouting(settings, resolver),
         addon,
     )
     master.options.update(
-        listen_host=settings.listen_host,
-        listen_port=settings.listen_port,
         confdir=str(settings.ca_dir),
         connection_strategy="lazy",
         http2=False,
         allow_hosts=allow_hosts(settings.intercept),
         ssl_verify_upstream_trusted_ca=str(upstream_trust),
-        mode=[f"upstream:{settings.upstream_proxy}"] if settings.upstream_proxy else ["regular"],
+        mode=capture.proxy_modes(settings),
         # What mitmproxy relays itself (non-GET, HEAD misses) streams past 1 MiB.
         stream_large_bodies="1m",
     )
@@ -126,9 +131,10 @@ async def run(settings: Settings) -> None:
     if settings.stage_in:
         background.append(asyncio.create_task(_stage(stage_in)))
     logger.info(
-        "proxy on %s:%d, buffer %s (%d bytes, eviction %s), intercepting %d host patterns",
+        "proxy on %s:%d (capture %s), buffer %s (%d bytes, eviction %s), intercepting %d hosts",
         settings.listen_host,
         settings.listen_port,
+        settings.capture,
         settings.buffer_dir,
         settings.buffer_size,
         settings.eviction,

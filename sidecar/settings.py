@@ -20,6 +20,8 @@ from typing import Literal
 
 Eviction = Literal["none", "lru"]
 EVICTION_POLICIES: tuple[Eviction, ...] = ("none", "lru")
+Capture = Literal["proxy-env", "hostAliases", "transparent"]
+CAPTURE_MODES: tuple[Capture, ...] = ("proxy-env", "hostAliases", "transparent")
 
 ENV_PREFIX = "BURSTBUFFER_"
 
@@ -147,6 +149,14 @@ def parse_eviction(text: str) -> Eviction:
     raise ValueError(f"invalid eviction policy {text!r}: expected none or lru")
 
 
+def parse_capture(text: str) -> Capture:
+    """Parse a capture mode: proxy-env, hostAliases or transparent."""
+    for mode in CAPTURE_MODES:
+        if text.strip() == mode:
+            return mode
+    raise ValueError(f"invalid capture mode {text!r}: expected {', '.join(CAPTURE_MODES)}")
+
+
 def parse_port(text: str) -> int:
     """Parse a TCP port number (0 asks the kernel for a free one)."""
     try:
@@ -244,6 +254,10 @@ class Settings:
     upstream_ca: Path | None = None
     # upstream_proxy, default none. Parent proxy (http://host:port) for upstream traffic.
     upstream_proxy: str | None = None
+    # capture, default proxy-env. How app traffic reaches the proxy (see sidecar.capture).
+    capture: Capture = "proxy-env"
+    # transparent_port, default 3130. Where redirected connections arrive (transparent).
+    transparent_port: int = 3130
     # upstream_timeout, default 60 (seconds). An origin silent this long is resumed.
     upstream_timeout: float = 60.0
     # revalidate, default off. Revalidate stored objects with the origin before a hit.
@@ -284,6 +298,8 @@ _FLAGS: tuple[_Flag, ...] = (
     _Flag("trust_dir", Path, "where ca.crt and ca-bundle.crt are written for the app containers"),
     _Flag("upstream_ca", Path, "extra CA certificates (PEM) trusted for origins"),
     _Flag("upstream_proxy", parse_proxy_url, "parent proxy for upstream traffic, http://host:port"),
+    _Flag("capture", parse_capture, "proxy-env, hostAliases or transparent (default proxy-env)"),
+    _Flag("transparent_port", parse_port, "port of the transparent listener (default 3130)"),
     _Flag("upstream_timeout", parse_seconds, "seconds an origin may stall before a resume (60)"),
     _Flag("revalidate", None, "revalidate stored objects with the origin instead of immutable"),
     _Flag("parallel_fetch", parse_parallelism, "origin connections per large cold fill (4; 1=off)"),

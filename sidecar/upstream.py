@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+from aiohttp.abc import AbstractResolver
 
 logger = logging.getLogger(__name__)
 
@@ -115,16 +116,26 @@ def check_resumed(status: int, headers: Mapping[str, str], start: int, end: int,
 class Upstream:
     """One aiohttp session shared by every fill and pass of this sidecar."""
 
-    def __init__(self, trust_file: Path, proxy: str | None, read_timeout: float) -> None:
-        """`read_timeout`: a body that stalls this long counts as a dropped connection."""
+    def __init__(
+        self,
+        trust_file: Path,
+        proxy: str | None,
+        read_timeout: float,
+        resolver: AbstractResolver | None = None,
+    ) -> None:
+        """`read_timeout`: a body that stalls this long counts as a dropped connection;
+        `resolver`: how origin names are resolved (default: the system's)."""
         self._ssl = ssl.create_default_context(cafile=str(trust_file))
         self._proxy = proxy
         self._read_timeout = read_timeout
+        self._resolver = resolver
         self._session: aiohttp.ClientSession | None = None
 
     async def open(self) -> None:
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=self._ssl, limit=0, ttl_dns_cache=60),
+            connector=aiohttp.TCPConnector(
+                ssl=self._ssl, limit=0, ttl_dns_cache=60, resolver=self._resolver
+            ),
             timeout=aiohttp.ClientTimeout(
                 total=None,
                 sock_connect=min(CONNECT_TIMEOUT, self._read_timeout),
