@@ -17,6 +17,11 @@ COPY certs /src/certs
 RUN /opt/burstbuffer/bin/pip install --no-deps /src
 
 FROM python:3.12-slim-bookworm
+# iptables: the `transparent` capture's init container installs the pod's redirect
+# rules with this same image (as root with NET_ADMIN; everything else runs as 65532).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends iptables \
+ && rm -rf /var/lib/apt/lists/*
 COPY --from=builder /opt/burstbuffer /opt/burstbuffer
 ENV PATH=/opt/burstbuffer/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
