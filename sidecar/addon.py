@@ -27,12 +27,18 @@ from mitmproxy import http, tls
 from mitmproxy.connection import Client
 
 from sidecar import policy
-from sidecar.fill import CHUNK, Declined, Fill, FillFailed, Fills, loggable_url
+from sidecar.fill import CHUNK, Declined, Fill, FillFailed, Fills
 from sidecar.metrics import Metrics
 from sidecar.respond import ClientChannel, ClientGone, Connections
 from sidecar.settings import Settings, host_matches
 from sidecar.store import Store, StoredObject, StoreError
-from sidecar.upstream import Upstream, UpstreamError, forwarded_headers, response_headers
+from sidecar.upstream import (
+    Upstream,
+    UpstreamError,
+    forwarded_headers,
+    loggable_url,
+    response_headers,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ connection is aborted, so no client ever sees a short body with a success status
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import time
@@ -28,17 +27,14 @@ import aiohttp
 
 from sidecar import policy
 from sidecar.metrics import Metrics
-from sidecar.segments import SegmentedCopy, SegmentFailed, Target, worth_splitting
+from sidecar.segments import SEGMENT, SegmentedCopy, SegmentFailed, Target, worth_splitting
 from sidecar.store import Reservation, Store, StoreError
-from sidecar.upstream import CannotResume, Upstream, UpstreamError, Validators, forwarded_headers
+from sidecar.upstream import Upstream, UpstreamError, Validators, forwarded_headers, loggable_url
 
 logger = logging.getLogger(__name__)
 
 # Bytes per read of a body file; large, because each read becomes TLS records in one go.
 CHUNK = 256 * 1024
-# Attempts to resume a dropped upstream body, and the first backoff (doubled each time).
-RESUME_ATTEMPTS = 4
-RESUME_BACKOFF = 0.25  # seconds
 
 
 class FillFailed(Exception):
@@ -97,10 +93,6 @@ class Fill:
         if self._ended and self._readers == 0 and self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-    def _advance(self, count: int) -> None:
-        self.written += count
-        self._wake()
 
     def _advance_to(self, prefix: int) -> None:
         self.written = prefix
@@ -316,91 +308,23 @@ class Fills:
     async def _copy(
         self, fill: Fill, head: Head, response: aiohttp.ClientResponse, out: int
     ) -> str:
-        """Copy the body into the partial file; its SHA-256 (hex) when complete."""
-        accept_ranges = response.headers.get("Accept-Ranges")
-        if worth_splitting(self._connections, head.size, accept_ranges, head.validators):
-            assert fill._fd is not None
-            target = Target(
-                fill.url, head.request_headers, head.validators, head.size, out, fill._fd
-            )
-            copy = SegmentedCopy(self._upstream, self._metrics, target, fill._advance_to)
-            return await copy.run(response, self._connections)
-        digest = hashlib.sha256()
-        await self._copy_body(fill, head, response, out, digest)
-        return digest.hexdigest()
+        """Copy the body into the partial file; its SHA-256 (hex) when complete.
 
-    async def _copy_body(
-        self,
-        fill: Fill,
-        head: Head,
-        response: aiohttp.ClientResponse,
-        out: int,
-        digest: hashlib._Hash,
-    ) -> None:
-        """Copy the body into `out`, resuming a dropped or stalled origin where it stopped.
-
-        Each resume is a Range request validated by If-Range, so that bytes of a changed
-        object are never appended to an older one; RESUME_ATTEMPTS tries, with backoff.
+        A large body from an origin that serves ranges is split over several
+        connections; any other is one segment, resumed where it broke off.
         """
-        attempt = 0
-        while True:
-            error: BaseException
-            try:
-                await self._append(fill, head, response, out, digest)
-                if fill.written == head.size:
-                    return
-                error = UpstreamError(f"origin closed after {fill.written} of {head.size} bytes")
-            except (aiohttp.ClientError, TimeoutError) as e:
-                error = e
-            while True:
-                attempt += 1
-                self._metrics.counters.upstream_errors += 1
-                if attempt > RESUME_ATTEMPTS:
-                    raise FillFailed(f"gave up after {RESUME_ATTEMPTS} resumes: {error}")
-                logger.warning(
-                    "fill %s: upstream failed at byte %d (%s); resuming (attempt %d of %d)",
-                    loggable_url(fill.url),
-                    fill.written,
-                    error,
-                    attempt,
-                    RESUME_ATTEMPTS,
-                )
-                await asyncio.sleep(RESUME_BACKOFF * 2 ** (attempt - 1))
-                self._metrics.counters.upstream_requests += 1
-                try:
-                    response = await self._upstream.resume(
-                        fill.url,
-                        head.request_headers,
-                        fill.written,
-                        head.size,
-                        head.size,
-                        head.validators,
-                    )
-                    break
-                except CannotResume as e:
-                    raise FillFailed(f"cannot resume at byte {fill.written}: {e}") from e
-                except UpstreamError as e:
-                    error = e
-
-    async def _append(
-        self,
-        fill: Fill,
-        head: Head,
-        response: aiohttp.ClientResponse,
-        out: int,
-        digest: hashlib._Hash,
-    ) -> None:
-        """Append one upstream response's body to the fill, until it ends or breaks."""
-        try:
-            async for chunk in response.content.iter_any():
-                if fill.written + len(chunk) > head.size:
-                    raise FillFailed("origin sent more bytes than its Content-Length")
-                _write_all(out, chunk)
-                digest.update(chunk)
-                self._metrics.counters.bytes_from_upstream += len(chunk)
-                fill._advance(len(chunk))
-        finally:
-            response.release()
+        accept_ranges = response.headers.get("Accept-Ranges")
+        split = worth_splitting(self._connections, head.size, accept_ranges, head.validators)
+        assert fill._fd is not None
+        target = Target(fill.url, head.request_headers, head.validators, head.size, out, fill._fd)
+        copy = SegmentedCopy(
+            self._upstream,
+            self._metrics,
+            target,
+            fill._advance_to,
+            segment=SEGMENT if split else max(head.size, 1),
+        )
+        return await copy.run(response, self._connections if split else 1)
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -423,8 +347,3 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
-
-
-def loggable_url(url: str) -> str:
-    """A URL without its query: signed query strings are credentials."""
-    return url.split("?", 1)[0]

@@ -1,4 +1,10 @@
-"""Parallel ranged fetching: one large body over several origin connections at once.
+"""Copying one body from its origin into a file, in segments, resuming what breaks off.
+
+Every fill is a list of segments, each fetched until complete: when an origin drops
+the connection or stalls, the segment is resumed from the byte it had with a Range
+request validated by If-Range (so bytes of a changed object are never appended to an
+older one), a few times with backoff. A small body, or one whose origin cannot serve
+ranges, is a single segment: the fill's original response.
 
 Many dataset hosts cap throughput per connection (Nezha measured 3.49 MB/s to a far
 host). For a large object whose origin supports ranges, the fill splits the body into
@@ -22,7 +28,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from sidecar.metrics import Metrics
-from sidecar.upstream import CannotResume, Upstream, UpstreamError, Validators
+from sidecar.upstream import CannotResume, Upstream, UpstreamError, Validators, loggable_url
 
 logger = logging.getLogger(__name__)
 
@@ -70,14 +76,16 @@ class SegmentedCopy:
         metrics: Metrics,
         target: Target,
         advance: Callable[[int], None],
+        segment: int = SEGMENT,
     ) -> None:
+        """`segment`: bytes per segment (the whole size for a single one)."""
         self._upstream = upstream
         self._metrics = metrics
         self._target = target
         self._advance = advance
         self._bounds = [
-            (start, min(start + SEGMENT, target.size)) for start in range(0, target.size, SEGMENT)
-        ]
+            (start, min(start + segment, target.size)) for start in range(0, target.size, segment)
+        ] or [(0, 0)]
         self._progress = [0] * len(self._bounds)
         self._next = 1  # segment 0 comes from the original response
         self._first_incomplete = 0
@@ -142,7 +150,14 @@ class SegmentedCopy:
                 raise SegmentFailed(
                     f"segment {index}: gave up after {attempt - 1} retries: {error}"
                 )
-            logger.warning("segment %d failed at byte %d (%s); retrying", index, offset, error)
+            logger.warning(
+                "%s: upstream failed at byte %d (%s); resuming (attempt %d of %d)",
+                loggable_url(self._target.url),
+                start + self._progress[index],
+                error,
+                attempt,
+                SEGMENT_ATTEMPTS,
+            )
             await asyncio.sleep(SEGMENT_BACKOFF * 2 ** (attempt - 1))
 
     async def _copy(self, index: int, response: aiohttp.ClientResponse, end: int) -> None:
@@ -151,6 +166,10 @@ class SegmentedCopy:
             position = start + self._progress[index]
             piece = data[: end - position]
             _pwrite_all(self._target.out, piece, position)
+            if position == self._hashed:
+                # In order: hash it now rather than reading it back later.
+                self._digest.update(piece)
+                self._hashed += len(piece)
             self._metrics.counters.bytes_from_upstream += len(piece)
             self._progress[index] += len(piece)
             if index == self._first_incomplete:

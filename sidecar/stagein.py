@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sidecar import policy
-from sidecar.fill import Fill, FillFailed, Fills, loggable_url
+from sidecar.fill import Fill, FillFailed, Fills
 from sidecar.settings import host_matches
 from sidecar.store import Store, StoreError
-from sidecar.upstream import Upstream, UpstreamError
+from sidecar.upstream import Upstream, UpstreamError, loggable_url
 
 logger = logging.getLogger(__name__)
 

@@ -54,6 +54,11 @@ class CannotResume(UpstreamError):
     """The origin cannot continue a body from an offset (no validators, no ranges, changed)."""
 
 
+def loggable_url(url: str) -> str:
+    """A URL without its query, for logs: signed query strings are credentials."""
+    return url.split("?", 1)[0]
+
+
 def forwarded_headers(
     headers: Iterable[tuple[str, str]], *, for_fill: bool
 ) -> list[tuple[str, str]]:
