@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 
 from bench import clients, memory
+from bench.harness import wait_until
 from bench.lab import HOST, Lab, Profile, expect_stats
 from bench.report import Result, Row, Sample, below
 
@@ -34,8 +35,7 @@ def run(profile: Profile, lab: Lab) -> Result:
     result = Result(NAME, f"Sidecar memory streaming a {size // 2**20} MiB object")
     source = lab.make_file("rss.bin", size)
     nginx = lab.nginx()
-    lab.prefault((profile.runs + 1) * size)
-    sidecar = lab.sidecar(nginx.ca_pem, "--buffer-size", str((profile.runs + 1) * size))
+    sidecar = lab.sidecar(nginx.ca_pem, "--buffer-size", str(profile.runs * size))
     mitmdump = lab.mitmdump(nginx.ca_pem)
     pod, reference = lab.through(sidecar), lab.through_mitmdump(mitmdump)
     idle = memory.rss_mb(sidecar.pid), memory.rss_mb(mitmdump.pid)
@@ -47,15 +47,22 @@ def run(profile: Profile, lab: Lab) -> Result:
         figures.setdefault(f"{key} hwm", []).append(hwm)
         figures.setdefault(f"{key} sampled", []).append(sampled)
 
-    hit_url = nginx.url(source.name, HOST)
-    clients.curl(pod, hit_url, size)  # the fill the hits are served from
-    for run_index in range(profile.runs):
-        logger.info("%s: run %d/%d", NAME, run_index + 1, profile.runs)
-        miss_url = nginx.url(source.name, HOST, f"miss={run_index}")
-        record("miss", sidecar.pid, pod, miss_url)
-        record("hit", sidecar.pid, pod, hit_url)
-        record("mitmdump", mitmdump.pid, reference, miss_url)
-    expect_stats(sidecar, misses=profile.runs + 1, hits=profile.runs)
+    urls = [nginx.url(source.name, HOST, f"miss={i}") for i in range(profile.runs)]
+    for run_index, url in enumerate(urls):
+        logger.info("%s: miss %d/%d", NAME, run_index + 1, profile.runs)
+        record("miss", sidecar.pid, pod, url)
+        record("mitmdump", mitmdump.pid, reference, url)
+    expect_stats(sidecar, misses=profile.runs, hits=0)
+
+    # The hits come from a restarted sidecar that has never fetched anything, so that
+    # its memory is the hit path's alone.
+    sidecar.stop()
+    sidecar.start()
+    wait_until(lambda: sidecar.stats()["unverified_entries"] == 0, "the buffer's verification")
+    for run_index, url in enumerate(urls):
+        logger.info("%s: hit %d/%d", NAME, run_index + 1, profile.runs)
+        record("hit", sidecar.pid, pod, url)
+    expect_stats(sidecar, misses=0, hits=profile.runs)
 
     result.rows.append(
         Row("idle after start", "MB RSS", Sample.of([idle[0]]), Sample.of([idle[1]]), "mitmdump")
@@ -69,12 +76,13 @@ def run(profile: Profile, lab: Lab) -> Result:
                     Sample.of(figures[f"{path} {figure}"]),
                     Sample.of(figures[f"mitmdump {figure}"]),
                     "mitmdump pass-through",
-                    below(LIMIT_MB, "MB"),
+                    below(LIMIT_MB, "MB", every_run=True),
                 )
             )
     result.notes.append(
-        f"medians of {profile.runs} transfers (min–max), curl to /dev/null; VmHWM reset "
-        f"through /proc/<pid>/clear_refs before each, VmRSS sampled every "
-        f"{memory.SAMPLE_INTERVAL * 1000:.0f} ms"
+        f"medians of {profile.runs} transfers (min–max), the limit holds for the largest; "
+        "curl to /dev/null; misses from a fresh sidecar, hits after restarting it on the "
+        "same buffer; VmHWM reset through /proc/<pid>/clear_refs before each transfer, "
+        f"VmRSS sampled every {memory.SAMPLE_INTERVAL * 1000:.0f} ms"
     )
     return result

@@ -157,22 +157,6 @@ class Lab:
             copy.unlink()
         return seconds
 
-    def prefault(self, size: int) -> None:
-        """Touch `size` bytes of tmpfs memory once and free it again.
-
-        In a virtual machine whose memory the host backs lazily (Firecracker, for one)
-        the first write to a guest page costs a host page fault: tmpfs then takes about
-        0.5 GB/s instead of 3 GB/s, until the pages have been used once. Without this,
-        whichever fill first grows the buffer into fresh memory would measure the host,
-        not the sidecar.
-        """
-        path = self.dir / "prefault"
-        zeros = bytes(WRITE_CHUNK)
-        with open(path, "wb") as f:
-            for offset in range(0, size, WRITE_CHUNK):
-                f.write(zeros[: min(WRITE_CHUNK, size - offset)])
-        path.unlink()
-
     def nginx(self) -> Nginx:
         server = start_nginx(self.data, self.ca, [HOST], self.dir / "nginx")
         self._stack.callback(server.stop)

@@ -60,6 +60,8 @@ def test_requirements() -> None:
     assert row([80], [100], ratio_at_least(0.8)).verdict(judged=True) == "ok"
     assert row([79], [100], ratio_at_least(0.8)).verdict(judged=True) == "**FAIL**"
     assert row([300], [100], below(250, "MB")).verdict(judged=True) == "**FAIL**"
+    assert row([1, 1, 300], [100], below(250, "MB")).verdict(judged=True) == "ok"
+    assert row([1, 1, 300], [100], below(250, "MB", every_run=True)).verdict(True) == "**FAIL**"
     assert row([50], [1], target_ratio(100)).verdict(judged=True) == "below target"
     assert row([79], [100], ratio_at_least(0.8)).verdict(judged=False) == "not judged"
 
