@@ -50,8 +50,10 @@ logger = logging.getLogger(__name__)
 
 # Bytes hashed per read when verifying a body after a restart.
 _VERIFY_CHUNK = 1024 * 1024
-# diskcache waits this long (seconds) for SQLite's lock before raising Timeout.
-_INDEX_TIMEOUT = 5.0
+# diskcache waits this long for SQLite's lock before raising Timeout. Index calls run
+# on the event loop and only this process writes the index, so a lock held longer
+# means something is wrong: fail open quickly rather than stall every client.
+_INDEX_TIMEOUT = 0.25  # seconds
 # After a failed write (disk full, read-only), admit nothing for this long: downloads
 # pass through once instead of failing into the buffer and resuming upstream each time.
 FAILURE_BACKOFF = 30.0  # seconds
@@ -186,7 +188,7 @@ class Store:
         try:
             return open(self.objects_dir / entry.file, "rb")
         except OSError as e:
-            raise StoreError(f"cannot read a stored body: {e}") from e
+            raise StoreError(f"cannot read a stored body: {_describe(e)}") from e
 
     @property
     def entries(self) -> int:
@@ -210,7 +212,7 @@ class Store:
             self.partial_dir.mkdir(parents=True, exist_ok=True)
             self.objects_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise StoreError(f"cannot prepare the buffer directory: {e}") from e
+            raise StoreError(f"cannot prepare the buffer directory: {_describe(e)}") from e
         if self.eviction == "lru":
             self._evict_until_free(size)
         if self.used + self.reserved + size > self.capacity:
@@ -245,7 +247,7 @@ class Store:
         except (OSError, sqlite3.Error, diskcache.Timeout) as e:
             (self.objects_dir / name).unlink(missing_ok=True)
             reservation.path.unlink(missing_ok=True)
-            raise StoreError(f"cannot commit an object: {e}") from e
+            raise StoreError(f"cannot commit an object: {_describe(e)}") from e
         self._recency[key] = entry.size
         self.used += entry.size
         return entry
@@ -277,7 +279,7 @@ class Store:
             if entry is not None:
                 (self.objects_dir / entry.file).unlink(missing_ok=True)
         except (OSError, sqlite3.Error, diskcache.Timeout) as e:
-            raise StoreError(f"cannot remove an object: {e}") from e
+            raise StoreError(f"cannot remove an object: {_describe(e)}") from e
 
     def close(self) -> None:
         if self._index is not None:
@@ -294,8 +296,12 @@ class Store:
         try:
             entry = self._require_index().get(key)
         except (OSError, sqlite3.Error, diskcache.Timeout) as e:
-            raise StoreError(f"cannot read the index: {e}") from e
+            raise StoreError(f"cannot read the index: {_describe(e)}") from e
         return entry if isinstance(entry, StoredObject) else None
+
+
+def _describe(error: BaseException) -> str:
+    return str(error) or type(error).__name__  # diskcache.Timeout has no message
 
 
 def _body_matches(path: Path, entry: StoredObject) -> bool:

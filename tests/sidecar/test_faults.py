@@ -237,3 +237,36 @@ def test_hostile_requests_get_a_clear_answer_and_the_proxy_survives(
     assert curl(sidecar, origin.url("small.bin", case="hostile")).body == body_of(
         dataset, "small.bin"
     )
+
+
+def test_a_locked_index_never_fails_a_download(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    stored = origin.url("small.bin", case="locked-stored")
+    assert curl(sidecar, stored).body == body_of(dataset, "small.bin")
+    # Another process holds SQLite's write lock: every index operation times out.
+    holder = subprocess.Popen(
+        [
+            "python3",
+            "-c",
+            "import sqlite3, sys, time\n"
+            "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "db.execute('BEGIN EXCLUSIVE')\n"
+            "print('locked', flush=True)\n"
+            "time.sleep(float(sys.argv[2]))\n",
+            str(sidecar.buffer_dir / "index" / "cache.db"),
+            "20",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"locked\n"
+        fresh = curl(sidecar, origin.url("small.bin", case="locked-new"))
+        assert fresh.returncode == 0, fresh.stderr
+        assert fresh.body == body_of(dataset, "small.bin")
+        again = curl(sidecar, stored)
+        assert again.returncode == 0 and again.body == body_of(dataset, "small.bin")
+        assert sidecar.stats()["buffer_errors"] >= 1
+    finally:
+        holder.kill()
+        holder.communicate()
