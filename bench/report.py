@@ -123,7 +123,7 @@ def markdown(results: Sequence[Result], judged: bool) -> str:
             reference = ""
             if row.reference is not None:
                 reference = f"{row.reference.cell()} {row.reference_name}".strip()
-            ratio = f"{row.ratio:.2f}×" if row.ratio is not None else ""
+            ratio = f"{number(row.ratio)}×" if row.ratio is not None else ""
             required = row.required.text if row.required else ""
             lines.append(
                 f"| {row.what}, {row.unit} | {row.ours.cell()} | {reference} | {ratio} "

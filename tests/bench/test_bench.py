@@ -69,6 +69,9 @@ def test_requirements() -> None:
 def test_markdown_names_the_figures_and_the_failure() -> None:
     result = Result("n", "Title", [row([50, 40, 60], [100], ratio_at_least(0.9))], ["a note"])
     text = markdown([result], judged=True)
-    assert "| x, MB/s | 50.0 (40.0–60.0) | 100 ref | 0.50× | ≥ 0.9× | **FAIL** |" in text
+    assert "| x, MB/s | 50.0 (40.0–60.0) | 100 ref | 0.5× | ≥ 0.9× | **FAIL** |" in text
+    # A ratio just under its bound must not be printed as if it met it.
+    close = Result("n", "T", [row([0.897], [1], ratio_at_least(0.9))])
+    assert "| 0.897× | ≥ 0.9× | **FAIL** |" in markdown([close], judged=True)
     assert "- Title: a note" in text
     assert result.failures() == result.rows
