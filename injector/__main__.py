@@ -18,7 +18,7 @@ from typing import Any, TextIO
 import yaml
 
 from injector import ready, review, server
-from injector.settings import ConfigError, InjectorSettings, load_file, require_implemented
+from injector.settings import ConfigError, InjectorSettings, load_file
 
 logger = logging.getLogger(__name__)
 
@@ -32,13 +32,6 @@ class _Dumper(yaml.SafeDumper):
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
-
-
-def _settings(config: Path | None) -> InjectorSettings:
-    settings = load_file(config)
-    # Refuse at start, not pod by pod: a mode that is not built yet must not reach a pod.
-    require_implemented(settings)
-    return settings
 
 
 def render(source: TextIO, out: TextIO, err: TextIO, settings: InjectorSettings, ns: str) -> None:
@@ -102,11 +95,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         if args.command == "serve":
-            settings = _settings(args.config)
+            settings = load_file(args.config)
             tls = server.CertificateFiles(args.tls_cert, args.tls_key)
             asyncio.run(server.serve(settings, args.host, args.port, tls))
         elif args.command == "render":
-            settings = _settings(args.config)
+            settings = load_file(args.config)
             render(sys.stdin, sys.stdout, sys.stderr, settings, args.namespace)
         else:
             url = ready.healthz_url(args.host, args.port)

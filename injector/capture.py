@@ -1,5 +1,8 @@
 """The `proxy-env` capture: which proxy variables point app containers at the sidecar.
 
+(The other two modes live in `aliases` and `redirect`; with them, only containers that
+name a proxy of their own get these variables, see `names_a_proxy`.)
+
 Measured with the clients the pods run: GNU wget reads only the lowercase `http_proxy` /
 `https_proxy`, curl ignores an uppercase `HTTP_PROXY` (httpoxy), Python reads both; so both
 spellings are set. `no_proxy` holds host names and `.suffixes` only, since wget and urllib
@@ -67,6 +70,14 @@ def redact(url: str) -> str:
 def _env(container: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     env = container.get("env")
     return [e for e in env if isinstance(e, Mapping)] if isinstance(env, list) else []
+
+
+def names_a_proxy(container: Mapping[str, Any]) -> bool:
+    """Whether the container sets a proxy variable (a value, or one from valueFrom)."""
+    return any(
+        e.get("name") in PROXY_VARIABLES and ("valueFrom" in e or str(e.get("value", "")).strip())
+        for e in _env(container)
+    )
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Pod -> injected pod: the sidecar, its volumes, and trust and proxy wiring of every container.
+"""Pod -> injected pod: the sidecar, its volumes, trust in every container, and the capture.
 
 Pure: a deep copy of a plain dict in, a new dict out, plus warnings for the pod's owner.
 Plain dicts on purpose: a typed model (the `kubernetes` package's V1Pod) drops the fields
@@ -8,7 +8,9 @@ Idempotent by construction, not by a guard: every step replaces what an earlier 
 added (our containers by name, our volumes by content, our mounts by path, variables by
 name), so `mutate(mutate(p)) == mutate(p)`. The one thing an earlier pass hides is the
 pod's own proxy (its containers then point at the sidecar); it is read back from the
-existing sidecar's `--upstream-proxy`.
+existing sidecar's `--upstream-proxy`. Switching the capture mode applies to new pods: a
+pod injected with one mode and mutated again with another keeps the first one's wiring
+(the webhook never mutates an injected pod again).
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from injector import capture, names
+from injector import aliases, capture, names, redirect
 from injector.overrides import PodOptions, pod_options
 from injector.quantity import format_bytes, parse_bytes
-from injector.settings import BufferSettings, InjectorSettings, require_implemented
+from injector.settings import BufferSettings, InjectorSettings, UpstreamCASettings
 from sidecar.settings import command_line
 
 logger = logging.getLogger(__name__)
@@ -51,6 +53,9 @@ _INDEX_HEADROOM_MAX = 512 * 2**20
 # disk) and the trust files (a CA bundle is a few hundred KiB).
 _CA_VOLUME = {"emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}
 _TRUST_VOLUME = {"emptyDir": {"sizeLimit": "16Mi"}}
+# 0644 written out: the API server stores the default, and a second pass compares the
+# stored volume with this one to recognise it.
+_CONFIG_MAP_MODE = 0o644
 
 # The startup probe lets the pod's other containers start as soon as the proxy is up; the
 # liveness probe is lenient, since /healthz shares a process with multi-GB transfers.
@@ -118,6 +123,18 @@ def buffer_volume(buffer: BufferSettings) -> dict[str, Any]:
     return {"hostPath": {"path": buffer.pmem.host_path, "type": "Directory"}}
 
 
+def upstream_ca_volume(upstream_ca: UpstreamCASettings) -> dict[str, Any]:
+    """The volume source of the configured upstream CA ConfigMap (its one key)."""
+    key = upstream_ca.key
+    return {
+        "configMap": {
+            "name": upstream_ca.config_map_name,
+            "items": [{"key": key, "path": key}],
+            "defaultMode": _CONFIG_MAP_MODE,
+        }
+    }
+
+
 def _buffer_dir(buffer: BufferSettings) -> str:
     # A hostPath directory is shared by every pod on the node: each sidecar keeps its
     # buffer in a subdirectory named after its pod's UID, which it creates itself (a
@@ -161,6 +178,11 @@ def _sidecar_env(buffer: BufferSettings) -> list[dict[str, Any]]:
     return env
 
 
+def sidecar_intercept(settings: InjectorSettings, options: PodOptions) -> tuple[str, ...]:
+    """The host globs the pod's sidecar intercepts: the configured ones and the pod's extras."""
+    return settings.intercept + options.extra_intercept
+
+
 def _sidecar_args(
     settings: InjectorSettings, options: PodOptions, upstream_proxy: str | None
 ) -> list[str]:
@@ -173,10 +195,18 @@ def _sidecar_args(
         buffer_dir=_buffer_dir(options.buffer),
         buffer_size=sidecar_buffer_size(options.buffer.size),
         eviction=options.buffer.eviction,
-        intercept=settings.intercept + options.extra_intercept,
+        intercept=sidecar_intercept(settings, options),
         ca_dir=names.CA_PRIVATE_DIR,
         trust_dir=names.TRUST_DIR,
+        upstream_ca=(
+            f"{names.UPSTREAM_CA_DIR}/{settings.upstream_ca.key}"
+            if settings.upstream_ca.config_map_name
+            else None
+        ),
         upstream_proxy=upstream_proxy,
+        # Left out for proxy-env, the sidecar's default: pods keep the spec they always had.
+        capture=None if options.capture == "proxy-env" else options.capture,
+        transparent_port=settings.transparent_port if options.capture == "transparent" else None,
         revalidate=settings.revalidate,
         stage_in=options.stage_in or None,
     )
@@ -195,11 +225,20 @@ def _security_context(settings: InjectorSettings) -> dict[str, Any]:
 
 
 def _sidecar_mounts(volume_names: Mapping[str, str]) -> list[dict[str, Any]]:
-    return [
+    mounts: list[dict[str, Any]] = [
         {"name": volume_names[names.BUFFER_VOLUME], "mountPath": names.BUFFER_DIR},
         {"name": volume_names[names.CA_VOLUME], "mountPath": names.CA_DIR},
         {"name": volume_names[names.TRUST_VOLUME], "mountPath": names.TRUST_DIR},
     ]
+    if names.UPSTREAM_CA_VOLUME in volume_names:
+        mounts.append(
+            {
+                "name": volume_names[names.UPSTREAM_CA_VOLUME],
+                "mountPath": names.UPSTREAM_CA_DIR,
+                "readOnly": True,
+            }
+        )
+    return mounts
 
 
 def _sidecar(
@@ -339,13 +378,14 @@ def status(
     options: PodOptions,
     volume_names: Mapping[str, str],
     upstream_proxy: str | None,
+    not_aliased: tuple[str, ...],
 ) -> str:
     """The burstbuffer.io/status annotation: what was injected, as compact JSON."""
     record: dict[str, Any] = {
         "version": _VERSION,
         "container": names.CONTAINER,
         "sidecar": "native" if settings.native_sidecar else "classic",
-        "capture": settings.capture,
+        "capture": options.capture,
         "buffer": {
             "medium": options.buffer.medium,
             "size": format_bytes(options.buffer.size),
@@ -355,8 +395,13 @@ def status(
     }
     if options.extra_intercept:
         record["intercept"] = list(options.extra_intercept)
+    if not_aliased:
+        # Intercepted, but out of reach of the hostAliases capture (globs).
+        record["notAliased"] = list(not_aliased)
     if upstream_proxy:
         record["upstreamProxy"] = capture.redact(upstream_proxy)
+    if settings.upstream_ca.config_map_name:
+        record["upstreamCA"] = settings.upstream_ca.config_map_name
     if options.stage_in:
         # A count, not the list: a job may stage thousands of URLs (annotations are small).
         record["stageIn"] = len(options.stage_in)
@@ -367,15 +412,59 @@ def _is_own(container: Mapping[str, Any]) -> bool:
     return container.get("name") in names.OWN_CONTAINERS
 
 
+def _prometheus_annotations(
+    annotations: dict[str, Any], settings: InjectorSettings, warnings: list[str]
+) -> None:
+    """Plain Prometheus' scrape annotations naming the sidecar, unless the pod has its own."""
+    ours = {
+        names.PROMETHEUS_SCRAPE: "true",
+        names.PROMETHEUS_PORT: str(settings.admin_port),
+        names.PROMETHEUS_PATH: "/metrics",
+    }
+    theirs = [
+        k for k, v in annotations.items() if k.startswith(names.PROMETHEUS) and ours.get(k) != v
+    ]
+    if theirs:
+        # One port per pod: the application's own metrics win.
+        warnings.append(
+            f"the pod sets {', '.join(sorted(theirs))} itself; "
+            "the sidecar's metrics are not announced to Prometheus"
+        )
+        return
+    annotations.update(ours)
+
+
+def _volumes(
+    spec: dict[str, Any], settings: InjectorSettings, options: PodOptions, app_mounts: set[Any]
+) -> dict[str, str]:
+    """Add the sidecar's volumes to the pod; returns their names by stem."""
+    volumes = list(spec.get("volumes") or [])
+    sources = {
+        names.BUFFER_VOLUME: buffer_volume(options.buffer),
+        names.CA_VOLUME: _CA_VOLUME,
+        names.TRUST_VOLUME: _TRUST_VOLUME,
+    }
+    if settings.upstream_ca.config_map_name:
+        sources[names.UPSTREAM_CA_VOLUME] = upstream_ca_volume(settings.upstream_ca)
+    volume_names: dict[str, str] = {}
+    for stem, source in sources.items():
+        # Names the pod's own containers mount are never taken for the CA's private volume.
+        taken = app_mounts if stem == names.CA_VOLUME else set()
+        volume_names[stem] = name = _choose_volume_name(volumes, stem, source, taken)
+        volumes = _upsert(volumes, "name", {"name": name, **copy.deepcopy(source)})
+    spec["volumes"] = volumes
+    return volume_names
+
+
 def mutate(original: Mapping[str, Any], settings: InjectorSettings) -> Mutation:
     """The pod with its burstbuffer sidecar; see the module docstring."""
-    require_implemented(settings)
     pod = copy.deepcopy(dict(original))
     metadata = pod["metadata"] = dict(pod.get("metadata") or {})
     spec = pod["spec"] = dict(pod.get("spec") or {})
     annotations = dict(metadata.get("annotations") or {})
     options = pod_options(annotations, settings)
     warnings = list(options.warnings)
+    mode = options.capture
 
     everything = list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
     init = [c for c in spec.get("initContainers") or [] if not _is_own(c)]
@@ -386,20 +475,8 @@ def mutate(original: Mapping[str, Any], settings: InjectorSettings) -> Mutation:
     warnings += found.warnings
     upstream_proxy = found.url or _previous_upstream_proxy(everything)
 
-    volumes = list(spec.get("volumes") or [])
-    sources = {
-        names.BUFFER_VOLUME: buffer_volume(options.buffer),
-        names.CA_VOLUME: _CA_VOLUME,
-        names.TRUST_VOLUME: _TRUST_VOLUME,
-    }
-    # Names the pod's own containers mount: never taken for the CA's private volume.
     app_mounts = {m.get("name") for c in init + regular for m in c.get("volumeMounts") or []}
-    volume_names: dict[str, str] = {}
-    for stem, source in sources.items():
-        taken = app_mounts if stem == names.CA_VOLUME else set()
-        volume_names[stem] = name = _choose_volume_name(volumes, stem, source, taken)
-        volumes = _upsert(volumes, "name", {"name": name, **copy.deepcopy(source)})
-    spec["volumes"] = volumes
+    volume_names = _volumes(spec, settings, options, app_mounts)
 
     trust_volume = volume_names[names.TRUST_VOLUME]
     bundle = f"{settings.trust.mount_path}/{names.BUNDLE_FILE}"
@@ -407,7 +484,9 @@ def mutate(original: Mapping[str, Any], settings: InjectorSettings) -> Mutation:
 
     def wired(container: dict[str, Any], proxied: bool) -> dict[str, Any]:
         variables = dict(trust_variables)
-        if proxied:
+        # With hostAliases or transparent, a container that names a proxy would send its
+        # traffic there, past the capture: it is pointed at the sidecar as with proxy-env.
+        if proxied and (mode == "proxy-env" or capture.names_a_proxy(container)):
             variables.update(capture.proxy_variables(container, own_url, settings.no_proxy))
         return _wire_container(container, trust_volume, variables, settings, warnings)
 
@@ -416,13 +495,55 @@ def mutate(original: Mapping[str, Any], settings: InjectorSettings) -> Mutation:
     # too; a classic one only starts after them, so they get trust but no proxy.
     init = [wired(c, proxied=settings.native_sidecar) for c in init]
     regular = [wired(c, proxied=True) for c in regular]
+
+    not_aliased: tuple[str, ...] = ()
+    if mode == "hostAliases":
+        mapping = aliases.map_hosts(spec.get("hostAliases"), sidecar_intercept(settings, options))
+        spec["hostAliases"] = mapping.host_aliases
+        not_aliased = mapping.skipped
+        warnings += mapping.warnings
+        spec["securityContext"], sysctl_warnings = aliases.with_port_sysctl(
+            spec.get("securityContext")
+        )
+        warnings += sysctl_warnings
+        if init and not settings.native_sidecar:
+            warnings.append(
+                "init containers run before the classic sidecar: the dataset hosts, mapped "
+                "to it by hostAliases, are unreachable from them"
+            )
+
+    redirects: list[dict[str, Any]] = []
+    if mode == "transparent":
+        redirects = [
+            redirect.redirect_container(
+                settings.image,
+                settings.image_pull_policy,
+                settings.transparent_port,
+                settings.run_as_user,
+            )
+        ]
+        for container in init + regular:
+            if redirect.shares_sidecar_uid(
+                container, spec.get("securityContext"), settings.run_as_user
+            ):
+                warnings.append(
+                    f"container {container.get('name', '?')} runs as the sidecar's UID "
+                    f"{settings.run_as_user}: its traffic is not captured"
+                )
+
     if settings.native_sidecar:
-        spec["initContainers"] = [sidecar, *init]
+        # The redirect first: every later container, the pod's own init containers
+        # included, starts with the rule in place and the sidecar listening.
+        spec["initContainers"] = [*redirects, sidecar, *init]
     else:
-        spec["initContainers"] = [_prime_container(sidecar, settings), *init]
+        # The redirect last: the pod's own init containers run before the classic sidecar
+        # and download directly; the rule is in place before the sidecar and the app start.
+        spec["initContainers"] = [_prime_container(sidecar, settings), *init, *redirects]
         regular = [sidecar, *regular]
     spec["containers"] = regular
 
-    annotations[names.STATUS] = status(settings, options, volume_names, upstream_proxy)
+    if settings.prometheus_annotations:
+        _prometheus_annotations(annotations, settings, warnings)
+    annotations[names.STATUS] = status(settings, options, volume_names, upstream_proxy, not_aliased)
     metadata["annotations"] = annotations
     return Mutation(pod, tuple(dict.fromkeys(warnings)))

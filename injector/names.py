@@ -15,17 +15,26 @@ BUFFER_SIZE = "burstbuffer.io/buffer-size"
 BUFFER_MEDIUM = "burstbuffer.io/buffer-medium"
 INTERCEPT = "burstbuffer.io/intercept"
 STAGE_IN = "burstbuffer.io/stage-in"
+CAPTURE = "burstbuffer.io/capture"
+# Plain Prometheus' pod annotations (the kubernetes-pods scrape job), when configured.
+PROMETHEUS = "prometheus.io/"
+PROMETHEUS_SCRAPE = PROMETHEUS + "scrape"
+PROMETHEUS_PORT = PROMETHEUS + "port"
+PROMETHEUS_PATH = PROMETHEUS + "path"
 
 # The sidecar; in classic mode also the init container that creates the CA and trust
-# files before the pod's own init containers run.
+# files before the pod's own init containers run; with the transparent capture, the init
+# container that installs the pod's redirect rules.
 CONTAINER = "burstbuffer"
 INIT_CONTAINER = "burstbuffer-init"
-OWN_CONTAINERS = (CONTAINER, INIT_CONTAINER)
+REDIRECT_CONTAINER = "burstbuffer-redirect"
+OWN_CONTAINERS = (CONTAINER, INIT_CONTAINER, REDIRECT_CONTAINER)
 
 # Volume name stems; a pod that already uses one for something else gets `-1`, `-2`...
 BUFFER_VOLUME = "burstbuffer-buffer"
 CA_VOLUME = "burstbuffer-ca"
 TRUST_VOLUME = "burstbuffer-trust"
+UPSTREAM_CA_VOLUME = "burstbuffer-upstream-ca"
 
 # Where the sidecar mounts its volumes.
 BUFFER_DIR = "/var/lib/burstbuffer/buffer"
@@ -34,6 +43,8 @@ CA_DIR = "/var/lib/burstbuffer/ca"
 # emptyDir's own root is 0777 and root's).
 CA_PRIVATE_DIR = CA_DIR + "/private"
 TRUST_DIR = "/var/lib/burstbuffer/trust"
+# The configured upstreamCA ConfigMap, in the sidecar only.
+UPSTREAM_CA_DIR = "/var/lib/burstbuffer/upstream-ca"
 # The trust files the sidecar writes into TRUST_DIR (DESIGN.md, --trust-dir).
 CA_FILE = "ca.crt"
 BUNDLE_FILE = "ca-bundle.crt"

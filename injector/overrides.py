@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from injector import names
 from injector.settings import MEDIA, BufferSettings, ConfigError, InjectorSettings, buffer_size
-from sidecar.settings import host_matches, parse_host_globs, parse_stage_in
+from sidecar.settings import Capture, host_matches, parse_capture, parse_host_globs, parse_stage_in
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class PodOptions:
     """The settings that may differ from pod to pod, after the annotations."""
 
     buffer: BufferSettings
+    capture: Capture
     # Hosts intercepted on top of the configured ones.
     extra_intercept: tuple[str, ...] = ()
     # What the sidecar prefetches at start (URLs, brace ranges, @manifest URLs).
@@ -50,6 +51,7 @@ def pod_options(annotations: Mapping[str, Any], settings: InjectorSettings) -> P
             warnings.append(f"{key}: {e}; using the default")
             return default
 
+    capture: Capture = read(names.CAPTURE, parse_capture, settings.capture)
     buffer = settings.buffer
     medium = read(names.BUFFER_MEDIUM, _medium, buffer.medium)
     size = read(names.BUFFER_SIZE, buffer_size, buffer.size)
@@ -73,7 +75,7 @@ def pod_options(annotations: Mapping[str, Any], settings: InjectorSettings) -> P
                 f"{names.STAGE_IN}: {host} is not intercepted, so {spec} is not staged; "
                 f"add it to {names.INTERCEPT}"
             )
-    return PodOptions(buffer, extra, stage_in, tuple(warnings))
+    return PodOptions(buffer, capture, extra, stage_in, tuple(warnings))
 
 
 def _plain_host(spec: str) -> str | None:

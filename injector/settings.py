@@ -14,8 +14,11 @@ it (a typo silently ignored would be a setting silently not applied).
     capture: proxy-env
     proxyPort: 3128
     adminPort: 3129
+    transparentPort: 3130
     runAsUser: 65532
     revalidate: false
+    prometheusAnnotations: false
+    upstreamCA: {configMapName: "", key: ca.crt}
     buffer:
       size: 1Gi
       medium: Memory
@@ -46,13 +49,14 @@ from typing import Any, Literal, cast
 import yaml
 
 from injector.quantity import format_bytes, parse_bytes, parse_quantity
-from sidecar.settings import DEFAULT_INTERCEPT, Eviction, parse_eviction, parse_host_globs
-
-Capture = Literal["proxy-env", "hostAliases", "transparent"]
-CAPTURE_MODES: tuple[Capture, ...] = ("proxy-env", "hostAliases", "transparent")
-# The other spellings are accepted so that a chart written for a later version parses; the
-# injector refuses them (`require_implemented`) until they are built.
-IMPLEMENTED_CAPTURE_MODES: tuple[Capture, ...] = ("proxy-env",)
+from sidecar.settings import (
+    CAPTURE_MODES,
+    DEFAULT_INTERCEPT,
+    Capture,
+    Eviction,
+    parse_eviction,
+    parse_host_globs,
+)
 
 Medium = Literal["Memory", "Disk", "pmem"]
 MEDIA: tuple[Medium, ...] = ("Memory", "Disk", "pmem")
@@ -66,15 +70,15 @@ MIN_BUFFER_SIZE = 32 * 2**20
 
 _NO_PROXY_NAME_RE = re.compile(r"^\.?[a-z0-9]([a-z0-9.-]*[a-z0-9])?$")
 _STORAGE_CLASS_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$")
+_CONFIG_MAP_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
+# Where the hostAliases capture's listeners are (sidecar.capture): the proxy's own
+# loopback ports must not take them.
+HOSTALIASES_PORTS = (80, 443)
 _RESOURCE_NAME_RE = re.compile(r"^([a-z0-9.-]+/)?[a-zA-Z0-9]([a-zA-Z0-9._-]*[a-zA-Z0-9])?$")
 
 
 class ConfigError(ValueError):
     """The injector configuration is invalid; the message names the key."""
-
-
-class NotImplementedSetting(ConfigError):
-    """The configuration names a mode this injector version accepts but does not build yet."""
 
 
 # --- value parsers: each takes the raw YAML value and raises ValueError -------------------
@@ -152,10 +156,18 @@ def _optional_path(raw: object) -> str:
     return "" if raw == "" else _absolute_path(raw)
 
 
-def _storage_class(raw: object) -> str:
+def _object_name(raw: object) -> str:
+    """A DNS-subdomain object name (StorageClass, ConfigMap), or "" for none."""
     text = _string(raw)
     if text and not _STORAGE_CLASS_RE.match(text):
-        raise ValueError(f"invalid StorageClass name {raw!r}")
+        raise ValueError(f"invalid object name {raw!r}: expected a DNS subdomain")
+    return text
+
+
+def _config_map_key(raw: object) -> str:
+    text = _string(raw)
+    if not _CONFIG_MAP_KEY_RE.match(text) or text in (".", ".."):
+        raise ValueError(f"invalid ConfigMap key {raw!r}")
     return text
 
 
@@ -229,7 +241,7 @@ class PmemSettings:
 
     # storageClassName, default "". A generic ephemeral volume from this StorageClass
     # (e.g. PMEM-CSI's) holds the buffer.
-    storage_class_name: str = _key("storageClassName", _storage_class, default="")
+    storage_class_name: str = _key("storageClassName", _object_name, default="")
     # hostPath, default "". Or this node directory (a DAX-mounted pmem file system) does.
     host_path: str = _key("hostPath", _optional_path, default="")
 
@@ -285,6 +297,17 @@ class TrustSettings:
 
 
 @dataclass(frozen=True)
+class UpstreamCASettings:
+    """Private CAs of origins, given to the sidecar only (its --upstream-ca)."""
+
+    # configMapName, default "" (none). A ConfigMap in the pod's namespace holding CA
+    # certificates (PEM); mounted read-only into the sidecar alone.
+    config_map_name: str = _key("configMapName", _object_name, default="")
+    # key, default ca.crt. The ConfigMap key that holds them.
+    key: str = _key("key", _config_map_key, default="ca.crt")
+
+
+@dataclass(frozen=True)
 class ResourceSettings:
     """The sidecar's own resources; the buffer is added on top (see mutate)."""
 
@@ -315,17 +338,24 @@ class InjectorSettings:
     # nativeSidecar, default true. The sidecar is initContainers[0] with restartPolicy
     # Always (Kubernetes >= 1.29); false makes it the first regular container instead.
     native_sidecar: bool = _key("nativeSidecar", _boolean, default=True)
-    # capture, default proxy-env. How app traffic reaches the sidecar; only proxy-env is
-    # implemented (hostAliases and transparent are refused until they are).
+    # capture, default proxy-env. How app traffic reaches the sidecar: proxy-env (proxy
+    # variables), hostAliases (/etc/hosts entries) or transparent (an iptables redirect).
     capture: Capture = _key("capture", _choice(CAPTURE_MODES), default="proxy-env")
     # proxyPort, default 3128. The sidecar's proxy port on loopback.
     proxy_port: int = _key("proxyPort", _port, default=3128)
     # adminPort, default 3129. The sidecar's /healthz, /metrics and /stats port.
     admin_port: int = _key("adminPort", _port, default=3129)
+    # transparentPort, default 3130. Where the transparent capture's redirect arrives.
+    transparent_port: int = _key("transparentPort", _port, default=3130)
     # runAsUser, default 65532. The sidecar's numeric UID (the image's USER); not 0.
     run_as_user: int = _key("runAsUser", _uid, default=65532)
     # revalidate, default false. The sidecar's --revalidate.
     revalidate: bool = _key("revalidate", _boolean, default=False)
+    # prometheusAnnotations, default false. Injected pods get prometheus.io/scrape, /port
+    # and /path naming the sidecar's admin port (unless they set prometheus.io/* themselves).
+    prometheus_annotations: bool = _key("prometheusAnnotations", _boolean, default=False)
+    # upstreamCA, see UpstreamCASettings.
+    upstream_ca: UpstreamCASettings = _key("upstreamCA", default_factory=UpstreamCASettings)
     # buffer, see BufferSettings.
     buffer: BufferSettings = _key("buffer", default_factory=BufferSettings)
     # intercept, default sidecar.settings.DEFAULT_INTERCEPT. Host globs intercepted and cached.
@@ -340,6 +370,16 @@ class InjectorSettings:
     def __post_init__(self) -> None:
         if self.proxy_port == self.admin_port:
             raise ConfigError(f"adminPort: {self.admin_port} is also the proxyPort")
+        if self.transparent_port in (self.proxy_port, self.admin_port):
+            raise ConfigError(
+                f"transparentPort: {self.transparent_port} is also the proxyPort or adminPort"
+            )
+        loopback_ports = {"proxyPort": self.proxy_port, "transparentPort": self.transparent_port}
+        for key, port in loopback_ports.items():
+            if port in HOSTALIASES_PORTS:
+                raise ConfigError(
+                    f"{key}: {port} is taken by the hostAliases capture's loopback listeners"
+                )
 
 
 # --- loading and dumping -----------------------------------------------------------------
@@ -424,12 +464,3 @@ def to_document(settings: Any) -> dict[str, Any]:
         else:
             document[key] = _dump_value(f, value)
     return document
-
-
-def require_implemented(settings: InjectorSettings) -> None:
-    """Refuse settings that spell a mode this version does not build yet."""
-    if settings.capture not in IMPLEMENTED_CAPTURE_MODES:
-        raise NotImplementedSetting(
-            f"capture: {settings.capture!r} is not implemented yet; "
-            f"this version supports {', '.join(IMPLEMENTED_CAPTURE_MODES)}"
-        )

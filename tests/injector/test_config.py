@@ -5,7 +5,8 @@ import yaml
 
 from injector import settings
 from injector.quantity import format_bytes, parse_bytes, parse_quantity
-from injector.settings import ConfigError, InjectorSettings, NotImplementedSetting
+from injector.settings import ConfigError, InjectorSettings
+from sidecar import settings as sidecar_settings
 from sidecar.settings import DEFAULT_INTERCEPT
 
 
@@ -18,6 +19,10 @@ def test_defaults_are_the_documented_ones() -> None:
     assert s.intercept == DEFAULT_INTERCEPT
     assert s.trust.bundle_paths[0] == "/etc/ssl/certs/ca-certificates.crt"
     assert dict(s.resources.limits) == {"memory": "256Mi"}
+    assert not s.prometheus_annotations
+    assert (s.upstream_ca.config_map_name, s.upstream_ca.key) == ("", "ca.crt")
+    # The sidecar's own default, so that a pod without the flag and one with it agree.
+    assert s.transparent_port == sidecar_settings.defaults()["transparent_port"]
 
 
 def test_document_round_trip() -> None:
@@ -58,6 +63,15 @@ def test_partial_document_keeps_other_defaults(tmp_path: Path) -> None:
         ("runAsUser: 0", "runAsUser: expected 1..2147483647"),
         ("nativeSidecar: maybe", "nativeSidecar: expected true or false"),
         ("capture: sidecar", "capture: expected one of proxy-env, hostAliases, transparent"),
+        ("capture: hostaliases", "capture: expected one of proxy-env, hostAliases"),
+        ("transparentPort: 3129", "transparentPort: 3129 is also the proxyPort or adminPort"),
+        ("transparentPort: 443", "transparentPort: 443 is taken by the hostAliases capture"),
+        ("proxyPort: 80", "proxyPort: 80 is taken by the hostAliases capture"),
+        ("prometheusAnnotations: on-demand", "prometheusAnnotations: expected true or false"),
+        ("upstreamCA: {configMapName: Corp_CA}", "upstreamCA.configMapName: invalid object name"),
+        ("upstreamCA: {key: a/b}", "upstreamCA.key: invalid ConfigMap key"),
+        ("upstreamCA: {key: ..}", "upstreamCA.key: invalid ConfigMap key"),
+        ("upstreamCA: {name: x}", "upstreamCA.name: unknown key"),
         ("intercept: [https://a.org]", "intercept: invalid host pattern"),
         ("intercept: a.org", "intercept: expected a list"),
         ("noProxy: [10.0.0.0/8]", "noProxy: invalid no_proxy entry '10.0.0.0/8': wget"),
@@ -75,13 +89,20 @@ def test_invalid_documents_name_the_key(text: str, message: str) -> None:
         settings.load(text)
 
 
-@pytest.mark.parametrize("capture", ["hostAliases", "transparent"])
-def test_unimplemented_capture_is_accepted_then_refused(capture: str) -> None:
-    s = settings.load(f"capture: {capture}")
-    assert s.capture == capture
-    with pytest.raises(NotImplementedSetting, match="not implemented yet"):
-        settings.require_implemented(s)
-    settings.require_implemented(InjectorSettings())
+@pytest.mark.parametrize("capture", sidecar_settings.CAPTURE_MODES)
+def test_every_capture_mode_is_accepted(capture: str) -> None:
+    assert settings.load(f"capture: {capture}").capture == capture
+
+
+def test_new_keys_round_trip() -> None:
+    text = (
+        "transparentPort: 15001\nprometheusAnnotations: true\n"
+        "upstreamCA: {configMapName: corp-ca, key: bundle.pem}\n"
+    )
+    s = settings.load(text)
+    assert s.transparent_port == 15001 and s.prometheus_annotations
+    assert (s.upstream_ca.config_map_name, s.upstream_ca.key) == ("corp-ca", "bundle.pem")
+    assert settings.load(yaml.safe_dump(settings.to_document(s))) == s
 
 
 def test_pmem_sources() -> None:

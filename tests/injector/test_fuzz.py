@@ -20,6 +20,7 @@ from podcheck import admission_review, apply, check_pod, decoded_patch
 from webhook import Webhook, start_webhook, write_pair
 
 from injector import names, review
+from injector import settings as settings_module
 from injector.capture import NO_PROXY_VARIABLES, PROXY_VARIABLES
 from injector.mutate import TRUST_VARIABLES, mutate
 from injector.settings import InjectorSettings
@@ -27,6 +28,9 @@ from injector.settings import InjectorSettings
 CONFIGS = (
     InjectorSettings(),
     InjectorSettings(native_sidecar=False),
+    settings_module.load("capture: hostAliases\nprometheusAnnotations: true"),
+    settings_module.load("capture: transparent\nupstreamCA: {configMapName: corp-ca}"),
+    settings_module.load("capture: transparent\nnativeSidecar: false"),
 )
 
 label = st.from_regex(r"[a-z]([a-z0-9-]{0,6}[a-z0-9])?", fullmatch=True)
@@ -87,8 +91,31 @@ annotation_values = {
     names.INTERCEPT: st.sampled_from(["a.example", "*.b.example, c.example", "https://x/y", ""]),
     names.STAGE_IN: st.sampled_from(["https://a.example/x", "ftp://a/x", "https://a/x http://b/y"]),
     names.INJECT: st.sampled_from(["true", "false", "maybe"]),
+    names.CAPTURE: st.sampled_from(["proxy-env", "hostAliases", "transparent", "iptables", ""]),
+    names.PROMETHEUS_SCRAPE: st.sampled_from(["true", "false"]),
+    names.PROMETHEUS_PORT: st.sampled_from(["3129", "8080"]),
 }
 annotations = st.fixed_dictionaries({}, optional=annotation_values)
+# The pod's own /etc/hosts entries, some naming dataset hosts, some looking like ours.
+host_alias = st.builds(
+    lambda ip, hostnames: {"ip": ip, "hostnames": hostnames},
+    st.sampled_from(["127.0.0.1", "10.0.0.7", "::1"]),
+    st.lists(
+        st.sampled_from(["huggingface.co", "zenodo.org", "a.example", "cdn-lfs.hf.co", "db"]),
+        min_size=1,
+        max_size=3,
+        unique=True,
+    ),
+)
+sysctls = st.lists(
+    st.builds(
+        lambda name, value: {"name": name, "value": value},
+        st.sampled_from(["net.ipv4.ip_unprivileged_port_start", "net.ipv4.ping_group_range"]),
+        st.sampled_from(["0", "80", "443", "1024", "0 2147483647"]),
+    ),
+    max_size=2,
+    unique_by=lambda s: s["name"],
+)
 
 
 @st.composite
@@ -118,6 +145,8 @@ def containers(
                 container["volumeMounts"] = mounts
         if init and draw(st.booleans()):
             container["restartPolicy"] = "Always"
+        if draw(st.integers(0, 4)) == 0:
+            container["securityContext"] = {"runAsUser": draw(st.sampled_from([0, 1000, 65532]))}
         result.append(container)
     return result
 
@@ -147,6 +176,10 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
         spec["hostNetwork"] = draw(st.booleans())
     if draw(st.integers(0, 9)) == 0:
         spec["os"] = {"name": "windows"}
+    if draw(st.booleans()):
+        spec["hostAliases"] = draw(st.lists(host_alias, max_size=3))
+    if draw(st.booleans()):
+        spec["securityContext"] = {"sysctls": draw(sysctls)}
     metadata: dict[str, Any] = draw(
         st.one_of(
             st.builds(lambda n: {"name": n}, label),

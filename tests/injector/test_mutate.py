@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -14,7 +16,7 @@ from injector.decide import ALREADY_INJECTED, HOST_NETWORK, INJECTED, OPTED_OUT,
 from injector.mutate import TRUST_VARIABLES, mutate, sidecar_buffer_size, sidecar_resources
 from injector.overrides import pod_options
 from injector.quantity import parse_bytes
-from injector.settings import InjectorSettings, NotImplementedSetting
+from injector.settings import InjectorSettings
 from sidecar import settings as sidecar_settings
 from sidecar.settings import DEFAULT_INTERCEPT
 
@@ -38,6 +40,12 @@ def containers(p: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def env_of(container: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env") or []}
+
+
+def parsed_sidecar(p: dict[str, Any]) -> sidecar_settings.Settings:
+    """The injected sidecar's arguments, read by the sidecar's own parser."""
+    args = containers(p)[names.CONTAINER]["args"]
+    return sidecar_settings.parse([a.replace("$(POD_IP)", "10.1.2.3") for a in args], {})
 
 
 # -- decide ---------------------------------------------------------------------------
@@ -188,10 +196,9 @@ def test_the_buffer_is_charged_to_the_sidecar(config: str, expected: dict[str, A
 def test_sidecar_flags_read_back_with_the_sidecars_parser() -> None:
     config = settings.load("revalidate: true\nbuffer: {eviction: lru}\nproxyPort: 8888\n")
     p = pod(annotations={names.INTERCEPT: "datasets.example.org"})
-    sidecar = containers(mutate(p, config).pod)[names.CONTAINER]
-    parsed = sidecar_settings.parse(
-        [a.replace("$(POD_IP)", "10.1.2.3") for a in sidecar["args"]], {}
-    )
+    injected = mutate(p, config).pod
+    sidecar = containers(injected)[names.CONTAINER]
+    parsed = parsed_sidecar(injected)
     assert (parsed.listen_host, parsed.listen_port) == ("127.0.0.1", 8888)
     assert (parsed.admin_host, parsed.admin_port) == ("10.1.2.3", 3129)
     assert parsed.buffer_size == sidecar_buffer_size(2**30)
@@ -344,11 +351,6 @@ def test_mutate_does_not_touch_its_input_and_keeps_unknown_fields() -> None:
     assert containers(injected)["app"]["futureField"] == {"a": 1}
 
 
-def test_unimplemented_capture_is_refused() -> None:
-    with pytest.raises(NotImplementedSetting, match="hostAliases' is not implemented yet"):
-        mutate(pod(), settings.load("capture: hostAliases"))
-
-
 def test_memory_limits_add_up_exactly() -> None:
     config = settings.load("buffer: {size: 1.5Gi}\nresources: {limits: {memory: 300M}}")
     sidecar = containers(mutate(pod(), config).pod)[names.CONTAINER]
@@ -369,3 +371,247 @@ def test_a_volume_like_our_ca_volume_that_the_app_mounts_is_not_taken_for_the_ca
 def test_a_pod_with_a_container_named_like_ours_is_left_alone() -> None:
     decision = decide(pod({"name": names.INIT_CONTAINER, "image": "x"}))
     assert not decision.inject and decision.reasons == (ALREADY_INJECTED,)
+
+
+# -- capture modes -----------------------------------------------------------------------
+
+
+def flag(container: dict[str, Any], name: str) -> str | None:
+    args = container["args"]
+    return args[args.index(name) + 1] if name in args else None
+
+
+def test_host_aliases_map_exact_names_and_skip_globs() -> None:
+    config = settings.load("capture: hostAliases")
+    p = pod(annotations={names.INTERCEPT: "datasets.example.org, *.mirror.example"})
+    injected = mutate(p, config)
+    check_pod(injected.pod)
+    spec = injected.pod["spec"]
+    (entry,) = spec["hostAliases"]
+    assert entry["ip"] == "127.0.0.1"
+    mapped = entry["hostnames"]
+    # Every exact default name, the pod's extra, and the known CDN names the globs cover.
+    assert {n for n in DEFAULT_INTERCEPT if "*" not in n} | {"datasets.example.org"} <= set(mapped)
+    assert {"cdn-lfs.hf.co", "cas-bridge.xethub.hf.co"} <= set(mapped)
+    assert not [n for n in mapped if "*" in n]
+    status = json.loads(injected.pod["metadata"]["annotations"][names.STATUS])
+    assert status["capture"] == "hostAliases"
+    assert status["notAliased"] == [*(g for g in DEFAULT_INTERCEPT if "*" in g), "*.mirror.example"]
+    assert spec["securityContext"]["sysctls"] == [
+        {"name": "net.ipv4.ip_unprivileged_port_start", "value": "80"}
+    ]
+    sidecar = containers(injected.pod)[names.CONTAINER]
+    assert flag(sidecar, "--capture") == "hostAliases"
+    assert flag(sidecar, "--transparent-port") is None
+    # Trust as always, but no proxy variables: only dataset traffic meets the sidecar.
+    env = env_of(containers(injected.pod)["app"])
+    assert env["SSL_CERT_FILE"] == BUNDLE
+    assert not set(env) & {"https_proxy", "HTTPS_PROXY", "http_proxy", "no_proxy"}
+    assert injected.warnings == ()
+    assert mutate(injected.pod, config).pod == injected.pod
+
+
+def test_known_cdn_names_follow_the_globs() -> None:
+    config = settings.load("capture: hostAliases\nintercept: [huggingface.co]")
+    (entry,) = mutate(pod(), config).pod["spec"]["hostAliases"]
+    assert entry["hostnames"] == ["huggingface.co"]
+
+
+def test_host_aliases_merge_with_the_pods_own() -> None:
+    config = settings.load("capture: hostAliases\nintercept: [a.example, b.example]")
+    p = pod()
+    p["spec"]["hostAliases"] = [
+        {"ip": "10.0.0.5", "hostnames": ["db.example", "b.example"]},
+        {"ip": "127.0.0.1", "hostnames": ["a.example"]},  # the sidecar's address already
+    ]
+    injected = mutate(p, config)
+    assert injected.pod["spec"]["hostAliases"] == [
+        {"ip": "10.0.0.5", "hostnames": ["db.example", "b.example"]},
+        {"ip": "127.0.0.1", "hostnames": ["a.example"]},
+    ]
+    assert injected.warnings == (
+        "hostAliases: the pod maps b.example itself; its downloads bypass the sidecar",
+    )
+    status = json.loads(injected.pod["metadata"]["annotations"][names.STATUS])
+    assert status["notAliased"] == ["b.example"]
+    assert mutate(injected.pod, config).pod == injected.pod
+
+
+@pytest.mark.parametrize(
+    ("value", "expected", "warned"), [("0", "0", False), ("80", "80", False), ("1024", "80", True)]
+)
+def test_the_port_sysctl_is_only_ever_lowered(value: str, expected: str, warned: bool) -> None:
+    p = pod()
+    p["spec"]["securityContext"] = {
+        "runAsUser": 1000,
+        "sysctls": [{"name": "net.ipv4.ip_unprivileged_port_start", "value": value}],
+    }
+    injected = mutate(p, settings.load("capture: hostAliases"))
+    context = injected.pod["spec"]["securityContext"]
+    assert context["runAsUser"] == 1000
+    assert context["sysctls"] == [
+        {"name": "net.ipv4.ip_unprivileged_port_start", "value": expected}
+    ]
+    assert bool(injected.warnings) == warned
+
+
+def test_host_aliases_with_a_classic_sidecar_warn_the_init_containers() -> None:
+    config = settings.load("capture: hostAliases\nnativeSidecar: false")
+    injected = mutate(pod(init=[{"name": "prep", "image": "z"}]), config)
+    assert any("unreachable" in w for w in injected.warnings)
+    assert not mutate(pod(), config).warnings
+
+
+def test_transparent_adds_the_redirect_first_and_no_proxy_variables() -> None:
+    config = settings.load("capture: transparent\ntransparentPort: 15001\nrunAsUser: 1337")
+    injected = mutate(pod(init=[{"name": "prep", "image": "z"}]), config)
+    check_pod(injected.pod)
+    init = injected.pod["spec"]["initContainers"]
+    assert [c["name"] for c in init] == [names.REDIRECT_CONTAINER, names.CONTAINER, "prep"]
+    redirect = init[0]
+    assert redirect["command"] == [
+        "iptables", "-t", "nat", "-A", "OUTPUT", "-p", "tcp",
+        "-m", "multiport", "--dports", "80,443", "-m", "owner", "!", "--uid-owner", "1337",
+        "-j", "REDIRECT", "--to-ports", "15001",
+    ]  # fmt: skip
+    assert redirect["image"] == config.image
+    context = redirect["securityContext"]
+    assert context["runAsUser"] == 0 and context["runAsNonRoot"] is False
+    assert context["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN", "NET_RAW"]}
+    assert context["allowPrivilegeEscalation"] is False
+    sidecar = init[1]
+    assert flag(sidecar, "--capture") == "transparent"
+    assert flag(sidecar, "--transparent-port") == "15001"
+    assert sidecar["securityContext"]["runAsUser"] == 1337
+    for name in ("prep", "app"):
+        env = env_of(containers(injected.pod)[name])
+        assert env["SSL_CERT_FILE"] == BUNDLE and "https_proxy" not in env
+    assert "hostAliases" not in injected.pod["spec"]
+    assert mutate(injected.pod, config).pod == injected.pod
+
+
+def test_transparent_with_a_classic_sidecar_redirects_after_the_pods_init_containers() -> None:
+    config = settings.load("capture: transparent\nnativeSidecar: false")
+    injected = mutate(pod(init=[{"name": "prep", "image": "z"}]), config).pod
+    check_pod(injected)
+    assert [c["name"] for c in injected["spec"]["initContainers"]] == [
+        names.INIT_CONTAINER,
+        "prep",
+        names.REDIRECT_CONTAINER,
+    ]
+    assert [c["name"] for c in injected["spec"]["containers"]] == [names.CONTAINER, "app"]
+
+
+def test_a_container_that_names_a_proxy_is_pointed_at_the_sidecar_in_every_mode() -> None:
+    p = pod(
+        {"name": "app", "image": "x"},
+        {"name": "egress", "image": "y", "env": [{"name": "HTTPS_PROXY", "value": "corp:3128"}]},
+    )
+    for mode in ("hostAliases", "transparent"):
+        injected = mutate(p, settings.load(f"capture: {mode}")).pod
+        assert "https_proxy" not in env_of(containers(injected)["app"])
+        assert env_of(containers(injected)["egress"])["https_proxy"] == OWN_PROXY
+        assert flag(containers(injected)[names.CONTAINER], "--upstream-proxy") == "http://corp:3128"
+
+
+def test_containers_with_the_sidecars_uid_are_warned_about() -> None:
+    config = settings.load("capture: transparent")
+    p = pod({"name": "app", "image": "x", "securityContext": {"runAsUser": 65532}})
+    assert mutate(p, config).warnings == (
+        "container app runs as the sidecar's UID 65532: its traffic is not captured",
+    )
+    p["spec"]["securityContext"] = {"runAsUser": 65532}
+    p["spec"]["containers"][0]["securityContext"] = {"runAsUser": 1000}
+    assert mutate(p, config).warnings == ()
+
+
+@pytest.mark.parametrize(
+    ("value", "mode"), [("transparent", "transparent"), (" hostAliases", "hostAliases")]
+)
+def test_the_capture_annotation_overrides_the_configuration(value: str, mode: str) -> None:
+    injected = mutate(pod(annotations={names.CAPTURE: value}), InjectorSettings())
+    assert injected.warnings == ()
+    assert json.loads(injected.pod["metadata"]["annotations"][names.STATUS])["capture"] == mode
+    assert flag(containers(injected.pod)[names.CONTAINER], "--capture") == mode
+
+
+def test_a_bad_capture_annotation_keeps_the_configured_mode() -> None:
+    injected = mutate(pod(annotations={names.CAPTURE: "iptables"}), InjectorSettings())
+    assert injected.warnings == (
+        f"{names.CAPTURE}: invalid capture mode 'iptables': expected proxy-env, hostAliases, "
+        "transparent; using the default",
+    )
+    assert "--capture" not in containers(injected.pod)[names.CONTAINER]["args"]
+
+
+@pytest.mark.parametrize("mode", sidecar_settings.CAPTURE_MODES)
+def test_capture_flags_read_back_with_the_sidecars_parser(mode: str) -> None:
+    config = settings.load(f"capture: {mode}")
+    parsed = parsed_sidecar(mutate(pod(), config).pod)
+    assert parsed.capture == mode and parsed.transparent_port == config.transparent_port
+
+
+# -- upstream CA and Prometheus ----------------------------------------------------------
+
+
+def test_the_upstream_ca_reaches_the_sidecar_only() -> None:
+    config = settings.load("upstreamCA: {configMapName: corp-ca, key: root.pem}")
+    for native in (True, False):
+        injected = mutate(pod(init=[{"name": "prep", "image": "z"}]), replace(config, native))
+        check_pod(injected.pod)
+        volume = next(v for v in injected.pod["spec"]["volumes"] if "configMap" in v)
+        assert volume == {
+            "name": "burstbuffer-upstream-ca",
+            "configMap": {
+                "name": "corp-ca",
+                "items": [{"key": "root.pem", "path": "root.pem"}],
+                "defaultMode": 0o644,
+            },
+        }
+        everything = containers(injected.pod)
+        holders = {
+            name
+            for name, c in everything.items()
+            if volume["name"] in {m["name"] for m in c.get("volumeMounts") or []}
+        }
+        assert holders == ({names.CONTAINER} if native else {names.CONTAINER, names.INIT_CONTAINER})
+        parsed = parsed_sidecar(injected.pod)
+        assert str(parsed.upstream_ca) == "/var/lib/burstbuffer/upstream-ca/root.pem"
+        status = json.loads(injected.pod["metadata"]["annotations"][names.STATUS])
+        assert status["upstreamCA"] == "corp-ca"
+        assert mutate(injected.pod, replace(config, native)).pod == injected.pod
+
+
+def replace(config: InjectorSettings, native: bool) -> InjectorSettings:
+    return dataclasses.replace(config, native_sidecar=native)
+
+
+def prometheus_of(p: dict[str, Any]) -> dict[str, str]:
+    annotations = p["metadata"]["annotations"]
+    return {k: v for k, v in annotations.items() if k.startswith(names.PROMETHEUS)}
+
+
+def test_prometheus_annotations_name_the_admin_port() -> None:
+    config = settings.load("prometheusAnnotations: true\nadminPort: 9100")
+    injected = mutate(pod(annotations={"team": "ml"}), config)
+    assert prometheus_of(injected.pod) == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "9100",
+        "prometheus.io/path": "/metrics",
+    }
+    assert injected.pod["metadata"]["annotations"]["team"] == "ml"
+    assert injected.warnings == ()
+    assert mutate(injected.pod, config) == injected
+    # Off by default.
+    assert prometheus_of(mutate(pod(), InjectorSettings()).pod) == {}
+
+
+def test_a_pods_own_prometheus_annotations_win() -> None:
+    config = settings.load("prometheusAnnotations: true")
+    own = {"prometheus.io/scrape": "true", "prometheus.io/port": "8000"}
+    injected = mutate(pod(annotations=own), config)
+    assert prometheus_of(injected.pod) == own
+    assert injected.warnings == (
+        "the pod sets prometheus.io/port itself; the sidecar's metrics are not announced "
+        "to Prometheus",
+    )

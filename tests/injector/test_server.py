@@ -186,7 +186,7 @@ def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ("capture: transparent\n", "capture: 'transparent' is not implemented yet"),
+        ("capture: iptables\n", "capture: expected one of proxy-env, hostAliases, transparent"),
         ("buffer: {size: 1Gi, medum: Disk}\n", "buffer.medum: unknown key"),
     ],
 )
