@@ -228,6 +228,10 @@ class Sidecar:
         assert status == 200
         return json.loads(body)
 
+    def wait_for_entries(self, count: int) -> None:
+        """Wait until `count` objects are committed (a commit may follow the last byte)."""
+        wait_until(lambda: self.stats()["entries"] == count, f"{count} stored objects")
+
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.process is not None:
             self.process.stop(sig)

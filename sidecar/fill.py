@@ -27,7 +27,7 @@ import aiohttp
 
 from sidecar import policy
 from sidecar.metrics import Metrics
-from sidecar.segments import SEGMENT, SegmentedCopy, SegmentFailed, Target, worth_splitting
+from sidecar.segments import SegmentedCopy, SegmentFailed, Target, segment_size, worth_splitting
 from sidecar.store import Reservation, Store, StoreError
 from sidecar.upstream import Upstream, UpstreamError, Validators, forwarded_headers, loggable_url
 
@@ -322,7 +322,7 @@ class Fills:
             self._metrics,
             target,
             fill._advance_to,
-            segment=SEGMENT if split else max(head.size, 1),
+            segment=segment_size(head.size, self._connections) if split else max(head.size, 1),
         )
         return await copy.run(response, self._connections if split else 1)
 

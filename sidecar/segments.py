@@ -19,11 +19,14 @@ slowest of the segments in front of them allows.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import logging
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import aiohttp
 
@@ -32,15 +35,25 @@ from sidecar.upstream import CannotResume, Upstream, UpstreamError, Validators, 
 
 logger = logging.getLogger(__name__)
 
-SEGMENT = 16 * 1024 * 1024  # bytes per ranged request
+SEGMENT = 16 * 1024 * 1024  # bytes per ranged request, at most
 # Attempts per segment, and the first backoff (doubled each time).
 SEGMENT_ATTEMPTS = 4
 SEGMENT_BACKOFF = 0.25  # seconds
 _HASH_STEP = 1024 * 1024  # bytes read back per digest update
+# SHA-256 runs on this thread, off the event loop (hashlib releases the GIL), in the
+# order the bytes are submitted: one worker keeps every digest's updates in order.
+_HASHER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256")
 
 
 class SegmentFailed(Exception):
     """A segment could not be fetched (origin refused to resume, or kept failing)."""
+
+
+def segment_size(size: int, connections: int) -> int:
+    """Equal segments of at most SEGMENT, in a multiple of `connections`, so that the
+    connections finish together instead of one fetching a lonely tail."""
+    rounds = math.ceil(size / (connections * SEGMENT))
+    return max(math.ceil(size / (rounds * connections)), 1)
 
 
 def worth_splitting(
@@ -89,8 +102,9 @@ class SegmentedCopy:
         self._progress = [0] * len(self._bounds)
         self._next = 1  # segment 0 comes from the original response
         self._first_incomplete = 0
-        self._hashed = 0
+        self._hashed = 0  # bytes submitted to the digest, always a prefix of the body
         self._digest = hashlib.sha256()
+        self._hashing: concurrent.futures.Future[None] | None = None
 
     async def run(self, first: aiohttp.ClientResponse, connections: int) -> str:
         """Copy the whole body; the SHA-256 hex digest of it when done."""
@@ -102,7 +116,12 @@ class SegmentedCopy:
         except BaseExceptionGroup as failures:
             # The first failure says why; the others were cancelled because of it.
             raise failures.exceptions[0] from failures
+        if self._hashing is not None:
+            await asyncio.wrap_future(self._hashing)
         return self._digest.hexdigest()
+
+    def _hash(self, work: Callable[[], None]) -> None:
+        self._hashing = _HASHER.submit(work)
 
     def _length(self, index: int) -> int:
         start, end = self._bounds[index]
@@ -167,8 +186,8 @@ class SegmentedCopy:
             piece = data[: end - position]
             _pwrite_all(self._target.out, piece, position)
             if position == self._hashed:
-                # In order: hash it now rather than reading it back later.
-                self._digest.update(piece)
+                # In order: hash it as it is rather than reading it back later.
+                self._hash(partial(self._digest.update, piece))
                 self._hashed += len(piece)
             self._metrics.counters.bytes_from_upstream += len(piece)
             self._progress[index] += len(piece)
@@ -189,14 +208,19 @@ class SegmentedCopy:
             frontier = start + self._progress[self._first_incomplete]
         # The digest covers bytes in order: read back what just became contiguous (from
         # the page cache or tmpfs, far cheaper than the network that brought it).
-        while self._hashed < frontier:
-            step = min(_HASH_STEP, frontier - self._hashed)
-            data = os.pread(self._target.readback, step, self._hashed)
+        if self._hashed < frontier:
+            self._hash(partial(self._read_back, self._hashed, frontier))
+            self._hashed = frontier
+        self._advance(frontier)
+
+    def _read_back(self, start: int, end: int) -> None:
+        """Hash bytes [start, end) of the file (on the hashing thread)."""
+        while start < end:
+            data = os.pread(self._target.readback, min(_HASH_STEP, end - start), start)
             if not data:
                 raise OSError("the partial body is shorter than what was written")
             self._digest.update(data)
-            self._hashed += len(data)
-        self._advance(frontier)
+            start += len(data)
 
 
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import hashlib
 import logging
@@ -54,6 +55,8 @@ _VERIFY_CHUNK = 1024 * 1024
 # on the event loop and only this process writes the index, so a lock held longer
 # means something is wrong: fail open quickly rather than stall every client.
 _INDEX_TIMEOUT = 0.25  # seconds
+# Deletes removed bodies off the event loop, in order.
+_JANITOR = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="unlink")
 # After a failed write (disk full, read-only), admit nothing for this long: downloads
 # pass through once instead of failing into the buffer and resuming upstream each time.
 FAILURE_BACKOFF = 30.0  # seconds
@@ -276,10 +279,12 @@ class Store:
         entry = self._get(key)
         try:
             self._require_index().delete(key)
-            if entry is not None:
-                (self.objects_dir / entry.file).unlink(missing_ok=True)
-        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+        except (sqlite3.Error, diskcache.Timeout) as e:
             raise StoreError(f"cannot remove an object: {_describe(e)}") from e
+        if entry is not None:
+            # Unlinking a large tmpfs file takes tens of milliseconds: not on the event
+            # loop. Readers that still have it open keep reading it.
+            _JANITOR.submit(_unlink_quietly, self.objects_dir / entry.file)
 
     def close(self) -> None:
         if self._index is not None:
@@ -298,6 +303,14 @@ class Store:
         except (OSError, sqlite3.Error, diskcache.Timeout) as e:
             raise StoreError(f"cannot read the index: {_describe(e)}") from e
         return entry if isinstance(entry, StoredObject) else None
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        # Left for the next start, which deletes bodies the index does not know.
+        logger.warning("buffer: cannot delete a removed body: %s", e)
 
 
 def _describe(error: BaseException) -> str:
