@@ -27,7 +27,7 @@ import aiohttp
 
 from sidecar import policy
 from sidecar.metrics import Metrics
-from sidecar.segments import SegmentedCopy, SegmentFailed, Target, segment_size, worth_splitting
+from sidecar.segments import SegmentedCopy, SegmentFailed, Target, may_split
 from sidecar.store import Reservation, Store, StoreError
 from sidecar.upstream import Upstream, UpstreamError, Validators, forwarded_headers, loggable_url
 
@@ -310,11 +310,11 @@ class Fills:
     ) -> str:
         """Copy the body into the partial file; its SHA-256 (hex) when complete.
 
-        A large body from an origin that serves ranges is split over several
+        A large body from a slow origin that serves ranges is split over several
         connections; any other is one segment, resumed where it broke off.
         """
         accept_ranges = response.headers.get("Accept-Ranges")
-        split = worth_splitting(self._connections, head.size, accept_ranges, head.validators)
+        splittable = may_split(self._connections, head.size, accept_ranges, head.validators)
         assert fill._fd is not None
         target = Target(fill.url, head.request_headers, head.validators, head.size, out, fill._fd)
         copy = SegmentedCopy(
@@ -322,9 +322,9 @@ class Fills:
             self._metrics,
             target,
             fill._advance_to,
-            segment=segment_size(head.size, self._connections) if split else max(head.size, 1),
+            connections=self._connections if splittable else 1,
         )
-        return await copy.run(response, self._connections if split else 1)
+        return await copy.run(response)
 
     async def close(self) -> None:
         for task in list(self._tasks):

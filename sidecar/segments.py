@@ -7,13 +7,14 @@ older one), a few times with backoff. A small body, or one whose origin cannot s
 ranges, is a single segment: the fill's original response.
 
 Many dataset hosts cap throughput per connection (Nezha measured 3.49 MB/s to a far
-host). For a large object whose origin supports ranges, the fill splits the body into
-SEGMENT-sized pieces and fetches them over `connections` connections at once, each
-with `Range` and `If-Range` (so a piece of a changed object is refused, never mixed in).
-The first connection is the fill's original response, which supplies the first
-segment. Pieces land in the partial file at their offsets; readers only ever see the
-contiguous prefix, so clients still receive the body in order, as fast as the
-slowest of the segments in front of them allows.
+host). A fill always starts on the original response alone; if, after PROBE_SECONDS,
+that connection delivers less than SLOW_RATE and the origin supports ranges, the rest
+of the body is split into equal segments of at most SEGMENT bytes, fetched over
+`connections` connections at once, each with `Range` and `If-Range` (so a piece of a
+changed object is refused, never mixed in). A fast origin is never split: on a fast
+link the extra connections only cost CPU. Pieces land in the partial file at their
+offsets; readers only ever see the contiguous prefix, so clients still receive the
+body in order, as fast as the slowest of the segments in front of them allows.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import hashlib
 import logging
 import math
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -36,6 +38,10 @@ from sidecar.upstream import CannotResume, Upstream, UpstreamError, Validators, 
 logger = logging.getLogger(__name__)
 
 SEGMENT = 16 * 1024 * 1024  # bytes per ranged request, at most
+# The original connection is measured for this long before the rest may be split ...
+PROBE_SECONDS = 1.0
+# ... and it is split only when it delivers less than this.
+SLOW_RATE = 50e6  # bytes/s
 # Attempts per segment, and the first backoff (doubled each time).
 SEGMENT_ATTEMPTS = 4
 SEGMENT_BACKOFF = 0.25  # seconds
@@ -56,10 +62,10 @@ def segment_size(size: int, connections: int) -> int:
     return max(math.ceil(size / (rounds * connections)), 1)
 
 
-def worth_splitting(
+def may_split(
     connections: int, size: int, accept_ranges: str | None, validators: Validators
 ) -> bool:
-    """Split only what is large, rangeable, and can be validated with If-Range."""
+    """Only a body that is large, rangeable, and can be validated with If-Range."""
     return (
         connections > 1
         and size > SEGMENT
@@ -89,36 +95,65 @@ class SegmentedCopy:
         metrics: Metrics,
         target: Target,
         advance: Callable[[int], None],
-        segment: int = SEGMENT,
+        connections: int,
     ) -> None:
-        """`segment`: bytes per segment (the whole size for a single one)."""
+        """`connections`: how many the body may be split over (1: never split)."""
         self._upstream = upstream
         self._metrics = metrics
         self._target = target
         self._advance = advance
-        self._bounds = [
-            (start, min(start + segment, target.size)) for start in range(0, target.size, segment)
-        ] or [(0, 0)]
-        self._progress = [0] * len(self._bounds)
+        self._connections = connections
+        self._bounds = [(0, target.size)]  # one segment until the probe says otherwise
+        self._progress = [0]
         self._next = 1  # segment 0 comes from the original response
         self._first_incomplete = 0
         self._hashed = 0  # bytes submitted to the digest, always a prefix of the body
         self._digest = hashlib.sha256()
         self._hashing: concurrent.futures.Future[None] | None = None
+        self._group: asyncio.TaskGroup | None = None
+        self._started = time.monotonic()
 
-    async def run(self, first: aiohttp.ClientResponse, connections: int) -> str:
+    async def run(self, first: aiohttp.ClientResponse) -> str:
         """Copy the whole body; the SHA-256 hex digest of it when done."""
         try:
             async with asyncio.TaskGroup() as group:
+                self._group = group
                 group.create_task(self._worker(first))
-                for _ in range(min(connections, len(self._bounds)) - 1):
-                    group.create_task(self._worker(None))
         except BaseExceptionGroup as failures:
             # The first failure says why; the others were cancelled because of it.
             raise failures.exceptions[0] from failures
         if self._hashing is not None:
             await asyncio.wrap_future(self._hashing)
         return self._digest.hexdigest()
+
+    def _maybe_split(self) -> None:
+        """After the probe, split the rest of a slow body over more connections (once)."""
+        elapsed = time.monotonic() - self._started
+        if self._connections <= 1 or elapsed < PROBE_SECONDS or len(self._bounds) > 1:
+            return
+        if self._progress[0] / elapsed >= SLOW_RATE:
+            self._connections = 1  # fast enough: never split this body
+            return
+        position = self._progress[0]
+        rest = self._target.size - position
+        size = segment_size(rest, self._connections)
+        if rest <= size:
+            return
+        self._bounds = [(0, position + size)] + [
+            (start, min(start + size, self._target.size))
+            for start in range(position + size, self._target.size, size)
+        ]
+        self._progress += [0] * (len(self._bounds) - 1)
+        logger.info(
+            "%s: %.1f MB/s on one connection; fetching the remaining %d bytes over %d",
+            loggable_url(self._target.url),
+            self._progress[0] / elapsed / 1e6,
+            rest,
+            self._connections,
+        )
+        assert self._group is not None
+        for _ in range(min(self._connections, len(self._bounds)) - 1):
+            self._group.create_task(self._worker(None))
 
     def _hash(self, work: Callable[[], None]) -> None:
         self._hashing = _HASHER.submit(work)
@@ -136,9 +171,9 @@ class SegmentedCopy:
             await self._segment(index, None)
 
     async def _segment(self, index: int, response: aiohttp.ClientResponse | None) -> None:
-        start, end = self._bounds[index]
         attempt = 0
-        while self._progress[index] < end - start:
+        while self._progress[index] < self._length(index):
+            start, end = self._bounds[index]
             offset = start + self._progress[index]
             try:
                 if response is None:
@@ -151,7 +186,7 @@ class SegmentedCopy:
                         self._target.size,
                         self._target.validators,
                     )
-                await self._copy(index, response, end)
+                await self._copy(index, response)
                 error: BaseException = UpstreamError(f"segment {index} ended early")
             except CannotResume as e:
                 raise SegmentFailed(f"segment {index}: {e}") from e
@@ -159,16 +194,14 @@ class SegmentedCopy:
                 error = e
             finally:
                 if response is not None:
-                    response.close()  # the first response goes on past its segment
+                    response.close()  # the first response goes on past a split segment
                 response = None
-            if self._progress[index] == end - start:
+            if self._progress[index] == self._length(index):
                 return
             attempt += 1
             self._metrics.counters.upstream_errors += 1
             if attempt > SEGMENT_ATTEMPTS:
-                raise SegmentFailed(
-                    f"segment {index}: gave up after {attempt - 1} retries: {error}"
-                )
+                raise SegmentFailed(f"segment {index}: gave up after {SEGMENT_ATTEMPTS}: {error}")
             logger.warning(
                 "%s: upstream failed at byte %d (%s); resuming (attempt %d of %d)",
                 loggable_url(self._target.url),
@@ -179,9 +212,9 @@ class SegmentedCopy:
             )
             await asyncio.sleep(SEGMENT_BACKOFF * 2 ** (attempt - 1))
 
-    async def _copy(self, index: int, response: aiohttp.ClientResponse, end: int) -> None:
-        start = self._bounds[index][0]
+    async def _copy(self, index: int, response: aiohttp.ClientResponse) -> None:
         async for data in response.content.iter_any():
+            start, end = self._bounds[index]  # segment 0 may shrink when the body is split
             position = start + self._progress[index]
             piece = data[: end - position]
             _pwrite_all(self._target.out, piece, position)
@@ -193,6 +226,8 @@ class SegmentedCopy:
             self._progress[index] += len(piece)
             if index == self._first_incomplete:
                 self._move_frontier()
+            if index == 0:
+                self._maybe_split()
             if position + len(piece) >= end:
                 return
 
