@@ -14,18 +14,18 @@ says, nothing it does not say:
   (user, group, read-only root, no new privileges, dropped capabilities), and exactly
   its env, with `$(VAR)` references and downward-API fields resolved as the kubelet does.
 
-What the harness supplies because a container runtime or the kubelet would, not the pod:
-the images (see `Image`), the runtime's variables (image PATH, HOSTNAME, HOME=/ and the
+What the harness supplies because a container runtime, the kubelet or the API server
+would, not the pod: the images (see `Image`), the ConfigMaps that configMap volumes name
+(`config_maps`), the runtime's variables (image PATH, HOSTNAME, HOME=/ and the
 `kubernetes` service variables), /etc/hosts with the pod's hostAliases, /etc/hostname,
-/etc/resolv.conf, /proc and a minimal /dev. Beyond that, callers may mount extra files
-into a container (`extra_files`) and append arguments to its command line (`extra_args`);
-the tests use them for one thing, the test origin's private CA (`--upstream-ca`), and
-say so.
+/etc/resolv.conf (the cluster's DNS, or the pod's dnsConfig), the pod's namespaced
+sysctls, /proc and a minimal /dev. Nothing else: the pod alone says what runs.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -56,6 +56,15 @@ SERVICE_ENV = {
     "KUBERNETES_PORT_443_TCP_ADDR": "10.96.0.1",
 }
 DEBIAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The clients the app image offers: wget, curl, Python's urllib, requests and pip.
+DEBIAN_PACKAGES = ("wget", "curl", "python3", "python3-requests", "python3-pip", "ca-certificates")
+# What the kubelet writes for dnsPolicy ClusterFirst; no cluster DNS answers there, so
+# lookups fail fast, as off-cluster.
+CLUSTER_DNS = {
+    "nameservers": ["10.96.0.10"],
+    "searches": ["default.svc.cluster.local", "svc.cluster.local", "cluster.local"],
+    "options": [{"name": "ndots", "value": "5"}],
+}
 STOP_GRACE = 10.0
 
 _REFERENCE = re.compile(r"\$(\$|\(([A-Za-z_][A-Za-z0-9_.-]*)\))")
@@ -90,21 +99,22 @@ def expand(text: str, variables: Mapping[str, str]) -> str:
 
 
 def debian_rootfs(cache: Path) -> Path:
-    """A Debian bookworm root with wget, curl and python3: made once, under a lock."""
-    root = cache / "rootfs-bookworm"
+    """A Debian bookworm root with DEBIAN_PACKAGES: made once (per package list), under a lock."""
+    key = hashlib.sha256(",".join(DEBIAN_PACKAGES).encode()).hexdigest()[:12]
+    root = cache / f"rootfs-bookworm-{key}"
     if root.is_dir():
         return root
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / "rootfs-bookworm.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not root.is_dir():
-            partial = cache / "rootfs-bookworm.tmp"
+            partial = cache / f"rootfs-bookworm-{key}.tmp"
             subprocess.run(["rm", "-rf", str(partial)], check=True)
             subprocess.run(
                 [
                     "debootstrap",
                     "--variant=minbase",
-                    "--include=wget,curl,python3,ca-certificates",
+                    f"--include={','.join(DEBIAN_PACKAGES)}",
                     "bookworm",
                     str(partial),
                     "http://deb.debian.org/debian",
@@ -184,9 +194,8 @@ class PodRun:
     pod: dict[str, Any]
     images: Mapping[str, Image]
     workdir: Path
-    extra_args: Mapping[str, list[str]] = field(default_factory=dict)
-    # Files the harness mounts read-only into a container: {container: {path: host file}}.
-    extra_files: Mapping[str, Mapping[str, Path]] = field(default_factory=dict)
+    # The ConfigMaps of the pod's namespace: {name: {key: text}}.
+    config_maps: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     pod_ip: str = POD_IP
     netns: str = field(default_factory=lambda: f"bbpod-{uuid.uuid4().hex[:10]}")
     uid: str = field(default_factory=lambda: str(uuid.uuid4()))
@@ -209,11 +218,7 @@ class PodRun:
         try:
             self._write_pod_files()
             for volume in self.spec.get("volumes") or []:
-                if "emptyDir" not in volume:
-                    raise PodFailed(f"volume {volume['name']}: only emptyDir is supported here")
-                directory = self.volume_dir(volume["name"])
-                directory.mkdir(parents=True)
-                directory.chmod(0o777)
+                self._make_volume(volume)
         except BaseException:
             self.stop()
             raise
@@ -225,6 +230,27 @@ class PodRun:
     def volume_dir(self, name: str) -> Path:
         return self.workdir / "volumes" / name
 
+    def _make_volume(self, volume: dict[str, Any]) -> None:
+        directory = self.volume_dir(volume["name"])
+        directory.mkdir(parents=True)
+        if "emptyDir" in volume:
+            directory.chmod(0o777)
+            return
+        if "configMap" not in volume:
+            raise PodFailed(f"volume {volume['name']}: only emptyDir and configMap are supported")
+        source = volume["configMap"]
+        data = self.config_maps.get(source["name"])
+        if data is None:
+            # The kubelet keeps such a pod in ContainerCreating; here it fails at once.
+            raise PodFailed(f"volume {volume['name']}: no ConfigMap {source['name']}")
+        items = source.get("items") or [{"key": k, "path": k} for k in data]
+        for item in items:
+            target = directory / item["path"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(data[item["key"]])
+            target.chmod(item.get("mode", source.get("defaultMode", 0o644)))
+        directory.chmod(0o755)
+
     def _create_netns(self) -> None:
         commands = [
             ["ip", "netns", "add", self.netns],
@@ -233,6 +259,12 @@ class PodRun:
             # node outside to reach it from), and no interface type the kernel may lack.
             ["ip", "-n", self.netns, "addr", "add", f"{self.pod_ip}/32", "dev", "lo"],
         ]
+        # The pod's sysctls: the runtime sets them in the sandbox before any container.
+        for sysctl in (self.spec.get("securityContext") or {}).get("sysctls") or []:
+            if not sysctl["name"].startswith("net."):
+                raise PodFailed(f"sysctl {sysctl['name']}: only net.* is namespaced here")
+            setting = f"{sysctl['name']}={sysctl['value']}"
+            commands.append(["ip", "netns", "exec", self.netns, "sysctl", "-q", "-w", setting])
         for command in commands:
             subprocess.run(command, check=True, capture_output=True, timeout=10)
 
@@ -252,13 +284,23 @@ class PodRun:
             hosts += [f"{a['ip']}\t{' '.join(a['hostnames'])}" for a in aliases]
         (etc / "hosts").write_text("\n".join(hosts) + "\n")
         (etc / "hostname").write_text(hostname + "\n")
-        # No cluster DNS exists in the pod's namespace: lookups fail fast, as off-cluster.
-        (etc / "resolv.conf").write_text(
-            "search default.svc.cluster.local svc.cluster.local cluster.local\n"
-            "nameserver 10.96.0.10\noptions ndots:5\n"
-        )
+        (etc / "resolv.conf").write_text(self._resolv_conf())
         for path in etc.iterdir():
             path.chmod(0o644)
+
+    def _resolv_conf(self) -> str:
+        """The kubelet's resolv.conf: the cluster's DNS (unless dnsPolicy None) + dnsConfig."""
+        own = self.spec.get("dnsConfig") or {}
+        base = {} if self.spec.get("dnsPolicy") == "None" else CLUSTER_DNS
+        keys = ("nameservers", "searches", "options")
+        nameservers, searches, options = ([*base.get(k, []), *own.get(k, [])] for k in keys)
+        lines = [f"nameserver {n}" for n in nameservers]
+        if searches:
+            lines.insert(0, "search " + " ".join(searches))
+        if options:
+            spelled = (o["name"] + (f":{o['value']}" if "value" in o else "") for o in options)
+            lines.append("options " + " ".join(spelled))
+        return "\n".join(lines) + "\n"
 
     # -- starting and stopping ---------------------------------------------------------
 
@@ -463,7 +505,7 @@ class PodRun:
         args = [expand(a, env) for a in container.get("args") or []]
         if not command:
             raise PodFailed(f"container {container['name']}: the test images have no ENTRYPOINT")
-        return [*command, *args, *self.extra_args.get(container["name"], [])]
+        return [*command, *args]
 
     def _user(self, container: dict[str, Any], image: Image) -> tuple[int, int]:
         pod_context = self.spec.get("securityContext") or {}
@@ -497,7 +539,8 @@ class PodRun:
                     f'mkdir -p "$(dirname {target})" && {{ [ -e {target} ] || touch {target}; }}'
                 )
             lines.append(f"mount --bind {shlex.quote(str(source))} {target}")
-            if mount.get("readOnly"):
+            # The kubelet always mounts a configMap volume read-only.
+            if mount.get("readOnly") or "configMap" in volumes[mount["name"]]:
                 lines.append(f"mount -o remount,bind,ro {target}")
         return lines
 
@@ -536,19 +579,17 @@ class PodRun:
             lines.append(f"touch {q(root)}/etc/{name}")
             lines.append(f"mount --bind {q(str(etc / name))} {q(root)}/etc/{name}")
         lines += self._mount_lines(container, root)
-        for path, source in self.extra_files.get(container["name"], {}).items():
-            target = q(root + path)
-            lines.append(f'mkdir -p "$(dirname {target})" && touch {target}')
-            lines.append(f"mount --bind {q(str(source))} {target}")
-            lines.append(f"mount -o remount,bind,ro {target}")
         if context.get("readOnlyRootFilesystem"):
             lines.append(f"mount -o remount,ro {q(root)}")
         uid, gid = user
         privileges = [f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
         if context.get("allowPrivilegeEscalation") is False:
             privileges.append("--no-new-privs")
-        if "ALL" in ((context.get("capabilities") or {}).get("drop") or []):
-            privileges += ["--inh-caps=-all", "--bounding-set=-all"]
+        capabilities = context.get("capabilities") or {}
+        if "ALL" in (capabilities.get("drop") or []):
+            # What is left: the added capabilities (root gets its bounding set on exec).
+            kept = "".join(f",+{c.lower()}" for c in capabilities.get("add") or [])
+            privileges += [f"--inh-caps=-all{kept}", f"--bounding-set=-all{kept}"]
         workdir = container.get("workingDir") or image.workdir
         variables = [f"{k}={v}" for k, v in env.items()]
         final = [
