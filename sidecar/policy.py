@@ -193,6 +193,8 @@ _SIGNING_FAMILIES: tuple[_SigningFamily, ...] = (
 
 
 def _strip_signing(host: str, query: str) -> str:
+    if not query:
+        return query
     family = next((f for f in _SIGNING_FAMILIES if host_matches(host, f.hosts)), None)
     kept: list[str] = []
     for item in query.split("&"):

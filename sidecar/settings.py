@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -135,8 +136,13 @@ def host_glob_regex(glob: str) -> str:
 
 def host_matches(host: str, globs: Sequence[str]) -> bool:
     """True if `host` (a name, no port) matches one of the globs, case-insensitively."""
-    name = host.lower().rstrip(".")
-    return any(re.fullmatch(host_glob_regex(glob), name) for glob in globs)
+    return _globs_pattern(tuple(globs)).fullmatch(host.lower().rstrip(".")) is not None
+
+
+@functools.lru_cache(maxsize=64)
+def _globs_pattern(globs: tuple[str, ...]) -> re.Pattern[str]:
+    # Asked on every request: compiled once per set of globs.
+    return re.compile("|".join(f"(?:{host_glob_regex(glob)})" for glob in globs) or "(?!)")
 
 
 def parse_eviction(text: str) -> Eviction:
