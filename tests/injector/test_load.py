@@ -6,7 +6,8 @@ the golden cases (Jobs, Deployments, StatefulSets, training-operator pods, skipp
 every capture mode by annotation). Loopback only, bounded in time. It asserts zero errors
 (every review answered 200, for its own uid, allowed, with a patch that applies and is
 the one `review.answer` gives in-process) and that no review came near the webhook's
-default timeout, and prints p50/p99 latency and reviews/s.
+default timeout, and prints p50/p99 latency and reviews/s, beside the latency of the same
+reviews sent one at a time (the cost of a review without queueing).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ pytestmark = pytest.mark.e2e
 
 CLIENTS = 100
 REVIEWS_PER_CLIENT = 20
+SERIAL_REVIEWS = 200
 BOUND = 120.0  # seconds for the whole run
 # The chart's webhook.timeoutSeconds: a review slower than this is a failed injection.
 WEBHOOK_TIMEOUT = 10.0
@@ -66,6 +68,14 @@ def webhook(ca: trustme.CA, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     server = start_webhook(directory)
     yield server
     assert server.stop() == 0
+
+
+def percentiles(latencies: list[float]) -> tuple[float, float]:
+    """(p50, p99) of the latencies, in seconds."""
+    if len(latencies) < 2:
+        return (latencies or [0.0])[0], (latencies or [0.0])[0]
+    quantiles = statistics.quantiles(latencies, n=100)
+    return quantiles[49], quantiles[98]
 
 
 async def _client(
@@ -115,25 +125,32 @@ def test_100_concurrent_reviews_over_tls(webhook: Webhook, ca: trustme.CA) -> No
     latencies: list[float] = []
     errors: list[str] = []
 
-    async def run() -> None:
+    serial: list[float] = []
+
+    async def run() -> float:
+        # First one at a time, on kept connections (even client numbers).
+        for n in range(0, 2 * SERIAL_REVIEWS // REVIEWS_PER_CLIENT, 2):
+            await _client(n, url, context, bodies, serial, errors)
+        started = time.monotonic()
         clients = [_client(n, url, context, bodies, latencies, errors) for n in range(CLIENTS)]
         await asyncio.wait_for(asyncio.gather(*clients), BOUND)
+        elapsed = time.monotonic() - started
         # Closed TLS connections finish their shutdown in the background: let them, so that
         # none is left to the garbage collector (aiohttp's advice for a graceful shutdown).
         await asyncio.sleep(0.25)
+        return elapsed
 
-    started = time.monotonic()
-    asyncio.run(run())
-    elapsed = time.monotonic() - started
+    elapsed = asyncio.run(run())
 
     total = CLIENTS * REVIEWS_PER_CLIENT
-    quantiles = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0.0] * 99
-    p50, p99 = quantiles[49], quantiles[98]
+    p50, p99 = percentiles(latencies)
+    alone, _ = percentiles(serial)
     print(
         f"\ninjector load: {CLIENTS} concurrent clients, {len(latencies)} reviews "
         f"({len(bodies)} distinct pods) in {elapsed:.1f} s = {len(latencies) / elapsed:.0f} "
         f"reviews/s; latency p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, "
-        f"max {max(latencies, default=0) * 1000:.1f} ms; errors {len(errors)}"
+        f"max {max(latencies, default=0) * 1000:.1f} ms; errors {len(errors)}; "
+        f"one at a time: p50 {alone * 1000:.1f} ms"
     )
     assert errors == [], errors[:5]
     assert len(latencies) == total
@@ -142,5 +159,5 @@ def test_100_concurrent_reviews_over_tls(webhook: Webhook, ca: trustme.CA) -> No
     status, metrics = webhook.request(ca, "GET", "/metrics")
     assert status == 200
     text = metrics.decode()
-    assert f"burstbuffer_injector_reviews_total {float(total)}" in text
+    assert f"burstbuffer_injector_reviews_total {float(total + SERIAL_REVIEWS)}" in text
     assert "burstbuffer_injector_failed_total 0.0" in text
