@@ -396,7 +396,7 @@ def status(
     if options.extra_intercept:
         record["intercept"] = list(options.extra_intercept)
     if not_aliased:
-        # Intercepted, but out of reach of the hostAliases capture (globs).
+        # Intercepted, but left out by the hostAliases capture (globs, names the pod maps).
         record["notAliased"] = list(not_aliased)
     if upstream_proxy:
         record["upstreamProxy"] = capture.redact(upstream_proxy)
@@ -456,6 +456,35 @@ def _volumes(
     return volume_names
 
 
+def _map_hosts(
+    spec: dict[str, Any], patterns: tuple[str, ...], warnings: list[str]
+) -> tuple[str, ...]:
+    """The hostAliases capture's changes to the pod spec; returns what it left out."""
+    mapping = aliases.map_hosts(spec.get("hostAliases"), patterns)
+    spec["hostAliases"] = mapping.host_aliases
+    spec["securityContext"], sysctl_warnings = aliases.with_port_sysctl(spec.get("securityContext"))
+    warnings += [*mapping.warnings, *sysctl_warnings]
+    return mapping.skipped
+
+
+def _redirect(
+    settings: InjectorSettings,
+    captured: list[dict[str, Any]],
+    pod_context: object,
+    warnings: list[str],
+) -> dict[str, Any]:
+    """The transparent capture's init container; warns about containers it cannot capture."""
+    for container in captured:
+        if redirect.shares_sidecar_uid(container, pod_context, settings.run_as_user):
+            warnings.append(
+                f"container {container.get('name', '?')} runs as the sidecar's UID "
+                f"{settings.run_as_user}: its traffic is not captured"
+            )
+    return redirect.redirect_container(
+        settings.image, settings.image_pull_policy, settings.transparent_port, settings.run_as_user
+    )
+
+
 def mutate(original: Mapping[str, Any], settings: InjectorSettings) -> Mutation:
     """The pod with its burstbuffer sidecar; see the module docstring."""
     pod = copy.deepcopy(dict(original))
@@ -498,38 +527,18 @@ def mutate(original: Mapping[str, Any], settings: InjectorSettings) -> Mutation:
 
     not_aliased: tuple[str, ...] = ()
     if mode == "hostAliases":
-        mapping = aliases.map_hosts(spec.get("hostAliases"), sidecar_intercept(settings, options))
-        spec["hostAliases"] = mapping.host_aliases
-        not_aliased = mapping.skipped
-        warnings += mapping.warnings
-        spec["securityContext"], sysctl_warnings = aliases.with_port_sysctl(
-            spec.get("securityContext")
-        )
-        warnings += sysctl_warnings
+        not_aliased = _map_hosts(spec, sidecar_intercept(settings, options), warnings)
         if init and not settings.native_sidecar:
             warnings.append(
                 "init containers run before the classic sidecar: the dataset hosts, mapped "
                 "to it by hostAliases, are unreachable from them"
             )
-
     redirects: list[dict[str, Any]] = []
     if mode == "transparent":
-        redirects = [
-            redirect.redirect_container(
-                settings.image,
-                settings.image_pull_policy,
-                settings.transparent_port,
-                settings.run_as_user,
-            )
-        ]
-        for container in init + regular:
-            if redirect.shares_sidecar_uid(
-                container, spec.get("securityContext"), settings.run_as_user
-            ):
-                warnings.append(
-                    f"container {container.get('name', '?')} runs as the sidecar's UID "
-                    f"{settings.run_as_user}: its traffic is not captured"
-                )
+        # Redirected: what starts after the rule (with a classic sidecar, the pod's own
+        # init containers run before it).
+        captured = init + regular if settings.native_sidecar else regular
+        redirects = [_redirect(settings, captured, spec.get("securityContext"), warnings)]
 
     if settings.native_sidecar:
         # The redirect first: every later container, the pod's own init containers

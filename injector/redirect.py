@@ -18,6 +18,7 @@ connections nowhere; IPv6 traffic simply bypasses the sidecar.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from injector import names
@@ -59,10 +60,10 @@ def redirect_container(image: str, pull_policy: str, port: int, sidecar_uid: int
     }
 
 
-def shares_sidecar_uid(container: dict[str, Any], pod_context: object, sidecar_uid: int) -> bool:
+def shares_sidecar_uid(container: Mapping[str, Any], pod_context: object, sidecar_uid: int) -> bool:
     """Whether the container is set to run as the sidecar's UID (its traffic is then exempt)."""
     context = container.get("securityContext")
-    uid = context.get("runAsUser") if isinstance(context, dict) else None
-    if uid is None and isinstance(pod_context, dict):
+    uid = context.get("runAsUser") if isinstance(context, Mapping) else None
+    if uid is None and isinstance(pod_context, Mapping):
         uid = pod_context.get("runAsUser")
     return uid == sidecar_uid

@@ -523,6 +523,11 @@ def test_containers_with_the_sidecars_uid_are_warned_about() -> None:
     p["spec"]["securityContext"] = {"runAsUser": 65532}
     p["spec"]["containers"][0]["securityContext"] = {"runAsUser": 1000}
     assert mutate(p, config).warnings == ()
+    # An init container that inherits the UID: captured with a native sidecar, while a
+    # classic one's init containers run before the redirect anyway.
+    p["spec"]["initContainers"] = [{"name": "prep", "image": "z"}]
+    assert len(mutate(p, config).warnings) == 1
+    assert mutate(p, replace(config, native=False)).warnings == ()
 
 
 @pytest.mark.parametrize(
