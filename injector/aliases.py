@@ -22,12 +22,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from injector.settings import HOSTALIASES_PORTS
 from sidecar.settings import host_matches
 
 LOOPBACK = "127.0.0.1"
 UNPRIVILEGED_PORT_START = "net.ipv4.ip_unprivileged_port_start"
-# The lowest port the sidecar binds in this mode (plain HTTP, sidecar.capture).
-LOWEST_PORT = 80
+LOWEST_PORT = min(HOSTALIASES_PORTS)
 
 # Hosts that downloads from the default dataset hosts are redirected to (Hugging Face's
 # LFS and Xet CDNs), which their globs cover but a hosts file cannot.

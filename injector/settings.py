@@ -71,8 +71,8 @@ MIN_BUFFER_SIZE = 32 * 2**20
 _NO_PROXY_NAME_RE = re.compile(r"^\.?[a-z0-9]([a-z0-9.-]*[a-z0-9])?$")
 _STORAGE_CLASS_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$")
 _CONFIG_MAP_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
-# Where the hostAliases capture's listeners are (sidecar.capture): the proxy's own
-# loopback ports must not take them.
+# The sidecar's loopback listeners in the hostAliases capture (sidecar.capture): the
+# proxy's other loopback ports must not take them, and the pod must let it bind them.
 HOSTALIASES_PORTS = (80, 443)
 _RESOURCE_NAME_RE = re.compile(r"^([a-z0-9.-]+/)?[a-zA-Z0-9]([a-zA-Z0-9._-]*[a-zA-Z0-9])?$")
 

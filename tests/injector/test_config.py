@@ -6,6 +6,7 @@ import yaml
 from injector import settings
 from injector.quantity import format_bytes, parse_bytes, parse_quantity
 from injector.settings import ConfigError, InjectorSettings
+from sidecar import capture as sidecar_capture
 from sidecar import settings as sidecar_settings
 from sidecar.settings import DEFAULT_INTERCEPT
 
@@ -23,6 +24,12 @@ def test_defaults_are_the_documented_ones() -> None:
     assert (s.upstream_ca.config_map_name, s.upstream_ca.key) == ("", "ca.crt")
     # The sidecar's own default, so that a pod without the flag and one with it agree.
     assert s.transparent_port == sidecar_settings.defaults()["transparent_port"]
+
+
+def test_the_hostaliases_ports_are_the_sidecars() -> None:
+    assert sorted(settings.HOSTALIASES_PORTS) == sorted(
+        (sidecar_capture.HOSTALIASES_HTTP_PORT, sidecar_capture.HOSTALIASES_TLS_PORT)
+    )
 
 
 def test_document_round_trip() -> None:
