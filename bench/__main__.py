@@ -4,10 +4,11 @@
 
 Each benchmark starts its own processes on tmpfs (bench.lab), prints its rows as soon
 as it is done, and writes them to <results>/<name>.md; the whole table goes to the
-terminal at the end, and to <results>/summary.md when every benchmark ran. A missed
-requirement of the issue makes the exit status 1. `--quick` shrinks every size so the
-suite runs in seconds (tests/bench): its figures say nothing about speed and are not
-judged.
+terminal at the end, and to <results>/summary.md when every benchmark ran. The seed
+results among them (Momenta's table, Nezha's demo, the parallel cold fetch) are also
+drawn in <results>/seeds.png. A missed requirement of the issue makes the exit status
+1. `--quick` shrinks every size so the suite runs in seconds (tests/bench): its figures
+say nothing about speed and are not judged.
 
 Needs root (the processes get a private /etc/hosts and the clients the pod's CA
 bundle through bind mounts in their own mount namespaces), wget, curl and nginx.
@@ -29,12 +30,16 @@ from types import ModuleType
 from mitmproxy import version as mitmproxy_version
 
 from bench import (
+    bench_coalescing,
     bench_cold_miss,
     bench_large_hit,
+    bench_momenta,
     bench_nezha,
+    bench_parallel_cold,
     bench_ready,
     bench_rss,
     bench_small,
+    plot,
     report,
 )
 from bench.harness import ROOT
@@ -52,6 +57,9 @@ BENCHMARKS: dict[str, ModuleType] = {
         bench_ready,
         bench_small,
         bench_nezha,
+        bench_momenta,
+        bench_coalescing,
+        bench_parallel_cold,
     )
 }
 RESULTS = ROOT / "bench" / "results"
@@ -123,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{about}\n\n{table}")
     if not args.only:
         report.write(args.results / "summary.md", "burstbuffer benchmarks", about, table)
+    picture = plot.seeds(results, profile, about, args.results / "seeds.png")
+    if picture is not None:
+        print(f"plot of the seed results: {picture}")
     failures = [row for result in results for row in result.failures()] if judged else []
     for row in failures:
         assert row.required is not None

@@ -48,6 +48,12 @@ class Profile:
     ready_starts: int
     nezha_bytes: int  # CIFAR-100's tarball is 169,001,437 bytes
     nezha_rate: float  # bytes/s: the far host's per-connection rate Nezha measured
+    momenta_objects: int  # the dataset scanned every epoch (Momenta's table is per 160)
+    momenta_bytes: int  # each of its objects
+    coalesce_bytes: int  # the object many clients ask for at once
+    coalesce_rate: float  # bytes/s per origin connection while they do
+    parallel_bytes: int  # the cold object fetched over several connections (> 16 MiB)
+    parallel_rate: float  # bytes/s per origin connection for it
 
 
 FULL = Profile(
@@ -60,6 +66,12 @@ FULL = Profile(
     ready_starts=7,
     nezha_bytes=169_001_437,
     nezha_rate=3.49e6,
+    momenta_objects=160,
+    momenta_bytes=256 * 1024,
+    coalesce_bytes=32 * MiB,
+    coalesce_rate=20e6,
+    parallel_bytes=128_000_000,
+    parallel_rate=3.49e6,
 )
 QUICK = Profile(
     quick=True,
@@ -71,6 +83,12 @@ QUICK = Profile(
     ready_starts=1,
     nezha_bytes=1_000_000,
     nezha_rate=3.49e6,
+    momenta_objects=16,  # the same ratios, a tenth of the objects
+    momenta_bytes=16 * 1024,
+    coalesce_bytes=1 * MiB,
+    coalesce_rate=2e6,  # slow enough that every client arrives before the fill ends
+    parallel_bytes=24 * MiB,  # only objects over 16 MiB are ever split
+    parallel_rate=10e6,
 )
 
 
@@ -94,6 +112,13 @@ def expect_stats(sidecar: Sidecar, **expected: int) -> None:
     wrong = {k: (stats[k], v) for k, v in expected.items() if stats[k] != v}
     if wrong:
         raise WrongPath(f"sidecar /stats (found, expected): {wrong}; all: {stats}")
+
+
+def counted_since(sidecar: Sidecar, before: dict[str, int], *names: str) -> dict[str, int]:
+    """How much each of the sidecar's /stats counters `names` grew since `before` (an
+    earlier `sidecar.stats()`)."""
+    after = sidecar.stats()
+    return {name: after[name] - before[name] for name in names}
 
 
 def tmpfs_root() -> Path:

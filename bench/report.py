@@ -53,6 +53,13 @@ def target_ratio(bound: float) -> Requirement:
     )
 
 
+def within(value: float, tolerance: float, text: str) -> Requirement:
+    """Every run is within `tolerance` of `value`: for figures the issue predicts exactly
+    (a hit ratio, a request count), where a median could hide one wrong run."""
+    slack = tolerance + 1e-9 * max(abs(value), 1.0)  # float noise, not a real miss
+    return Requirement(text, lambda row: all(abs(v - value) <= slack for v in row.ours.values))
+
+
 def below(bound: float, unit: str, every_run: bool = False) -> Requirement:
     """The median (or, for a limit such as peak memory, every run) is under `bound`."""
     if every_run:

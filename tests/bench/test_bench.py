@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from bench import bench_momenta, bench_parallel_cold, plot
 from bench.__main__ import BENCHMARKS
 from bench.harness import PYTHON, ROOT, clean_env
+from bench.lab import FULL
 from bench.report import (
     Requirement,
     Result,
@@ -21,7 +23,10 @@ from bench.report import (
     markdown,
     ratio_at_least,
     target_ratio,
+    within,
 )
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def test_quick_suite_runs_every_benchmark(tmp_path: Path) -> None:
@@ -35,7 +40,7 @@ def test_quick_suite_runs_every_benchmark(tmp_path: Path) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=240,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     summary = (tmp_path / "summary.md").read_text()
@@ -46,6 +51,7 @@ def test_quick_suite_runs_every_benchmark(tmp_path: Path) -> None:
         assert all(row in summary for row in rows)
     assert "quick profile" in summary
     assert "FAIL" not in summary  # quick figures are never judged
+    assert (tmp_path / "seeds.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
 def row(ours: list[float], reference: list[float], required: Requirement | None = None) -> Row:
@@ -75,3 +81,62 @@ def test_markdown_names_the_figures_and_the_failure() -> None:
     assert "| 0.897× | ≥ 0.9× | **FAIL** |" in markdown([close], judged=True)
     assert "- Title: a note" in text
     assert result.failures() == result.rows
+
+
+def test_within_holds_every_run() -> None:
+    one_object = within(6.25, 100 / 160, "expected ± 1 object")
+    assert row([6.25, 6.875], [6.25], one_object).verdict(judged=True) == "ok"
+    assert row([6.25, 7.5], [6.25], one_object).verdict(judged=True) == "**FAIL**"
+    assert row([0, 0.625], [6.25], within(0, 0, "= 0 %")).verdict(judged=True) == "**FAIL**"
+
+
+def test_momenta_expectations_are_momentas_table() -> None:
+    objects = FULL.momenta_objects
+    buffers = [bench_momenta.buffer_objects(r, objects) for r in bench_momenta.RATIOS]
+    assert buffers == [10, 50, 100, 160, 200]
+    for eviction, table in (("none", [6.25, 31.25, 62.5, 100, 100]), ("lru", [0, 0, 0, 100, 100])):
+        hits = [bench_momenta.expected_hits(eviction, b, objects) for b in buffers]
+        assert [100 * h / objects for h in hits] == table
+
+
+def seed_results() -> list[Result]:
+    """Rows shaped like those of the three seed benchmarks, with made-up figures."""
+    objects = FULL.momenta_objects
+    momenta = Result(bench_momenta.NAME, "Momenta")
+    for ratio in bench_momenta.RATIOS:
+        buffer = bench_momenta.buffer_objects(ratio, objects)
+        for eviction in bench_momenta.POLICIES:
+            label = bench_momenta.label(eviction, buffer, objects)
+            momenta.rows.append(Row(label, "%", Sample.of([50.0]), Sample.of([50.0])))
+    nezha = Result("nezha", "Nezha", [
+        Row(plot.NEZHA_COLD, "MB/s", Sample.of([12.0]), Sample.of([3.49])),
+        Row(plot.NEZHA_WARM, "MB/s", Sample.of([900.0]), Sample.of([12.0])),
+    ])  # fmt: skip
+    parallel = Result(bench_parallel_cold.NAME, "Parallel")
+    for label, _ in bench_parallel_cold.SIDES.values():
+        parallel.rows.append(Row(label, "MB/s", Sample.of([13.0]), Sample.of([3.49])))
+    return [momenta, nezha, parallel]
+
+
+def png_width(path: Path) -> int:
+    data = path.read_bytes()
+    assert data.startswith(PNG_SIGNATURE)
+    return int.from_bytes(data[16:20], "big")  # the IHDR chunk comes first
+
+
+def test_plot_draws_the_seed_panels(tmp_path: Path) -> None:
+    results = seed_results()
+    both = plot.seeds(results, FULL, "about", tmp_path / "both.png")
+    # Without Momenta's table only the throughput panel is drawn: half as wide.
+    one = plot.seeds(results[1:], FULL, "about", tmp_path / "one.png")
+    assert both is not None and one is not None
+    assert png_width(both) == 2 * png_width(one)
+    assert plot.seeds([Result("small", "Small")], FULL, "about", tmp_path / "no.png") is None
+    assert not (tmp_path / "no.png").exists()
+
+
+def test_plot_refuses_a_renamed_row(tmp_path: Path) -> None:
+    momenta, nezha, _ = seed_results()
+    nezha.rows.pop()
+    with pytest.raises(LookupError, match="warm"):
+        plot.seeds([momenta, nezha], FULL, "about", tmp_path / "seeds.png")
