@@ -163,15 +163,19 @@ def parse_capture(text: str) -> Capture:
     raise ValueError(f"invalid capture mode {text!r}: expected {', '.join(CAPTURE_MODES)}")
 
 
+def _parse_int(text: str, low: int, high: int, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"invalid {what} {text!r}") from None
+    if not low <= value <= high:
+        raise ValueError(f"invalid {what} {text!r}: must be {low}-{high}")
+    return value
+
+
 def parse_port(text: str) -> int:
     """Parse a TCP port number (0 asks the kernel for a free one)."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise ValueError(f"invalid port {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise ValueError(f"invalid port {text!r}: must be 0-65535")
-    return port
+    return _parse_int(text, 0, 65535, "port")
 
 
 def parse_seconds(text: str) -> float:
@@ -215,13 +219,7 @@ def parse_stage_in(text: str | Sequence[str]) -> tuple[str, ...]:
 
 def parse_parallelism(text: str) -> int:
     """Parse a count of parallel fetches (1-64)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"invalid count {text!r}") from None
-    if not 1 <= value <= 64:
-        raise ValueError(f"invalid count {text!r}: must be 1-64")
-    return value
+    return _parse_int(text, 1, 64, "count")
 
 
 def parse_proxy_url(text: str) -> str:

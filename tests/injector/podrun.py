@@ -31,17 +31,16 @@ import os
 import re
 import shlex
 import signal
-import ssl
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bench.harness import http_get
 
 POD_IP = "10.88.0.2"
 SERVICE_ENV = {
@@ -151,20 +150,6 @@ def in_netns(netns: str, function: Callable[[], Any]) -> Any:
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
-
-
-def http_get(url: str, timeout: float = 5.0, cafile: Path | None = None) -> tuple[int, bytes]:
-    """GET without any proxy (call it through `in_netns`)."""
-    handlers: list[Any] = [urllib.request.ProxyHandler({})]
-    if cafile is not None:
-        context = ssl.create_default_context(cafile=str(cafile))
-        handlers.append(urllib.request.HTTPSHandler(context=context))
-    opener = urllib.request.build_opener(*handlers)
-    try:
-        with opener.open(url, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
 
 
 @dataclass
