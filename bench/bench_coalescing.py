@@ -101,11 +101,13 @@ def run(profile: Profile, lab: Lab) -> Result:
             direct,
         ),
     ]
+    low, high = min(joined), max(joined)
     result.notes.append(
         f"medians of {profile.runs} runs (min–max); wget to /dev/null, all {CLIENTS} "
         f"started at once; the sidecar's upstream requests and bytes from its /stats, "
-        f"checked against the origin's request log; {min(joined)}–{max(joined)} of the "
-        f"{CLIENTS - 1} later clients joined the fill in progress (the rest hit the "
-        "stored object); the sidecar with `--parallel-fetch 1` (one request per fill)"
+        f"checked against the origin's request log; of the {CLIENTS - 1} later clients, "
+        f"{low if low == high else f'{low}–{high}'} joined the fill in "
+        "progress per run (any others hit the stored object); the sidecar with "
+        "`--parallel-fetch 1` (one request per fill)"
     )
     return result

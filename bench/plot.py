@@ -145,7 +145,7 @@ def seeds(results: Sequence[Result], profile: Profile, about: str, path: Path) -
     if speeds:
         draw_throughput(next(axes), speeds)
     figure.suptitle("burstbuffer: the seed results, measured", fontweight="bold")
-    figure.supxlabel(textwrap.fill(about, 150 * panels // 2), fontsize=7, color="#555555")
+    figure.supxlabel(textwrap.fill(about, 110 * panels), fontsize=7, color="#555555")
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)
     logger.info("plot written to %s", path)
