@@ -120,21 +120,24 @@ class OriginServer:
     ca_pem: Path
 
     def url(self, name: str, host: str = "origin.test", **query: object) -> str:
-        suffix = "?" + urllib.parse.urlencode(query) if query else ""
-        return f"https://{host}:{self.port}/files/{name}{suffix}"
+        return f"https://{host}:{self.port}{self.target(name, **query)}"
 
     def requests(self) -> dict[str, dict[str, int]]:
         _, body = http_get(f"https://127.0.0.1:{self.port}/__requests", cafile=self.ca_pem)
         return json.loads(body)
 
+    def target(self, name: str, **query: object) -> str:
+        """The request target (`/files/name?query`) the origin counts requests by."""
+        suffix = "?" + urllib.parse.urlencode(query) if query else ""
+        return f"/files/{name}{suffix}"
+
     def count(self, name: str, **query: object) -> int:
         """Requests seen for this URL, ranged ones included."""
-        target = self.url(name, **query).split(f":{self.port}", 1)[1]
-        return self.requests()["requests"].get(target, 0)
+        return self.requests()["requests"].get(self.target(name, **query), 0)
 
     def full_fetches(self, name: str, **query: object) -> int:
         """Requests for this URL without a Range header: fetches of the whole object."""
-        target = self.url(name, **query).split(f":{self.port}", 1)[1]
+        target = self.target(name, **query)
         seen = self.requests()
         return seen["requests"].get(target, 0) - seen["ranges"].get(target, 0)
 
