@@ -417,3 +417,33 @@ def test_plain_http_to_an_intercepted_host_is_cached_too(
         assert (stats["misses"], stats["hits"]) == (1, 1)
     finally:
         plain.stop()
+
+
+def test_revalidation_serves_unchanged_objects_from_the_buffer_and_refetches_changed_ones(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    sidecar = start_sidecar("--revalidate")
+    changing = dataset / "changing.bin"
+    changing.write_bytes(b"first version\n" * 1000)
+    url = origin.url("changing.bin", case="revalidate")
+    assert curl(sidecar, url).body == changing.read_bytes()
+    sidecar.wait_for_entries(1)
+    assert curl(sidecar, url).body == changing.read_bytes()  # 304 upstream, body from buffer
+    assert sidecar.stats()["hits"] == 1
+    changing.write_bytes(b"second version\n" * 1000)
+    assert curl(sidecar, url).body == b"second version\n" * 1000
+    assert origin.count("changing.bin", case="revalidate") == 4  # fill, 304, 200, refill
+
+
+def test_a_client_no_cache_request_revalidates_even_without_the_flag(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    url = origin.url("small.bin", case="no-cache")
+    curl(sidecar, url)
+    sidecar.wait_for_entries(1)
+    assert curl(sidecar, url).body == body_of(dataset, "small.bin")
+    assert origin.count("small.bin", case="no-cache") == 1
+    revalidated = curl(sidecar, url, "-H", "Cache-Control: no-cache")
+    assert revalidated.body == body_of(dataset, "small.bin")
+    assert origin.count("small.bin", case="no-cache") == 2
+    assert sidecar.stats()["hits"] == 2
