@@ -54,10 +54,6 @@ class Representation:
     size: int
     headers: tuple[tuple[str, str], ...]
 
-    def header(self, name: str) -> str | None:
-        lowered = name.lower()
-        return next((v for k, v in self.headers if k.lower() == lowered), None)
-
 
 class BurstBuffer:
     """The addon. Built once by the entry point with the program's Settings."""
@@ -207,7 +203,9 @@ class BurstBuffer:
         """Ask the origin whether a stored object is still current (RFC 9111 §4.3)."""
         headers = forwarded_headers(request.headers.items(multi=True), for_fill=True)
         headers += list(
-            policy.conditional_headers(entry.header("ETag"), entry.header("Last-Modified")).items()
+            policy.conditional_headers(
+                policy.header(entry.headers, "ETag"), policy.header(entry.headers, "Last-Modified")
+            ).items()
         )
         self.metrics.counters.upstream_requests += 1
         try:
@@ -261,7 +259,8 @@ class BurstBuffer:
         request = flow.request
         started = time.monotonic()
         size = representation.size
-        etag, last_modified = representation.header("ETag"), representation.header("Last-Modified")
+        etag = policy.header(representation.headers, "ETag")
+        last_modified = policy.header(representation.headers, "Last-Modified")
         base = [(k, v) for k, v in representation.headers if k.lower() != "accept-ranges"]
         base.append(("Accept-Ranges", "bytes"))
         if policy.not_modified(request.headers, etag, last_modified):

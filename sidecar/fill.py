@@ -72,7 +72,6 @@ class Fill:
         self.head: asyncio.Future[Head] = asyncio.get_running_loop().create_future()
         self.written = 0
         self.failure: BaseException | None = None
-        self.complete = False
         self.ended = asyncio.Event()
         self._progress = asyncio.Event()
         # One descriptor on the body, shared by all readers (pread needs no position):
@@ -100,7 +99,6 @@ class Fill:
 
     def _finish(self, failure: BaseException | None) -> None:
         self.failure = failure
-        self.complete = failure is None
         self.ended.set()
         self._ended = True
         self._close_when_unused()

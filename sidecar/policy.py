@@ -2,7 +2,8 @@
 
 Everything here is a decision made from strings and numbers: no I/O, no mitmproxy, no
 aiohttp. Header arguments are any `Mapping[str, str]` (a dict, mitmproxy's `Headers`,
-aiohttp's `CIMultiDictProxy`), always read case-insensitively through `header()`.
+aiohttp's `CIMultiDictProxy`) or a stored object's (name, value) pairs, always read
+case-insensitively through `header()`.
 
 The sidecar is a *private* cache in RFC 9111 terms (§1: "A private cache, in contrast,
 is dedicated to a single user"): one pod, one tenant, one buffer that nothing outside
@@ -59,7 +60,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -68,7 +69,8 @@ from urllib.parse import unquote_plus, urlsplit
 
 from sidecar.settings import host_matches
 
-Headers = Mapping[str, str]
+# A headers mapping, or stored fields as (name, value) pairs.
+Headers = Mapping[str, str] | Sequence[tuple[str, str]]
 
 # Longer numbers (after leading zeros) are absurd for a size or an offset: 10**19 bytes is
 # beyond any object, and int() of thousands of digits raises. RFC 9110 §14.1.2:
@@ -89,7 +91,8 @@ def header(headers: Headers, name: str) -> str | None:
     every line.
     """
     wanted = name.lower()
-    values = [value for key, value in headers.items() if key.lower() == wanted]
+    fields = headers.items() if isinstance(headers, Mapping) else headers
+    values = [value for key, value in fields if key.lower() == wanted]
     return ", ".join(values) if values else None
 
 
@@ -375,13 +378,17 @@ def response_is_cacheable(status: int, headers: Headers) -> Verdict:
     return _YES
 
 
-# Fields never replayed from a stored response.
-_NOT_REPLAYED = frozenset(
-    # Hop-by-hop: they describe one connection (RFC 9110 §7.6.1; RFC 9111 §3.1).
+# Hop-by-hop fields describe one connection and are never forwarded or replayed
+# (RFC 9110 §7.6.1; RFC 9111 §3.1).
+HOP_BY_HOP = frozenset(
     "connection proxy-connection keep-alive te transfer-encoding trailer upgrade"
-    " proxy-authenticate proxy-authentication-info"
+    " proxy-authenticate proxy-authentication-info proxy-authorization".split()
+)
+
+# Fields never replayed from a stored response.
+_NOT_REPLAYED = HOP_BY_HOP | frozenset(
     # The responder's: they describe the bytes and the moment of this answer.
-    " content-length content-range content-encoding date age"
+    "content-length content-range content-encoding date age"
     # Cookies are set once, for the exchange that earned them.
     " set-cookie set-cookie2"
     # The origin's own connection options, meaningless behind the interception.
@@ -389,7 +396,7 @@ _NOT_REPLAYED = frozenset(
 )
 
 
-def stored_headers(headers: Headers) -> list[tuple[str, str]]:
+def stored_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
     """The response fields to store and replay on every hit, in their order.
 
     RFC 9111 §3.1: "Caches MUST include all received response header fields --

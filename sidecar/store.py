@@ -76,13 +76,6 @@ class StoredObject:
     headers: tuple[tuple[str, str], ...]  # end-to-end response headers to replay
     stored_at: float  # time.time() of the commit
 
-    def header(self, name: str) -> str | None:
-        lowered = name.lower()
-        for key, value in self.headers:
-            if key.lower() == lowered:
-                return value
-        return None
-
 
 class Reservation:
     """Room for one fill: `size` bytes held against the cap until commit or abort."""

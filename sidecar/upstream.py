@@ -19,25 +19,13 @@ from pathlib import Path
 import aiohttp
 from aiohttp.abc import AbstractResolver
 
+from sidecar.policy import HOP_BY_HOP
+
 logger = logging.getLogger(__name__)
 
 # A connect that takes longer than this fails.
 CONNECT_TIMEOUT = 30.0  # seconds
 
-# RFC 9110 §7.6.1: connection-specific fields are never forwarded by a proxy.
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
 # Request fields that make a response partial or conditional: dropped for the full,
 # unconditional fetch that fills the buffer.
 _PARTIAL_OR_CONDITIONAL = frozenset(
