@@ -17,7 +17,6 @@ fails a download: every buffer error falls back to upstream.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from mitmproxy import http, tls
 from mitmproxy.connection import Client
 
 from sidecar import policy
-from sidecar.fill import CHUNK, Declined, Fill, FillFailed, Fills
+from sidecar.fill import Declined, Fill, FillFailed, Fills, read_file
 from sidecar.metrics import Metrics
 from sidecar.respond import ClientChannel, ClientGone, Connections
 from sidecar.settings import Settings, host_matches
@@ -356,12 +355,7 @@ class BurstBuffer:
 
 
 async def _file_chunks(fd: int, start: int, end: int) -> AsyncIterator[bytes]:
-    offset = start
-    while offset < end:
-        chunk = os.pread(fd, min(CHUNK, end - offset), offset)
-        if not chunk:
-            raise FillFailed("a stored body is shorter than its index entry")
-        offset += len(chunk)
+    for chunk in read_file(fd, start, end):
         yield chunk
 
 

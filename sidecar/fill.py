@@ -19,7 +19,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,11 +126,9 @@ class Fill:
                 await self._progress.wait()
                 continue
             assert self._fd is not None
-            chunk = os.pread(self._fd, min(CHUNK, end - offset, self.written - offset), offset)
-            if not chunk:
-                raise FillFailed("the partial body is shorter than reported")
-            offset += len(chunk)
-            yield chunk
+            for chunk in read_file(self._fd, offset, min(end, self.written)):
+                offset += len(chunk)
+                yield chunk
 
 
 class Fills:
@@ -328,6 +326,17 @@ class Fills:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def read_file(fd: int, start: int, end: int) -> Iterator[bytes]:
+    """Bytes [start, end) of a body file, in CHUNK-sized reads."""
+    offset = start
+    while offset < end:
+        chunk = os.pread(fd, min(CHUNK, end - offset), offset)
+        if not chunk:
+            raise FillFailed("a body file is shorter than recorded")
+        offset += len(chunk)
+        yield chunk
 
 
 def _open_partial(path: Path) -> tuple[int, int]:
