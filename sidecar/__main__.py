@@ -25,10 +25,13 @@ from mitmproxy.master import Master
 from certs import bundle
 from certs.bundle import TrustError
 from certs.ca import CAError, load_or_create_ca
+from certs.leaf import ServerContexts
 from sidecar import admin, capture, respond
 from sidecar.addon import BurstBuffer
 from sidecar.fill import Fills
+from sidecar.front import Balance, Front, listen
 from sidecar.metrics import Metrics
+from sidecar.router import Router
 from sidecar.settings import Settings, SettingsError, host_glob_regex, parse
 from sidecar.stagein import StageIn, StageInError
 from sidecar.store import Store, StoreError
@@ -89,7 +92,7 @@ async def run(settings: Settings) -> None:
     stage_in = StageIn(
         settings.stage_in, settings.intercept, settings.stage_in_parallel, store, fills, upstream
     )
-    addon = BurstBuffer(settings, store, fills, upstream, metrics, respond.Connections(ps))
+    router = Router(settings, store, fills, upstream, metrics)
     master.addons.add(
         core.Core(),
         ps,
@@ -97,22 +100,33 @@ async def run(settings: Settings) -> None:
         tlsconfig.TlsConfig(),
         errorcheck.ErrorCheck(),
         capture.HostRouting(settings, resolver),
-        addon,
+        BurstBuffer(settings, router, respond.Connections(ps)),
     )
+    listeners = capture.listeners(settings)
     master.options.update(
         confdir=str(settings.ca_dir),
         connection_strategy="lazy",
         http2=False,
         allow_hosts=allow_hosts(settings.intercept),
         ssl_verify_upstream_trusted_ca=str(upstream_trust),
-        mode=capture.proxy_modes(settings),
+        mode=[listener.mode for listener in listeners],
+        # The front end accepts every connection and hands mitmproxy its share.
+        server=False,
         # What mitmproxy relays itself (non-GET, HEAD misses) streams past 1 MiB.
         stream_large_bodies="1m",
     )
+    sockets = [listen(listener.host, listener.port) for listener in listeners]
+    handoff = respond.Handoff(ps, [listener.mode for listener in listeners])
+    balance = Balance([0], 0)
+    front = Front(router, settings.intercept, ServerContexts(ca).get, handoff.handle, balance)
+    accepting = [
+        asyncio.create_task(front.accept(index, sock, listener.lean))
+        for index, (listener, sock) in enumerate(zip(listeners, sockets, strict=True))
+    ]
 
     def ready() -> str | None:
-        if not ps.is_running or not ps.listen_addrs():
-            return "the proxy is not listening yet"
+        if not ps.is_running:
+            return "the proxy is not running yet"
         if settings.trust_dir is not None and not all(
             (settings.trust_dir / name).is_file() for name in bundle.TRUST_FILES
         ):
@@ -143,8 +157,9 @@ async def run(settings: Settings) -> None:
     try:
         await master.run()
     finally:
-        for task in background:
+        for task in [*background, *accepting]:
             task.cancel()
+        await front.close()
         await fills.close()
         await upstream.close()
         await runner.cleanup()

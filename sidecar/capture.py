@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from dataclasses import dataclass
 
 from aiohttp.abc import AbstractResolver, ResolveResult
 from mitmproxy import http, tls
@@ -34,19 +35,41 @@ HOSTALIASES_HTTP_PORT = 80
 _PLACEHOLDER = "burstbuffer.invalid"
 
 
-def proxy_modes(settings: Settings) -> list[str]:
-    """mitmproxy mode specs: the forward proxy, plus the capture's own listeners."""
-    listen = f"@{settings.listen_host}:{settings.listen_port}"
+@dataclass(frozen=True)
+class Listener:
+    """One listening address of the sidecar and the mitmproxy mode that serves it."""
+
+    mode: str  # a mitmproxy mode spec
+    host: str
+    port: int
+    lean: bool  # CONNECTs to intercepted hosts go to the lean front end
+
+
+def listeners(settings: Settings) -> list[Listener]:
+    """The forward proxy, plus the capture's own listeners."""
     forward = f"upstream:{settings.upstream_proxy}" if settings.upstream_proxy else "regular"
-    modes = [forward + listen]
+    found = [
+        Listener(
+            f"{forward}@{settings.listen_host}:{settings.listen_port}",
+            settings.listen_host,
+            settings.listen_port,
+            lean=True,
+        )
+    ]
     if settings.capture == "hostAliases":
-        modes += [
-            f"reverse:https://{_PLACEHOLDER}@127.0.0.1:{HOSTALIASES_TLS_PORT}",
-            f"reverse:http://{_PLACEHOLDER}@127.0.0.1:{HOSTALIASES_HTTP_PORT}",
-        ]
+        for scheme, port in (("https", HOSTALIASES_TLS_PORT), ("http", HOSTALIASES_HTTP_PORT)):
+            mode = f"reverse:{scheme}://{_PLACEHOLDER}@127.0.0.1:{port}"
+            found.append(Listener(mode, "127.0.0.1", port, lean=False))
     elif settings.capture == "transparent":
-        modes.append(f"transparent@127.0.0.1:{settings.transparent_port}")
-    return modes
+        found.append(
+            Listener(
+                f"transparent@127.0.0.1:{settings.transparent_port}",
+                "127.0.0.1",
+                settings.transparent_port,
+                lean=False,
+            )
+        )
+    return found
 
 
 def _captured(mode: object) -> bool:

@@ -20,7 +20,9 @@ HEAD, ranges and aborts through a real proxy so an upgrade that breaks it is see
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
 import time
 import weakref
 from collections.abc import Sequence
@@ -30,8 +32,11 @@ from mitmproxy.addons.proxyserver import Proxyserver
 from mitmproxy.net.http import http1, status_codes
 from mitmproxy.proxy.layers.http import _http1
 from mitmproxy.proxy.layers.http._events import ResponseData, ResponseHeaders
+from mitmproxy.proxy.mode_servers import ServerInstance
 from mitmproxy.proxy.server import ConnectionHandler
 from OpenSSL import SSL
+
+from sidecar.exchange import ClientGone
 
 logger = logging.getLogger(__name__)
 
@@ -48,10 +53,6 @@ _BIO_READ_SIZE = 4 * 1024 * 1024
 
 # Responses whose head and body this module wrote itself.
 _written_by_us: weakref.WeakSet[http.Response] = weakref.WeakSet()
-
-
-class ClientGone(Exception):
-    """The client closed its connection while a response was being written."""
 
 
 def _install() -> None:
@@ -74,6 +75,24 @@ def _install() -> None:
 
 
 _install()
+
+
+class Handoff:
+    """Hands connections the front end accepted to mitmproxy, one mode per listener.
+
+    mitmproxy does not listen itself (`server=False`): the listening sockets are
+    shared by every worker process, which mitmproxy's own servers cannot do. Each
+    accepted connection goes to the same handler mitmproxy's server would call.
+    """
+
+    def __init__(self, proxyserver: Proxyserver, modes: Sequence[str]) -> None:
+        self._instances: list[ServerInstance] = [
+            ServerInstance.make(mode, proxyserver) for mode in modes
+        ]
+
+    async def handle(self, listener: int, sock: socket.socket) -> None:
+        reader, writer = await asyncio.open_connection(sock=sock)
+        await self._instances[listener].handle_stream(reader, writer)
 
 
 class Connections:

@@ -217,8 +217,8 @@ def parse_stage_in(text: str | Sequence[str]) -> tuple[str, ...]:
     return specs
 
 
-def parse_parallelism(text: str) -> int:
-    """Parse a count of parallel fetches (1-64)."""
+def parse_count(text: str) -> int:
+    """Parse a count of parallel fetches or processes (1-64)."""
     return _parse_int(text, 1, 64, "count")
 
 
@@ -272,6 +272,10 @@ class Settings:
     stage_in: tuple[str, ...] = ()
     # stage_in_parallel, default 4. How many stage-in objects are fetched at once.
     stage_in_parallel: int = 4
+    # workers, default: the CPUs the container may use. Proxy processes sharing the port.
+    workers: int | None = None
+    # access_log, default off. One INFO line per response (hits included).
+    access_log: bool = False
 
 
 @dataclass(frozen=True)
@@ -306,9 +310,11 @@ _FLAGS: tuple[_Flag, ...] = (
     _Flag("transparent_port", parse_port, "port of the transparent listener (default 3130)"),
     _Flag("upstream_timeout", parse_seconds, "seconds an origin may stall before a resume (60)"),
     _Flag("revalidate", None, "revalidate stored objects with the origin instead of immutable"),
-    _Flag("parallel_fetch", parse_parallelism, "origin connections per large cold fill (4; 1=off)"),
+    _Flag("parallel_fetch", parse_count, "origin connections per large cold fill (4; 1=off)"),
     _Flag("stage_in", parse_stage_in, "URLs to prefetch at start: brace ranges, @manifest URLs"),
-    _Flag("stage_in_parallel", parse_parallelism, "stage-in objects fetched at once (4)"),
+    _Flag("stage_in_parallel", parse_count, "stage-in objects fetched at once (4)"),
+    _Flag("workers", parse_count, "proxy worker processes (default: the CPUs it may use)"),
+    _Flag("access_log", None, "log every response, hits included (default: misses and passes)"),
 )
 _FLAGS_BY_FIELD = {flag.field: flag for flag in _FLAGS}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import ssl
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,15 +146,21 @@ class Upstream:
             await self._session.close()
 
     async def get(
-        self, url: str, headers: list[tuple[str, str]], method: str = "GET"
+        self,
+        url: str,
+        headers: list[tuple[str, str]],
+        method: str = "GET",
+        body: AsyncIterator[bytes] | None = None,
     ) -> aiohttp.ClientResponse:
-        """Send a request; the caller reads the body and must `release()` the response."""
+        """Send a request (with `body` streamed as it arrives, if any); the caller reads
+        the response's body and must `release()` it."""
         assert self._session is not None, "Upstream.open() first"
         try:
             return await self._session.request(
                 method,
                 url,
                 headers=headers,
+                data=body,
                 allow_redirects=False,  # redirects are the client's to follow
                 proxy=self._proxy,
             )

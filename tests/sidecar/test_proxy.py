@@ -317,7 +317,10 @@ def test_a_range_only_reader_is_answered_at_once_and_fills_the_buffer(
     assert origin.full_fetches("big.bin", case="range-only") == 1
 
 
-def test_secrets_never_reach_the_log(sidecar: Sidecar, origin: OriginServer) -> None:
+def test_secrets_never_reach_the_log(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer
+) -> None:
+    sidecar = start_sidecar("--access-log")  # every response logged: the strictest case
     url = origin.url("small.bin", **{"X-Amz-Signature": "s3cr3tsignature", "case": "secrets"})
     result = curl(
         sidecar,

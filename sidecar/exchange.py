@@ -1,0 +1,73 @@
+"""One request and the channel its response is written to, whoever parsed it.
+
+Two front ends hand requests to the router (`sidecar.router`): the lean HTTP/1.1
+server for intercepted CONNECT tunnels (`sidecar.http1`), and the mitmproxy addon for
+everything else mitmproxy terminates (plain HTTP, the hostAliases and transparent
+listeners). Both describe a request with `Request` and answer through a `Channel`, so
+hits, fills and passes are decided and written by one piece of code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+from sidecar import policy
+
+
+class ClientGone(Exception):
+    """The client closed its connection while a response was being written."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """A client's request: absolute URL, field lines in order (names as sent)."""
+
+    method: str
+    url: str
+    headers: tuple[tuple[str, str], ...]
+    http_version: str = "HTTP/1.1"
+
+    def header(self, name: str) -> str | None:
+        """Field `name`, several lines joined (see `policy.header`)."""
+        return policy.header(self.headers, name)
+
+
+class Channel(Protocol):
+    """Where one response goes: status and headers, then body bytes, then the end."""
+
+    @property
+    def started(self) -> bool:
+        """True once the status line went out: from then on, errors must abort."""
+        ...
+
+    @property
+    def body_bytes(self) -> int:
+        """Body bytes written so far."""
+        ...
+
+    async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
+        """Write the status line and headers (framing set by the caller)."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Write body bytes, waiting while the client is slow; ClientGone if it left."""
+        ...
+
+    def finish(self) -> None:
+        """The response is complete; the connection may carry the next request."""
+        ...
+
+    def abort(self) -> None:
+        """Cut the connection, so the client sees an error, never a short success."""
+        ...
+
+    def keep_alive(self) -> AbstractContextManager[object]:
+        """Hold off the front end's idle timeout while the response is produced."""
+        ...
+
+
+# A request body to relay upstream, as it arrives from the client.
+Body = AsyncIterator[bytes]

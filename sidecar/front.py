@@ -1,0 +1,216 @@
+"""The front end: accepts every client connection and decides who terminates it.
+
+- A CONNECT to an intercepted host on the proxy port: answered here, TLS with the
+  host's leaf certificate, then the lean HTTP/1.1 server (`sidecar.http1`). This is
+  the path of every dataset download through the proxy variables, kept free of
+  mitmproxy's per-request machinery.
+- Everything else (CONNECT to other hosts, which are tunnelled untouched, plain-HTTP
+  proxy requests, the hostAliases and transparent listeners): handed to mitmproxy
+  exactly as it arrived. The first bytes are only peeked (MSG_PEEK), never read,
+  before that decision.
+
+The listening sockets are made once by the parent process and shared by every
+worker; `Balance` keeps each worker's share of the open connections even.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sidecar.http1 import Http1Connection, Tunnel
+from sidecar.router import Router
+from sidecar.settings import host_matches
+
+logger = logging.getLogger(__name__)
+
+# Bytes peeked to find a CONNECT request's head; a longer head goes to mitmproxy.
+PEEK_LIMIT = 8192
+# A client that connects and sends no complete request line within this long is closed.
+FIRST_BYTES_TIMEOUT = 60.0  # seconds
+# Between two peeks of an incomplete head (the socket stays readable meanwhile).
+_PEEK_INTERVAL = 0.002  # seconds
+TLS_HANDSHAKE_TIMEOUT = 30.0  # seconds
+_ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
+
+
+@dataclass(frozen=True)
+class Connect:
+    """A CONNECT request head, complete within the peeked bytes."""
+
+    tunnel: Tunnel
+    head_length: int
+
+
+def parse_connect(head: bytes) -> Connect | None:
+    """The CONNECT request at the start of `head`, or None for anything else.
+
+    RFC 9110 §9.3.6: the target is `host:port` (authority-form), IPv6 in brackets.
+    """
+    end = head.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    line = head[: head.find(b"\r\n")]
+    parts = line.split(b" ")
+    if len(parts) != 3 or parts[0] != b"CONNECT" or parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
+        return None
+    try:
+        host, sep, port_text = parts[1].decode("ascii").rpartition(":")
+    except UnicodeDecodeError:
+        return None
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        return None
+    if host.startswith("[") != host.endswith("]"):
+        return None
+    return Connect(Tunnel(host.lower(), int(port_text)), end + 4)
+
+
+class Balance:
+    """Open connections per worker, in memory the workers share.
+
+    A worker accepts only while it has no more connections than the least busy one,
+    so that kept-alive connections (one per data-loader worker) spread evenly instead
+    of landing where the kernel happens to wake a process first.
+    """
+
+    def __init__(self, counts: Sequence[int], index: int) -> None:
+        """`counts`: a shared array with one slot per worker; `index`: ours."""
+        self._counts = counts
+        self._index = index
+
+    def eligible(self) -> bool:
+        mine = self._counts[self._index]
+        return all(mine <= other for other in self._counts)
+
+    def opened(self) -> None:
+        self._counts[self._index] += 1  # type: ignore[index]
+
+    def closed(self) -> None:
+        self._counts[self._index] -= 1  # type: ignore[index]
+
+
+class Front:
+    """Accepts on the listening sockets of one worker."""
+
+    def __init__(
+        self,
+        router: Router,
+        intercept: Sequence[str],
+        tls_context: Callable[[str], ssl.SSLContext],
+        to_mitmproxy: Callable[[int, socket.socket], asyncio.Future[None] | object],
+        balance: Balance,
+    ) -> None:
+        """`tls_context(host)`: the server context for an intercepted host;
+        `to_mitmproxy(listener, sock)`: hands a connection of listener number
+        `listener` to mitmproxy (a coroutine)."""
+        self._router = router
+        self._intercept = intercept
+        self._tls_context = tls_context
+        self._to_mitmproxy = to_mitmproxy
+        self._balance = balance
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def accept(self, listener: int, sock: socket.socket, lean: bool) -> None:
+        """Accept forever on `sock`; `lean`: CONNECTs to intercepted hosts are ours."""
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self._balance.eligible():
+                await asyncio.sleep(0.001)
+            client, _ = await loop.sock_accept(sock)
+            client.setblocking(False)
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._balance.opened()
+            task = loop.create_task(self._dispatch(listener, client, lean))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _dispatch(self, listener: int, client: socket.socket, lean: bool) -> None:
+        lean_owns_it = False
+        try:
+            connect = await self._peek_connect(client) if lean else None
+            if connect is not None and host_matches(connect.tunnel.host, self._intercept):
+                lean_owns_it = await self._serve_tunnel(client, connect)
+            else:
+                await self._to_mitmproxy(listener, client)  # type: ignore[misc]
+        except (ConnectionError, TimeoutError, OSError, ssl.SSLError) as e:
+            logger.debug("client connection ended early: %s", e)
+            client.close()
+        finally:
+            if not lean_owns_it:
+                self._balance.closed()
+
+    async def _peek_connect(self, client: socket.socket) -> Connect | None:
+        """Wait for the first request head; a CONNECT is parsed, anything else is None."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + FIRST_BYTES_TIMEOUT
+        while True:
+            try:
+                head = client.recv(PEEK_LIMIT, socket.MSG_PEEK)
+            except BlockingIOError:
+                head = None
+            if head == b"":
+                raise ConnectionResetError("closed before its first request")
+            if head is not None and (b"\r\n\r\n" in head or len(head) >= PEEK_LIMIT):
+                return parse_connect(head)
+            if head is not None and not head.startswith(b"CONNECT"[: len(head)]):
+                return None
+            if loop.time() > deadline:
+                raise TimeoutError("no request within the first-bytes timeout")
+            if head is None:
+                await _readable(client)
+            else:
+                await asyncio.sleep(_PEEK_INTERVAL)
+
+    async def _serve_tunnel(self, client: socket.socket, connect: Connect) -> bool:
+        """Answer the CONNECT, then TLS and the lean server. True once it owns the
+        connection (its close is counted by the protocol)."""
+        client.recv(connect.head_length)  # exactly the head peeked; nothing follows yet
+        client.send(_ESTABLISHED)
+        context = self._tls_context(connect.tunnel.host)
+        loop = asyncio.get_running_loop()
+        await loop.connect_accepted_socket(
+            lambda: Http1Connection(connect.tunnel, self._router, self._balance.closed),
+            client,
+            ssl=context,
+            ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT,
+        )
+        return True
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def _readable(sock: socket.socket) -> None:
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(sock.fileno(), wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(sock.fileno())
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket for host:port, to be shared by every worker."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(socket.SOMAXCONN)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock

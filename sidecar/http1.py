@@ -1,0 +1,419 @@
+"""The lean HTTP/1.1 server inside intercepted CONNECT tunnels.
+
+After the front end (`sidecar.front`) has answered a CONNECT to an intercepted host
+and the TLS handshake with the host's leaf certificate is done, this protocol reads
+the requests in the tunnel and hands each one to the router. It does the least a
+request needs: llhttp (through httptools) parses the head, one Python object per
+request, no per-request hooks or events. A hit of a small object is one pass through
+the router and one write into the TLS transport.
+
+Requests are answered strictly in order (pipelined ones wait their turn). A request
+body (PUT, POST) is streamed to the origin as it arrives, with backpressure. The
+connection closes when the client asks for it (`Connection: close`, HTTP/1.0), after
+`IDLE_TIMEOUT` without a request, on a malformed request (after a 400), and as soon as
+the client closes its side: nothing is left half-open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+import httptools
+
+from sidecar.exchange import ClientGone, Request
+from sidecar.router import Router
+
+logger = logging.getLogger(__name__)
+
+# Request line and fields together; larger heads get 431 (nginx's default is 8 KiB a
+# line, mitmproxy's is unlimited; 64 KiB fits any signed URL and cookie).
+MAX_HEAD = 64 * 1024  # bytes
+# A kept-alive connection without a request for this long is closed; data loaders keep
+# their sessions for an epoch but reconnect transparently.
+IDLE_TIMEOUT = 120.0  # seconds
+# Reading stops while this much of a request body waits for the origin.
+BODY_BUFFER = 1024 * 1024  # bytes
+# Writers wait (backpressure) once this much is queued for the client.
+WRITE_BUFFER = 1024 * 1024  # bytes
+# At most this many pipelined requests are parsed ahead of the one being answered.
+PIPELINE_DEPTH = 16
+
+_CLOSE = object()  # ends a body stream
+
+
+@dataclass(frozen=True)
+class Tunnel:
+    """The origin a CONNECT named: `host` as in the request (IPv6 in brackets)."""
+
+    host: str
+    port: int
+
+    def url(self, target: str) -> str:
+        authority = self.host if self.port == 443 else f"{self.host}:{self.port}"
+        return f"https://{authority}{target}"
+
+
+class BadRequest(Exception):
+    """A request this server refuses, with the status to answer."""
+
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def origin_form_target(target: bytes) -> str:
+    """The path and query of a request target inside a tunnel (RFC 9112 §3.2).
+
+    Origin-form (`/path?q`) is what clients send; absolute-form is accepted for its path
+    only, since the tunnel, not the request, names the origin.
+    """
+    try:
+        text = target.decode("ascii")
+    except UnicodeDecodeError:
+        raise BadRequest(HTTPStatus.BAD_REQUEST, "the request target is not ASCII") from None
+    if text.startswith("/"):
+        return text
+    scheme, sep, rest = text.partition("://")
+    if sep and scheme.lower() in ("http", "https"):
+        slash = rest.find("/")
+        return rest[slash:] if slash >= 0 else "/"
+    raise BadRequest(HTTPStatus.BAD_REQUEST, f"unsupported request target {text[:80]!r}")
+
+
+class _BodyStream:
+    """A request body from the parser to the upstream request, with backpressure."""
+
+    def __init__(self, pause: Callable[[], None], resume: Callable[[], None]) -> None:
+        self._chunks: collections.deque[Any] = collections.deque()
+        self._buffered = 0
+        self.complete = False  # the parser saw the body's end
+        self._waiter: asyncio.Future[None] | None = None
+        self._pause = pause
+        self._resume = resume
+
+    def feed(self, chunk: Any) -> None:
+        self._chunks.append(chunk)
+        if chunk is _CLOSE:
+            self.complete = True
+        if isinstance(chunk, bytes):
+            self._buffered += len(chunk)
+            if self._buffered > BODY_BUFFER:
+                self._pause()
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while True:
+            while not self._chunks:
+                self._waiter = asyncio.get_running_loop().create_future()
+                await self._waiter
+            chunk = self._chunks.popleft()
+            if chunk is _CLOSE:
+                return
+            if isinstance(chunk, BaseException):
+                raise chunk
+            self._buffered -= len(chunk)
+            if self._buffered <= BODY_BUFFER:
+                self._resume()
+            yield chunk
+
+
+class _Response:
+    """The `Channel` of one request on a lean connection."""
+
+    def __init__(self, connection: Http1Connection, close: bool) -> None:
+        self._connection = connection
+        self._close = close
+        self._head: bytes | None = None
+        self._started = False
+        self.done = False
+        self.body_bytes = 0
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
+        lines = [b"HTTP/1.1 %d %s\r\n" % (status, _reason(status))]
+        for name, value in headers:
+            lines.append(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1")))
+        if self._close:
+            lines.append(b"Connection: close\r\n")
+        lines.append(b"\r\n")
+        # Sent with the first body bytes: one TLS record and one write for a small hit.
+        self._head = b"".join(lines)
+        self._started = True
+
+    async def write(self, data: bytes) -> None:
+        self.body_bytes += len(data)
+        if self._head is not None:
+            data, self._head = self._head + data, None
+        await self._connection.send(data)
+
+    def finish(self) -> None:
+        if self._head is not None:
+            self._connection.send_now(self._head)
+            self._head = None
+        self.done = True
+
+    def abort(self) -> None:
+        self.done = True
+        self._close = True
+        self._connection.abort()
+
+    @property
+    def closes(self) -> bool:
+        return self._close
+
+    def keep_alive(self) -> contextlib.nullcontext[None]:
+        # The idle timer only runs between requests.
+        return contextlib.nullcontext()
+
+
+def _reason(status: int) -> bytes:
+    try:
+        return HTTPStatus(status).phrase.encode("ascii")
+    except ValueError:
+        return b""
+
+
+@dataclass
+class _Pending:
+    request: Request
+    body: _BodyStream | None
+    close: bool
+
+
+class Http1Connection(asyncio.Protocol):
+    """One client's TLS tunnel to one intercepted origin."""
+
+    def __init__(self, tunnel: Tunnel, router: Router, on_close: Callable[[], None]) -> None:
+        self._tunnel = tunnel
+        self._router = router
+        self._on_close = on_close
+        self._parser = httptools.HttpRequestParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._answering = False
+        self._worker: asyncio.Task[None] | None = None  # while it is suspended
+        self._writable: asyncio.Event = asyncio.Event()
+        self._writable.set()
+        self._idle: asyncio.TimerHandle | None = None
+        self._closed = False
+        self._reading = True
+        # The request being parsed.
+        self._target = b""
+        self._fields: list[tuple[str, str]] = []
+        self._head_size = 0
+        self._body: _BodyStream | None = None
+
+    # -- transport events ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        transport.set_write_buffer_limits(high=WRITE_BUFFER)
+        self._arm_idle_timer()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._refuse(
+                BadRequest(
+                    HTTPStatus.NOT_IMPLEMENTED,
+                    "protocol upgrades are not supported on intercepted hosts",
+                )
+            )
+        except httptools.HttpParserError as e:
+            self._refuse(BadRequest(HTTPStatus.BAD_REQUEST, f"malformed request: {e}"))
+        except BadRequest as e:
+            self._refuse(e)
+
+    def eof_received(self) -> bool:
+        # The client closed its side; a TLS transport cannot stay half-open, so close.
+        self._fail_body(ClientGone("the client closed the connection"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self._cancel_idle_timer()
+        self._writable.set()  # wake a writer: it sees the closed connection
+        self._fail_body(ClientGone("the client closed the connection"))
+        self._on_close()
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    # -- parser callbacks (httptools) -----------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._target = b""
+        self._fields = []
+        self._head_size = 0
+        self._body = None
+
+    def on_url(self, url: bytes) -> None:
+        self._grow_head(len(url))
+        self._target += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._grow_head(len(name) + len(value) + 4)
+        self._fields.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        self._cancel_idle_timer()
+        method = self._parser.get_method().decode("ascii")
+        version = "HTTP/" + self._parser.get_http_version()
+        close = not self._parser.should_keep_alive()
+        request = Request(
+            method, self._tunnel.url(origin_form_target(self._target)), tuple(self._fields), version
+        )
+        if method not in ("GET", "HEAD") and _has_body(self._fields):
+            self._body = _BodyStream(self._pause_reading, self._resume_reading)
+            if _expects_continue(self._fields) and self._transport is not None:
+                # We forward the body anyway; the origin's answer follows it.
+                self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self._queue.append(_Pending(request, self._body, close))
+        if len(self._queue) > PIPELINE_DEPTH:
+            self._pause_reading()
+        if not self._answering:
+            # The loop may run tasks eagerly: a hit can be answered before this returns.
+            self._answering = True
+            task = asyncio.get_running_loop().create_task(self._answer())
+            if not task.done():
+                self._worker = task
+
+    def on_body(self, body: bytes) -> None:
+        if self._body is not None:
+            self._body.feed(bytes(body))
+        # A GET or HEAD with a body (allowed, meaningless): dropped.
+
+    def on_message_complete(self) -> None:
+        if self._body is not None:
+            self._body.feed(_CLOSE)
+            self._body = None
+
+    # -- answering ----------------------------------------------------------------------
+
+    async def _answer(self) -> None:
+        try:
+            while self._queue and not self._closed:
+                pending = self._queue.popleft()
+                response = _Response(self, pending.close)
+                body = pending.body.chunks() if pending.body is not None else None
+                await self._router.handle(pending.request, response, body)
+                unread_body = pending.body is not None and not pending.body.complete
+                if not response.done or response.closes or unread_body:
+                    # What follows on the connection cannot be trusted to be in step.
+                    self._close()
+                    return
+                self._resume_reading()
+        finally:
+            self._answering = False
+            self._worker = None
+            if not self._closed:
+                self._arm_idle_timer()
+
+    async def send(self, data: bytes) -> None:
+        """Write to the client, waiting while its buffer is full."""
+        if self._closed or self._transport is None or self._transport.is_closing():
+            raise ClientGone("the client closed the connection")
+        self._transport.write(data)
+        if not self._writable.is_set():
+            await self._writable.wait()
+            if self._closed:
+                raise ClientGone("the client closed the connection")
+
+    def send_now(self, data: bytes) -> None:
+        """Write without waiting (a response head without a body)."""
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(data)
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _grow_head(self, size: int) -> None:
+        self._head_size += size
+        if self._head_size > MAX_HEAD:
+            raise BadRequest(
+                HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
+                f"the request head is larger than {MAX_HEAD // 1024} KiB",
+            )
+
+    def _refuse(self, error: BadRequest) -> None:
+        """Answer a request we cannot parse (after the ones before it) and close."""
+        logger.info("refused a request to %s: %s", self._tunnel.host, error)
+        self._pause_reading()
+        body = f"burstbuffer: {error}\n".encode()
+        head = (
+            f"HTTP/1.1 {error.status.value} {error.status.phrase}\r\n"
+            "Content-Type: text/plain; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode()
+
+        async def after_the_others() -> None:
+            if self._worker is not None:
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(self._worker)
+            self.send_now(head + body)
+            self._close()
+
+        self._queue.clear()
+        asyncio.get_running_loop().create_task(after_the_others())
+
+    def _close(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+
+    def _fail_body(self, error: BaseException) -> None:
+        if self._body is not None:
+            self._body.feed(error)
+            self._body = None
+        for pending in self._queue:
+            if pending.body is not None:
+                pending.body.feed(error)
+
+    def _pause_reading(self) -> None:
+        if self._reading and self._transport is not None:
+            self._reading = False
+            self._transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if not self._reading and self._transport is not None and not self._closed:
+            self._reading = True
+            self._transport.resume_reading()
+
+    def _arm_idle_timer(self) -> None:
+        self._cancel_idle_timer()
+        self._idle = asyncio.get_running_loop().call_later(IDLE_TIMEOUT, self._close)
+
+    def _cancel_idle_timer(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+
+
+def _expects_continue(fields: list[tuple[str, str]]) -> bool:
+    return any(k.lower() == "expect" and v.lower() == "100-continue" for k, v in fields)
+
+
+def _has_body(fields: list[tuple[str, str]]) -> bool:
+    """RFC 9112 §6.3: a request has a body only if it says how it is framed."""
+    return any(
+        (k.lower() == "content-length" and v.strip() != "0") or k.lower() == "transfer-encoding"
+        for k, v in fields
+    )

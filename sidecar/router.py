@@ -1,0 +1,345 @@
+"""The router: each request to an intercepted host becomes a hit, a fill or a pass.
+
+- hit: the object is stored and verified -> streamed from the buffer;
+- miss: a new fill starts -> the client follows the fill;
+- coalesced: a fill for the object is running -> the client joins it;
+- pass: not cacheable, or no room -> relayed from upstream, nothing stored.
+
+Requests that may not be answered from the buffer at all (other methods, `If-Match`)
+are forwarded with their bodies and relayed. A failing buffer never fails a
+download: every buffer error falls back to upstream. The front ends (`sidecar.http1`,
+`sidecar.addon`) parse requests; everything decided here is the same for both.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from sidecar import policy
+from sidecar.exchange import Body, Channel, ClientGone, Request
+from sidecar.fill import Declined, Fill, FillFailed, Fills, read_file
+from sidecar.metrics import Metrics
+from sidecar.settings import Settings
+from sidecar.store import Store, StoredObject, StoreError
+from sidecar.upstream import (
+    Upstream,
+    UpstreamError,
+    forwarded_headers,
+    loggable_url,
+    response_headers,
+)
+
+logger = logging.getLogger(__name__)
+
+# A Range reader whose range starts this far beyond what a running fill has written is
+# answered by its own ranged upstream request instead of waiting for the fill.
+RANGE_WAIT_WINDOW = 8 * 1024 * 1024  # bytes
+
+
+@dataclass(frozen=True)
+class Representation:
+    """A complete 200 response that can be served in whole or in part."""
+
+    size: int
+    headers: tuple[tuple[str, str], ...]
+
+
+class Router:
+    """Built once per process with the program's Settings and its buffer."""
+
+    def __init__(
+        self, settings: Settings, store: Store, fills: Fills, upstream: Upstream, metrics: Metrics
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.fills = fills
+        self.upstream = upstream
+        self.metrics = metrics
+
+    async def handle(self, request: Request, channel: Channel, body: Body | None = None) -> None:
+        """Answer one request; whatever goes wrong, the client never sees a short success.
+
+        `body` is the request's body for methods that have one (forwarded upstream).
+        """
+        with channel.keep_alive():
+            try:
+                if policy.request_may_hit(request.method, request.headers).cacheable:
+                    await self._serve(request, channel)
+                else:
+                    await self._pass(request, channel, "method", body)
+            except ClientGone:
+                self.metrics.counters.client_aborts += 1
+                channel.abort()
+            except FillFailed as e:
+                # Headers were sent already: abort, so the client sees an error.
+                logger.warning("aborted %s: %s", loggable_url(request.url), e)
+                channel.abort()
+            except Exception:
+                # A bug of ours must not cost a download: before any byte was sent, the
+                # request is forwarded as it came; after, the client sees an error.
+                logger.exception("unexpected error serving %s", loggable_url(request.url))
+                if channel.started:
+                    channel.abort()
+                else:
+                    await self._pass(request, channel, "internal-error", body)
+
+    # -- routing ----------------------------------------------------------------------
+
+    async def _serve(self, request: Request, channel: Channel) -> None:
+        key = policy.cache_key(request.url)
+        entry = self._lookup(key)
+        if entry is not None and policy.needs_revalidation(
+            self.settings.revalidate, request.headers
+        ):
+            entry = await self._revalidate(request, key, entry)
+        if entry is not None:
+            await self._serve_stored(request, channel, key, entry)
+            return
+        verdict = policy.request_is_cacheable(request.method, request.headers)
+        if not verdict.cacheable:
+            # A HEAD miss or a no-store request never fills: relay an unstored exchange.
+            await self._pass(request, channel, verdict.reason)
+            return
+        fill = self.fills.join(key)
+        kind = "coalesced"
+        if fill is None:
+            try:
+                fill, response, reason = await self.fills.begin(
+                    key, request.url, list(request.headers)
+                )
+            except UpstreamError as e:
+                await self._error(channel, 502, f"burstbuffer: upstream request failed: {e}")
+                return
+            if fill is None:
+                assert response is not None
+                if request.header("Range") is not None:
+                    response.release()
+                    await self._pass(request, channel, reason)
+                else:
+                    await self._relay(request, channel, response, reason)
+                return
+            kind = "miss"
+        try:
+            await self._serve_fill(request, channel, fill, kind)
+        finally:
+            fill.detach()
+
+    async def _serve_fill(self, request: Request, channel: Channel, fill: Fill, kind: str) -> None:
+        try:
+            head = await fill.head
+        except Declined as e:
+            await self._pass(request, channel, e.reason)
+            return
+        except (FillFailed, UpstreamError) as e:
+            await self._error(channel, 502, f"burstbuffer: upstream request failed: {e}")
+            return
+        representation = Representation(head.size, head.headers)
+        wanted = policy.parse_range(request.header("Range"), head.size)
+        if isinstance(wanted, policy.ByteRange) and wanted.start > fill.written + RANGE_WAIT_WINDOW:
+            await self._pass(request, channel, "range-ahead-of-fill")
+            return
+        if kind == "miss":
+            self.metrics.counters.misses += 1
+        else:
+            self.metrics.counters.coalesced += 1
+        await self._send(
+            request, channel, representation, kind, lambda a, b: self.fills.read(fill, a, b)
+        )
+
+    def _forget(self, key: str) -> None:
+        """Drop an object whose body is gone, so that the next request fills it again."""
+        try:
+            self.store.remove(key)
+        except StoreError as e:
+            self.metrics.buffer_trouble("removing an object", e)
+
+    def _lookup(self, key: str) -> StoredObject | None:
+        try:
+            return self.store.lookup(key)
+        except StoreError as e:
+            self.metrics.buffer_trouble("looking up an object", e)
+            return None
+
+    async def _revalidate(
+        self, request: Request, key: str, entry: StoredObject
+    ) -> StoredObject | None:
+        """Ask the origin whether a stored object is still current (RFC 9111 §4.3)."""
+        headers = forwarded_headers(request.headers, for_fill=True)
+        headers += list(
+            policy.conditional_headers(
+                policy.header(entry.headers, "ETag"), policy.header(entry.headers, "Last-Modified")
+            ).items()
+        )
+        self.metrics.counters.upstream_requests += 1
+        try:
+            response = await self.upstream.get(request.url, headers)
+        except UpstreamError as e:
+            # The origin is unreachable: serving the stored copy beats failing (RFC 9111 §4.2.4).
+            logger.warning(
+                "revalidation of %s failed, serving stored: %s", loggable_url(request.url), e
+            )
+            return entry
+        response.release()
+        if response.status == 304:
+            return entry
+        logger.info(
+            "%s changed upstream (%d); refetching", loggable_url(request.url), response.status
+        )
+        self._forget(key)
+        return None
+
+    # -- responses --------------------------------------------------------------------
+
+    async def _serve_stored(
+        self, request: Request, channel: Channel, key: str, entry: StoredObject
+    ) -> None:
+        try:
+            body = self.store.open_body(entry)
+        except StoreError as e:
+            self.metrics.buffer_trouble("opening a stored body", e)
+            self._forget(key)
+            await self._pass(request, channel, "buffer-error")
+            return
+        self.metrics.counters.hits += 1
+        with body:
+            await self._send(
+                request,
+                channel,
+                Representation(entry.size, entry.headers),
+                "hit",
+                lambda start, end: _file_chunks(body.fileno(), start, end),
+            )
+
+    async def _send(
+        self,
+        request: Request,
+        channel: Channel,
+        representation: Representation,
+        kind: str,
+        chunks: Callable[[int, int], AsyncIterator[bytes]],
+    ) -> None:
+        """Answer from a complete representation: 200, 206, 304, 416 or HEAD."""
+        started = time.monotonic()
+        size = representation.size
+        etag = policy.header(representation.headers, "ETag")
+        last_modified = policy.header(representation.headers, "Last-Modified")
+        base = [(k, v) for k, v in representation.headers if k.lower() != "accept-ranges"]
+        base.append(("Accept-Ranges", "bytes"))
+        if policy.not_modified(request.headers, etag, last_modified):
+            await channel.start(304, [(k, v) for k, v in base if k.lower() != "content-type"])
+            channel.finish()
+            return
+        wanted = policy.parse_range(request.header("Range"), size)
+        if not policy.if_range_allows(request.header("If-Range"), etag, last_modified):
+            wanted = policy.FULL
+        if wanted is policy.UNSATISFIABLE:
+            await channel.start(
+                416, [("Content-Range", f"bytes */{size}"), ("Content-Length", "0")]
+            )
+            channel.finish()
+            return
+        if isinstance(wanted, policy.ByteRange):
+            status, start, end = 206, wanted.start, wanted.end + 1
+            base.append(("Content-Range", policy.content_range(wanted.start, wanted.end, size)))
+        else:
+            status, start, end = 200, 0, size
+        await channel.start(status, [*base, ("Content-Length", str(end - start))])
+        if request.method != "HEAD":
+            async for chunk in chunks(start, end):
+                await channel.write(chunk)
+                if kind == "hit":
+                    self.metrics.counters.bytes_from_buffer += len(chunk)
+        channel.finish()
+        if kind != "hit" or self.settings.access_log:
+            _log_object(kind, request, status, channel.body_bytes, started)
+
+    async def _pass(
+        self, request: Request, channel: Channel, reason: str, body: Body | None = None
+    ) -> None:
+        """Forward the client's own request (Range, conditionals, body kept) and relay."""
+        headers = forwarded_headers(request.headers, for_fill=False)
+        self.metrics.counters.upstream_requests += 1
+        try:
+            response = await self.upstream.get(
+                request.url, headers, method=request.method, body=body
+            )
+        except UpstreamError as e:
+            self.metrics.counters.upstream_errors += 1
+            await self._error(channel, 502, f"burstbuffer: upstream request failed: {e}")
+            return
+        await self._relay(request, channel, response, reason)
+
+    async def _relay(
+        self,
+        request: Request,
+        channel: Channel,
+        response: aiohttp.ClientResponse,
+        reason: str,
+    ) -> None:
+        """Stream an upstream response to the client as it arrives, storing nothing."""
+        started = time.monotonic()
+        self.metrics.count_pass(reason)
+        try:
+            headers = response_headers(response.headers.items())
+            length = response.headers.get("Content-Length")
+            bodiless = request.method == "HEAD" or response.status in (204, 304)
+            chunked = length is None and not bodiless
+            if chunked:
+                headers.append(("Transfer-Encoding", "chunked"))
+            await channel.start(response.status, headers)
+            if not bodiless:
+                try:
+                    async for chunk in response.content.iter_any():
+                        self.metrics.counters.bytes_from_upstream += len(chunk)
+                        await channel.write(
+                            b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk
+                        )
+                except (aiohttp.ClientError, TimeoutError) as e:
+                    self.metrics.counters.upstream_errors += 1
+                    raise FillFailed(f"upstream broke off: {e}") from e
+                if length is not None and channel.body_bytes != int(length):
+                    raise FillFailed("upstream body shorter than its Content-Length")
+                if chunked:
+                    await channel.write(b"0\r\n\r\n")
+            channel.finish()
+        finally:
+            response.release()
+        _log_object(f"pass ({reason})", request, response.status, channel.body_bytes, started)
+
+    async def _error(self, channel: Channel, status: int, message: str) -> None:
+        body = (message + "\n").encode()
+        await channel.start(
+            status,
+            [
+                ("Content-Type", "text/plain; charset=utf-8"),
+                ("Content-Length", str(len(body))),
+                ("Cache-Control", "no-store"),
+            ],
+        )
+        await channel.write(body)
+        channel.finish()
+        logger.warning("%d: %s", status, message)
+
+
+async def _file_chunks(fd: int, start: int, end: int) -> AsyncIterator[bytes]:
+    for chunk in read_file(fd, start, end):
+        yield chunk
+
+
+def _log_object(kind: str, request: Request, status: int, size: int, started: float) -> None:
+    elapsed = time.monotonic() - started
+    logger.info(
+        "%s %s %s -> %d, %d bytes in %.3fs (%.1f MB/s)",
+        kind,
+        request.method,
+        loggable_url(request.url),
+        status,
+        size,
+        elapsed,
+        size / max(elapsed, 1e-6) / 1e6,
+    )
