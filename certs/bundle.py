@@ -41,6 +41,9 @@ logger = logging.getLogger(__name__)
 CA_CERT_FILE = "ca.crt"
 BUNDLE_FILE = "ca-bundle.crt"
 TRUST_FILES = (CA_CERT_FILE, BUNDLE_FILE)
+# In the sidecar's private CA directory: what origins are verified against (public
+# roots + --upstream-ca), written by the main process for every worker.
+UPSTREAM_TRUST_FILE = "upstream-trust.pem"
 
 
 class TrustError(Exception):

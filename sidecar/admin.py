@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -17,8 +17,8 @@ logger = logging.getLogger(__name__)
 
 def make_app(
     ready: Callable[[], str | None],
-    stats: Callable[[], dict[str, object]],
-    prometheus_text: Callable[[], bytes],
+    stats: Callable[[], Awaitable[dict[str, object]]],
+    prometheus_text: Callable[[], Awaitable[bytes]],
 ) -> web.Application:
     """The admin application.
 
@@ -33,13 +33,13 @@ def make_app(
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(
-            body=prometheus_text(),
+            body=await prometheus_text(),
             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
         )
 
     async def stats_json(_: web.Request) -> web.Response:
         return web.Response(
-            text=json.dumps(stats(), indent=2, sort_keys=True) + "\n",
+            text=json.dumps(await stats(), indent=2, sort_keys=True) + "\n",
             content_type="application/json",
         )
 

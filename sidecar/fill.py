@@ -1,7 +1,12 @@
 """Fills: one upstream fetch per object, written into the buffer, read by many clients.
 
-A fill belongs to no client. Its pump copies the origin's body into a partial file
-in the buffer at the origin's pace; every client reading the object (the one that
+A fill belongs to no client, and its clients may be connected to any worker: the
+worker that claims a key from the keeper (`sidecar.keeper`) runs the fill; clients
+in that worker follow it through its `Fill`, clients in other workers through a
+`RemoteFill` on the same partial file and its progress record (`sidecar.progress`).
+
+The pump copies the origin's body into a partial file in the buffer at the origin's
+pace; every client reading the object (the one that
 started it, those that joined, Range readers) follows the file at its own pace, so a
 slow client never slows the fill and nothing is held in memory. Time to first byte
 is the origin's: a reader is handed bytes as soon as they are on the buffer.
@@ -22,19 +27,26 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
 from sidecar import policy
+from sidecar.keeper import Buffer
 from sidecar.metrics import Metrics
+from sidecar.progress import Progress, State
 from sidecar.segments import SegmentedCopy, SegmentFailed, Target, may_split
-from sidecar.store import Reservation, Store, StoreError
+from sidecar.store import StoreError
 from sidecar.upstream import Upstream, UpstreamError, Validators, forwarded_headers, loggable_url
 
 logger = logging.getLogger(__name__)
 
 # Bytes per read of a body file; large, because each read becomes TLS records in one go.
 CHUNK = 256 * 1024
+# A reader following a fill in another worker polls its progress this often at first,
+# backing off to _POLL_MAX while nothing new arrives.
+_POLL_MIN = 0.001  # seconds
+_POLL_MAX = 0.02  # seconds
 
 
 class FillFailed(Exception):
@@ -62,9 +74,26 @@ class Head:
     validators: Validators
     request_headers: list[tuple[str, str]]  # as sent upstream, for resuming
 
+    def to_message(self) -> dict[str, object]:
+        return {
+            "headers": [list(h) for h in self.headers],
+            "etag": self.validators.etag,
+            "last_modified": self.validators.last_modified,
+            "request_headers": [list(h) for h in self.request_headers],
+        }
+
+    @classmethod
+    def from_message(cls, message: dict[str, Any]) -> Head:
+        return cls(
+            message["size"],
+            tuple((k, v) for k, v in message["headers"]),
+            Validators(message["etag"], message["last_modified"]),
+            [(k, v) for k, v in message["request_headers"]],
+        )
+
 
 class Fill:
-    """One object being copied from its origin into the buffer."""
+    """One object being copied from its origin into the buffer, by this worker."""
 
     def __init__(self, key: str, url: str) -> None:
         self.key = key
@@ -73,10 +102,11 @@ class Fill:
         self.written = 0
         self.failure: BaseException | None = None
         self.ended = asyncio.Event()
-        self._progress = asyncio.Event()
+        self._progress_event = asyncio.Event()
         # One descriptor on the body, shared by all readers (pread needs no position):
         # it stays valid across the rename of a commit and the unlink of a failure.
         self._fd: int | None = None
+        self._shared: Progress | None = None  # the record readers in other workers follow
         self._readers = 0
         self._ended = False
 
@@ -95,12 +125,24 @@ class Fill:
 
     def _advance_to(self, prefix: int) -> None:
         self.written = prefix
+        if self._shared is not None:
+            self._shared.advance(prefix)
         self._wake()
 
     def _finish(self, failure: BaseException | None) -> None:
         self.failure = failure
         self.ended.set()
         self._ended = True
+        if self._shared is not None:
+            if failure is None:
+                state = State.COMMITTED
+            elif isinstance(failure, OSError):
+                state = State.BUFFER_FAILED
+            else:
+                state = State.FAILED
+            self._shared.end(state)
+            self._shared.close()
+            self._shared = None
         self._close_when_unused()
         if not self.head.done():
             self.head.set_exception(failure or FillFailed("fill ended before its headers"))
@@ -108,8 +150,8 @@ class Fill:
         self._wake()
 
     def _wake(self) -> None:
-        self._progress.set()
-        self._progress = asyncio.Event()
+        self._progress_event.set()
+        self._progress_event = asyncio.Event()
 
     async def read(self, start: int, end: int) -> AsyncIterator[bytes]:
         """Bytes [start, end) of the body, as soon as the pump has written them.
@@ -123,61 +165,149 @@ class Fill:
                     raise BufferFailed(str(self.failure))
                 if self.failure is not None:
                     raise FillFailed(str(self.failure))
-                await self._progress.wait()
+                await self._progress_event.wait()
                 continue
             assert self._fd is not None
             for chunk in read_file(self._fd, offset, min(end, self.written)):
                 offset += len(chunk)
                 yield chunk
 
+    async def outcome(self) -> int:
+        """Wait until the fill has ended: its size if stored, else FillFailed."""
+        head = await self.head
+        await self.ended.wait()
+        if self.failure is not None:
+            raise FillFailed(str(self.failure))
+        return head.size
+
+
+class RemoteFill:
+    """A fill running in another worker, followed through its files."""
+
+    def __init__(self, key: str, url: str, fill: dict[str, Any]) -> None:
+        """Raises FileNotFoundError when the fill ended before we could open it."""
+        self.key = key
+        self.url = url
+        path = Path(fill["path"])
+        self._progress = Progress(path)
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            self._progress.close()
+            raise
+        self.head: asyncio.Future[Head] = asyncio.get_running_loop().create_future()
+        self.head.set_result(Head.from_message(fill))
+
+    @property
+    def written(self) -> int:
+        return self._progress.read()[0]
+
+    def detach(self) -> None:
+        os.close(self._fd)
+        self._progress.close()
+
+    async def read(self, start: int, end: int) -> AsyncIterator[bytes]:
+        offset = start
+        pause = _POLL_MIN
+        while offset < end:
+            written, state = self._progress.read()
+            if offset < written:
+                pause = _POLL_MIN
+                for chunk in read_file(self._fd, offset, min(end, written)):
+                    offset += len(chunk)
+                    yield chunk
+                continue
+            if state == State.BUFFER_FAILED:
+                raise BufferFailed("the buffer refused the body")
+            if state != State.RUNNING:
+                raise FillFailed("the fill ended before this range was written")
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _POLL_MAX)
+
+    async def outcome(self) -> int:
+        pause = _POLL_MIN
+        while (state := self._progress.read()[1]) == State.RUNNING:
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _POLL_MAX)
+        if state != State.COMMITTED:
+            raise FillFailed("the fill failed")
+        return self.head.result().size
+
+
+AnyFill = Fill | RemoteFill
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """What `Fills.acquire` found: a fill to follow, or a response to relay unstored."""
+
+    fill: AnyFill | None
+    kind: str  # "miss" (this request started it) or "coalesced" (it joined one)
+    response: aiohttp.ClientResponse | None = None
+    reason: str = ""
+
 
 class Fills:
-    """The fills in progress, keyed by cache key, and the pumps that drive them."""
+    """The fills this worker runs or follows, and the pumps that drive its own."""
 
     def __init__(
-        self, store: Store, upstream: Upstream, metrics: Metrics, connections: int
+        self, buffer: Buffer, upstream: Upstream, metrics: Metrics, connections: int
     ) -> None:
         """`connections`: how many origin connections one large fill may use."""
-        self._store = store
+        self._buffer = buffer
         self._upstream = upstream
         self._metrics = metrics
         self._connections = connections
         self._active: dict[str, Fill] = {}
+        self._claiming: dict[str, asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def __len__(self) -> int:
         return len(self._active)
 
-    def join(self, key: str) -> Fill | None:
-        """The running fill of `key`, attached for the caller (who must detach), or None."""
-        fill = self._active.get(key)
-        if fill is not None:
-            fill.attach()
-        return fill
+    async def acquire(self, key: str, url: str, request_headers: list[tuple[str, str]]) -> Acquired:
+        """Follow the fill of `key`, wherever it runs, or start one.
 
-    async def begin(
-        self, key: str, url: str, request_headers: list[tuple[str, str]]
-    ) -> tuple[Fill | None, aiohttp.ClientResponse | None, str]:
-        """Fetch `url` upstream and decide whether it becomes a fill.
-
-        Returns (fill, None, "") when the body is being stored (the fill attached for
-        the caller, who must detach), or (None, response, reason) when it is passed
-        through: the caller relays `response` and releases it. Raises UpstreamError when
-        the origin cannot be reached. Clients that ask for the key meanwhile join this
-        attempt through `join()`.
+        The fill in the result is attached for the caller, who must `detach()` it.
+        Without a fill, `response` is the origin's answer, not stored for `reason`:
+        the caller relays it and releases it. Raises Declined when the fill this
+        request joined is not storing the object (the caller fetches it itself), and
+        UpstreamError when the origin cannot be reached.
         """
-        fill = Fill(key, url)
-        self._active[key] = fill
+        while (pending := self._claiming.get(key)) is not None:
+            await asyncio.shield(pending)  # another client of this worker is asking
+        local = self._active.get(key)
+        if local is not None:
+            local.attach()
+            return Acquired(local, "coalesced")
+        claimed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._claiming[key] = claimed
+        try:
+            answer = await self._buffer.claim(key)
+            if "begin" in answer:
+                fill = self._active[key] = Fill(key, url)
+        except StoreError as e:
+            self._metrics.buffer_trouble("claiming a fill", e)
+            raise Declined("buffer-error") from e
+        finally:
+            del self._claiming[key]
+            claimed.set_result(None)
+        if "declined" in answer:
+            raise Declined(answer["declined"])
+        if "join" in answer:
+            try:
+                return Acquired(RemoteFill(key, url, answer["join"]), "coalesced")
+            except OSError:
+                raise Declined("fill-ended") from None
         try:
             return await self._decide(fill, request_headers)
         except BaseException as e:
             if not fill.head.done():
+                self._buffer.decline(key, "upstream-error")
                 self._end(fill, e if isinstance(e, Exception) else FillFailed("cancelled"))
             raise
 
-    async def _decide(
-        self, fill: Fill, request_headers: list[tuple[str, str]]
-    ) -> tuple[Fill | None, aiohttp.ClientResponse | None, str]:
+    async def _decide(self, fill: Fill, request_headers: list[tuple[str, str]]) -> Acquired:
         headers = forwarded_headers(request_headers, for_fill=True)
         self._metrics.counters.upstream_requests += 1
         try:
@@ -187,35 +317,43 @@ class Fills:
             raise
         verdict = policy.response_is_cacheable(response.status, response.headers)
         size = policy.content_length(response.headers)
-        reservation = None
-        reason: str = verdict.reason
-        if verdict.cacheable and size is not None:
-            reservation = self._reserve(size)
-            if reservation is None:
-                reason = "no-room"
-                self._metrics.counters.admissions_refused += 1
-        if reservation is None:
-            self._end(fill, Declined(reason))
-            return None, response, reason
-        try:
-            # Created before anyone reads, so that readers can open it at once.
-            out, fill._fd = _open_partial(reservation.path)
-        except OSError as e:
-            self._store.abort(reservation)
-            self._store.report_failure()
-            self._metrics.buffer_trouble("creating a partial body", e)
-            self._end(fill, Declined("buffer-error"))
-            return None, response, "buffer-error"
+        if not verdict.cacheable or size is None:
+            return self._decline(fill, response, verdict.reason)
         validators = Validators(response.headers.get("ETag"), response.headers.get("Last-Modified"))
-        stored = tuple(policy.stored_headers(response.headers))
+        head = Head(size, tuple(policy.stored_headers(response.headers)), validators, headers)
+        try:
+            answer = await self._buffer.start_fill(fill.key, size, head.to_message())
+        except StoreError as e:
+            self._metrics.buffer_trouble("reserving room", e)
+            answer = {"refused": "buffer-error"}
+        if "refused" in answer:
+            if answer["refused"] == "no-room":
+                self._metrics.counters.admissions_refused += 1
+            return self._decline(fill, response, answer["refused"])
+        rid, path = answer["rid"], Path(answer["path"])
+        try:
+            out, fill._fd = _open_partial(path)
+            fill._shared = Progress(path)
+        except OSError as e:
+            self._buffer.abort(rid)
+            self._buffer.report_failure()
+            self._metrics.buffer_trouble("opening a partial body", e)
+            self._end(fill, Declined("buffer-error"))
+            return Acquired(None, "miss", response, "buffer-error")
         fill.attach()
-        fill.head.set_result(Head(reservation.size, stored, validators, headers))
-        task = asyncio.create_task(self._pump(fill, response, reservation, out))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return fill, None, ""
+        fill.head.set_result(head)
+        task = asyncio.get_running_loop().create_task(self._pump(fill, response, rid, out))
+        if not task.done():
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return Acquired(fill, "miss")
 
-    async def read(self, fill: Fill, start: int, end: int) -> AsyncIterator[bytes]:
+    def _decline(self, fill: Fill, response: aiohttp.ClientResponse, reason: str) -> Acquired:
+        self._buffer.decline(fill.key, reason)
+        self._end(fill, Declined(reason))
+        return Acquired(None, "miss", response, reason)
+
+    async def read(self, fill: AnyFill, start: int, end: int) -> AsyncIterator[bytes]:
         """Bytes [start, end) of a fill's body; if the buffer fails under the fill, the
         rest comes from the origin with a validated Range request (fail open)."""
         offset = start
@@ -230,7 +368,7 @@ class Fills:
             async for chunk in self._from_upstream(fill, offset, end):
                 yield chunk
 
-    async def _from_upstream(self, fill: Fill, start: int, end: int) -> AsyncIterator[bytes]:
+    async def _from_upstream(self, fill: AnyFill, start: int, end: int) -> AsyncIterator[bytes]:
         head = fill.head.result()
         self._metrics.counters.upstream_requests += 1
         try:
@@ -253,42 +391,31 @@ class Fills:
         if received != end - start:
             raise FillFailed(f"origin sent {received} of {end - start} bytes")
 
-    def _reserve(self, size: int) -> Reservation | None:
-        try:
-            return self._store.reserve(size)
-        except StoreError as e:
-            self._metrics.buffer_trouble("reserving room", e)
-            return None
-
     def _end(self, fill: Fill, failure: BaseException | None) -> None:
         if self._active.get(fill.key) is fill:
             del self._active[fill.key]
         fill._finish(failure)
 
-    async def _pump(
-        self,
-        fill: Fill,
-        response: aiohttp.ClientResponse,
-        reservation: Reservation,
-        out: int,
-    ) -> None:
+    async def _pump(self, fill: Fill, response: aiohttp.ClientResponse, rid: str, out: int) -> None:
         started = time.monotonic()
         head = fill.head.result()
         failure: BaseException | None = None
+        committed = False
         try:
             sha256 = await self._copy(fill, head, response, out)
-            entry = self._store.commit(reservation, fill.key, sha256, head.headers)
+            await self._buffer.commit(rid, fill.key, sha256, head.headers)
+            committed = True
             elapsed = time.monotonic() - started
             logger.info(
                 "stored %s: %d bytes in %.2fs (%.1f MB/s)",
                 loggable_url(fill.url),
-                entry.size,
+                head.size,
                 elapsed,
-                entry.size / max(elapsed, 1e-6) / 1e6,
+                head.size / max(elapsed, 1e-6) / 1e6,
             )
         except OSError as e:
             failure = e
-            self._store.report_failure()
+            self._buffer.report_failure()
             self._metrics.buffer_trouble("writing a body", e)
         except StoreError as e:
             # The body is complete on disk; readers finish from their open descriptors.
@@ -298,7 +425,8 @@ class Fills:
             logger.warning("fill %s failed: %s", loggable_url(fill.url), e)
         finally:
             os.close(out)
-            self._store.abort(reservation)  # no-op after a commit
+            if not committed:
+                self._buffer.abort(rid)
             self._end(fill, failure)
 
     async def _copy(
@@ -340,17 +468,11 @@ def read_file(fd: int, start: int, end: int) -> Iterator[bytes]:
 
 
 def _open_partial(path: Path) -> tuple[int, int]:
-    """Create a partial body: a descriptor to write it and one for its readers."""
-    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    """Open a partial body (made by the keeper): a descriptor to write it and one for
+    its readers."""
+    out = os.open(path, os.O_WRONLY)
     try:
         return out, os.open(path, os.O_RDONLY)
     except OSError:
         os.close(out)
         raise
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]

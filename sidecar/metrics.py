@@ -1,7 +1,8 @@
 """The sidecar's counters, exposed as Prometheus metrics and as the `/stats` JSON.
 
-One set of plain integers is the source of truth; a Prometheus collector reads them
-at scrape time, so `/metrics` and `/stats` can never disagree.
+Each worker process counts in plain integers; at scrape time the parent asks every
+worker for its counters, adds them up with the buffer's gauges, and renders both
+`/metrics` and `/stats` from that one sum, so the two can never disagree.
 
 Definitions (DESIGN.md): a *hit* is a GET or HEAD answered from a stored object
 (Range included); a *miss* is a cacheable GET that started an upstream fill;
@@ -14,8 +15,9 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -59,14 +61,11 @@ _COUNTER_HELP = {
 
 
 class Metrics:
-    """Counters plus live gauges read from the store at scrape time."""
+    """One process's counters, and how it reports buffer trouble."""
 
-    def __init__(self, gauges: Callable[[], dict[str, int]]) -> None:
+    def __init__(self) -> None:
         self.counters = Counters()
-        self._gauges = gauges
         self._last_logged: dict[str, float] = {}
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Exporter(self))
 
     def count_pass(self, reason: str) -> None:
         self.counters.passes += 1
@@ -85,34 +84,53 @@ class Metrics:
                 self.counters.buffer_errors,
             )
 
-    def stats(self) -> dict[str, object]:
+    def snapshot(self) -> dict[str, object]:
+        """The counters as plain data (what a worker reports to the parent)."""
         c = self.counters
-        stats: dict[str, object] = {name: getattr(c, name) for name in _COUNTER_HELP}
-        stats["pass_reasons"] = dict(c.pass_reasons)
-        stats.update(self._gauges())
-        return stats
+        snapshot: dict[str, object] = {name: getattr(c, name) for name in _COUNTER_HELP}
+        snapshot["pass_reasons"] = dict(c.pass_reasons)
+        return snapshot
 
-    def prometheus_text(self) -> bytes:
-        return generate_latest(self.registry)
+
+def add_snapshots(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The sum of several workers' snapshots (counters add up, reasons per reason)."""
+    total: dict[str, Any] = {name: 0 for name in _COUNTER_HELP}
+    reasons: collections.Counter[str] = collections.Counter()
+    for snapshot in snapshots:
+        for name in _COUNTER_HELP:
+            total[name] += snapshot.get(name, 0)
+        reasons.update(snapshot.get("pass_reasons", {}))
+    total["pass_reasons"] = dict(reasons)
+    return total
+
+
+def stats(counters: Mapping[str, Any], gauges: Mapping[str, int]) -> dict[str, object]:
+    """The `/stats` document: every counter, passes by reason, every gauge."""
+    return {**counters, **gauges}
+
+
+def prometheus_text(counters: Mapping[str, Any], gauges: Mapping[str, int]) -> bytes:
+    """The `/metrics` exposition of the same numbers as `stats()`."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Exporter(counters, gauges))
+    return generate_latest(registry)
 
 
 class _Exporter(Collector):
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
+    def __init__(self, counters: Mapping[str, Any], gauges: Mapping[str, int]) -> None:
+        self._counters = counters
+        self._gauges = gauges
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        counters = self._metrics.counters
         for name, help_text in _COUNTER_HELP.items():
-            yield CounterMetricFamily(
-                f"burstbuffer_{name}", help_text, value=getattr(counters, name)
-            )
+            yield CounterMetricFamily(f"burstbuffer_{name}", help_text, value=self._counters[name])
         reasons = CounterMetricFamily(
             "burstbuffer_passes_by_reason", "Passes by reason.", labels=["reason"]
         )
-        for reason, count in sorted(counters.pass_reasons.items()):
+        for reason, count in sorted(self._counters["pass_reasons"].items()):
             reasons.add_metric([reason], count)
         yield reasons
-        for name, value in self._metrics._gauges().items():
+        for name, value in self._gauges.items():
             yield GaugeMetricFamily(f"burstbuffer_{name}", _GAUGE_HELP.get(name, name), value=value)
 
 

@@ -22,10 +22,11 @@ import aiohttp
 
 from sidecar import policy
 from sidecar.exchange import Body, Channel, ClientGone, Request
-from sidecar.fill import Declined, Fill, FillFailed, Fills, read_file
+from sidecar.fill import AnyFill, Declined, FillFailed, Fills, read_file
+from sidecar.keeper import Buffer
 from sidecar.metrics import Metrics
 from sidecar.settings import Settings
-from sidecar.store import Store, StoredObject, StoreError
+from sidecar.store import StoredObject, StoreError
 from sidecar.upstream import (
     Upstream,
     UpstreamError,
@@ -53,10 +54,10 @@ class Router:
     """Built once per process with the program's Settings and its buffer."""
 
     def __init__(
-        self, settings: Settings, store: Store, fills: Fills, upstream: Upstream, metrics: Metrics
+        self, settings: Settings, buffer: Buffer, fills: Fills, upstream: Upstream, metrics: Metrics
     ) -> None:
         self.settings = settings
-        self.store = store
+        self.buffer = buffer
         self.fills = fills
         self.upstream = upstream
         self.metrics = metrics
@@ -105,31 +106,30 @@ class Router:
             # A HEAD miss or a no-store request never fills: relay an unstored exchange.
             await self._pass(request, channel, verdict.reason)
             return
-        fill = self.fills.join(key)
-        kind = "coalesced"
-        if fill is None:
-            try:
-                fill, response, reason = await self.fills.begin(
-                    key, request.url, list(request.headers)
-                )
-            except UpstreamError as e:
-                await self._error(channel, 502, f"burstbuffer: upstream request failed: {e}")
-                return
-            if fill is None:
-                assert response is not None
-                if request.header("Range") is not None:
-                    response.release()
-                    await self._pass(request, channel, reason)
-                else:
-                    await self._relay(request, channel, response, reason)
-                return
-            kind = "miss"
         try:
-            await self._serve_fill(request, channel, fill, kind)
+            acquired = await self.fills.acquire(key, request.url, list(request.headers))
+        except Declined as e:
+            await self._pass(request, channel, e.reason)
+            return
+        except UpstreamError as e:
+            await self._error(channel, 502, f"burstbuffer: upstream request failed: {e}")
+            return
+        if acquired.fill is None:
+            assert acquired.response is not None
+            if request.header("Range") is not None:
+                acquired.response.release()
+                await self._pass(request, channel, acquired.reason)
+            else:
+                await self._relay(request, channel, acquired.response, acquired.reason)
+            return
+        try:
+            await self._serve_fill(request, channel, acquired.fill, acquired.kind)
         finally:
-            fill.detach()
+            acquired.fill.detach()
 
-    async def _serve_fill(self, request: Request, channel: Channel, fill: Fill, kind: str) -> None:
+    async def _serve_fill(
+        self, request: Request, channel: Channel, fill: AnyFill, kind: str
+    ) -> None:
         try:
             head = await fill.head
         except Declined as e:
@@ -153,14 +153,11 @@ class Router:
 
     def _forget(self, key: str) -> None:
         """Drop an object whose body is gone, so that the next request fills it again."""
-        try:
-            self.store.remove(key)
-        except StoreError as e:
-            self.metrics.buffer_trouble("removing an object", e)
+        self.buffer.remove(key)
 
     def _lookup(self, key: str) -> StoredObject | None:
         try:
-            return self.store.lookup(key)
+            return self.buffer.lookup(key)
         except StoreError as e:
             self.metrics.buffer_trouble("looking up an object", e)
             return None
@@ -199,7 +196,7 @@ class Router:
         self, request: Request, channel: Channel, key: str, entry: StoredObject
     ) -> None:
         try:
-            body = self.store.open_body(entry)
+            body = self.buffer.open_body(entry)
         except StoreError as e:
             self.metrics.buffer_trouble("opening a stored body", e)
             self._forget(key)

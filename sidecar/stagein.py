@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sidecar import policy
-from sidecar.fill import Fill, FillFailed, Fills
+from sidecar.fill import Declined, FillFailed, Fills
+from sidecar.keeper import Buffer
 from sidecar.settings import host_matches
-from sidecar.store import Store, StoreError
+from sidecar.store import StoreError
 from sidecar.upstream import Upstream, UpstreamError, loggable_url
 
 logger = logging.getLogger(__name__)
@@ -94,6 +95,14 @@ class Progress:
     skipped: int = 0
     bytes: int = 0
 
+    def gauges(self) -> dict[str, int]:
+        return {
+            "stage_in_objects": self.objects,
+            "stage_in_done": self.done,
+            "stage_in_failed": self.failed,
+            "stage_in_bytes": self.bytes,
+        }
+
 
 class StageIn:
     """Runs one stage-in list to completion in the background."""
@@ -103,14 +112,14 @@ class StageIn:
         specs: Sequence[str],
         intercept: Sequence[str],
         parallel: int,
-        store: Store,
+        buffer: Buffer,
         fills: Fills,
         upstream: Upstream,
     ) -> None:
         self.specs = specs
         self.intercept = intercept
         self.parallel = parallel
-        self.store = store
+        self.buffer = buffer
         self.fills = fills
         self.upstream = upstream
         self.progress = Progress()
@@ -164,7 +173,7 @@ class StageIn:
             url = queue.get_nowait()
             try:
                 outcome, size = await self._stage(url)
-            except (UpstreamError, FillFailed, StoreError, ValueError) as e:
+            except (UpstreamError, FillFailed, Declined, StoreError, ValueError) as e:
                 outcome, size = "failed", 0
                 logger.warning("stage-in: %s failed: %s", loggable_url(url), e)
             if outcome == "done":
@@ -181,20 +190,18 @@ class StageIn:
             logger.warning("stage-in: %s is not an intercepted host; skipped", loggable_url(url))
             return "skipped", 0
         key = policy.cache_key(url)
-        if (entry := self.store.lookup(key)) is not None:
+        if (entry := self.buffer.lookup(key)) is not None:
             return "done", entry.size
-        fill = self.fills.join(key)
-        if fill is None:
-            fill, response, reason = await self.fills.begin(key, url, [_USER_AGENT])
-            if fill is None:
-                assert response is not None
-                response.release()
-                logger.warning("stage-in: %s not stored (%s)", loggable_url(url), reason)
-                return "failed", 0
+        acquired = await self.fills.acquire(key, url, [_USER_AGENT])
+        if acquired.fill is None:
+            assert acquired.response is not None
+            acquired.response.release()
+            logger.warning("stage-in: %s not stored (%s)", loggable_url(url), acquired.reason)
+            return "failed", 0
         try:
-            return "done", await _completion(fill)
+            return "done", await acquired.fill.outcome()
         finally:
-            fill.detach()
+            acquired.fill.detach()
 
     async def _report(self, started: float) -> None:
         while True:
@@ -221,12 +228,3 @@ class StageIn:
             rate / 1e6,
             eta,
         )
-
-
-async def _completion(fill: Fill) -> int:
-    """Wait until a fill has ended; its size if it was stored."""
-    head = await fill.head
-    await fill.ended.wait()
-    if fill.failure is not None:
-        raise FillFailed(str(fill.failure))
-    return head.size

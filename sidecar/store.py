@@ -22,8 +22,13 @@ can never overshoot the cap together.
 
 Entries found at start (a restarted sidecar on the same emptyDir) are only served
 once their body has been checked against the size and SHA-256 recorded at commit;
-until then they count as misses. The check runs in the background so that the
-sidecar is ready at once.
+until then they are tagged `unverified` in the index and count as misses. The check
+runs in the background so that the sidecar is ready at once.
+
+Two sides share the directory: `Store`, in the parent process, is the one writer of
+the index and keeps the accounting (cap, reservations, recency); `Index`, in every
+worker, only reads it to answer hits. diskcache's SQLite index (WAL mode) is made
+for several processes: a worker sees an object as soon as its commit is written.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from typing import BinaryIO
 
 import diskcache
 
+from sidecar import progress
 from sidecar.settings import Eviction
 
 logger = logging.getLogger(__name__)
@@ -52,9 +58,11 @@ logger = logging.getLogger(__name__)
 # Bytes hashed per read when verifying a body after a restart.
 _VERIFY_CHUNK = 1024 * 1024
 # diskcache waits this long for SQLite's lock before raising Timeout. Index calls run
-# on the event loop and only this process writes the index, so a lock held longer
+# on the event loop and only the parent writes the index, so a lock held longer
 # means something is wrong: fail open quickly rather than stall every client.
 _INDEX_TIMEOUT = 0.25  # seconds
+# The index tag of an entry found at start whose body is not checked yet.
+UNVERIFIED = "unverified"
 # Deletes removed bodies off the event loop, in order.
 _JANITOR = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="unlink")
 # After a failed write (disk full, read-only), admit nothing for this long: downloads
@@ -114,13 +122,7 @@ class Store:
                 # A fill interrupted by a crash can never be completed: its client is gone.
                 shutil.rmtree(self.partial_dir, ignore_errors=True)
             self.partial_dir.mkdir(exist_ok=True)
-            self._index = diskcache.Cache(
-                str(self.directory / "index"),
-                eviction_policy="none",  # eviction is ours: see the module docstring
-                size_limit=2**62,
-                timeout=_INDEX_TIMEOUT,
-                statistics=False,
-            )
+            self._index = _open_index(self.directory)
             self._load_index()
         except (OSError, sqlite3.Error, diskcache.Timeout) as e:
             raise StoreError(f"cannot open the buffer in {self.directory}: {e}") from e
@@ -136,6 +138,7 @@ class Store:
                 index.delete(key)
                 continue
             referenced.add(entry.file)
+            index.set(key, entry, tag=UNVERIFIED)
             self._recency[key] = entry.size
             self._unverified.add(key)
             self.used += entry.size
@@ -157,8 +160,12 @@ class Store:
                 ok = entry is not None and await asyncio.to_thread(
                     _body_matches, self.objects_dir / entry.file, entry
                 )
+                if key not in self._unverified:
+                    continue  # a new fill of the key committed meanwhile
                 self._unverified.discard(key)
-                if not ok:
+                if ok and entry is not None:
+                    self._set(key, entry)  # drops the tag: workers may serve it now
+                else:
                     logger.warning("buffer: dropping an object that does not match its digest")
                     self.remove(key)
             except StoreError as e:
@@ -167,24 +174,13 @@ class Store:
                 self._unverified.discard(key)
         logger.info("buffer: verified; %d objects ready", len(self._recency))
 
-    # -- lookups ----------------------------------------------------------------------
+    # -- accounting ---------------------------------------------------------------------
 
-    def lookup(self, key: str) -> StoredObject | None:
-        """The complete, verified object stored under `key`, or None (a miss)."""
-        if key not in self._recency or key in self._unverified:
-            return None
-        entry = self._get(key)
-        if entry is None:
-            return None
-        self._recency.move_to_end(key)
-        return entry
-
-    def open_body(self, entry: StoredObject) -> BinaryIO:
-        """Open a stored body for reading (the file stays readable even if evicted)."""
-        try:
-            return open(self.objects_dir / entry.file, "rb")
-        except OSError as e:
-            raise StoreError(f"cannot read a stored body: {_describe(e)}") from e
+    def touch(self, keys: list[str]) -> None:
+        """Objects just served: the most recently used now (for `lru`)."""
+        for key in keys:
+            if key in self._recency:
+                self._recency.move_to_end(key)
 
     @property
     def entries(self) -> int:
@@ -213,8 +209,17 @@ class Store:
             self._evict_until_free(size)
         if self.used + self.reserved + size > self.capacity:
             return None
+        reservation = Reservation(self, size, self.partial_dir / uuid.uuid4().hex)
+        try:
+            # Created here, so that readers in any worker can open them at once.
+            reservation.path.touch(mode=0o600, exist_ok=False)
+            progress.create(reservation.path)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                reservation.path.unlink(missing_ok=True)
+            raise StoreError(f"cannot create a partial body: {_describe(e)}") from e
         self.reserved += size
-        return Reservation(self, size, self.partial_dir / uuid.uuid4().hex)
+        return reservation
 
     def _evict_until_free(self, size: int) -> None:
         while self._recency and self.used + self.reserved + size > self.capacity:
@@ -237,6 +242,7 @@ class Store:
             if size_on_disk != reservation.size:
                 raise StoreError(f"body has {size_on_disk} bytes, expected {reservation.size}")
             os.rename(reservation.path, self.objects_dir / name)
+            progress.remove(reservation.path)
             if key in self._recency:
                 self.remove(key)  # a concurrent fill of the same key committed first
             self._require_index().set(key, entry)
@@ -260,6 +266,8 @@ class Store:
         self.reserved -= reservation.size
         # A buffer that refuses the unlink (read-only) is cleaned at the next start.
         with contextlib.suppress(OSError):
+            progress.mark_failed(reservation.path)
+            progress.remove(reservation.path)
             reservation.path.unlink(missing_ok=True)
 
     def remove(self, key: str) -> None:
@@ -296,6 +304,60 @@ class Store:
         except (OSError, sqlite3.Error, diskcache.Timeout) as e:
             raise StoreError(f"cannot read the index: {_describe(e)}") from e
         return entry if isinstance(entry, StoredObject) else None
+
+    def _set(self, key: str, entry: StoredObject) -> None:
+        try:
+            self._require_index().set(key, entry)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            raise StoreError(f"cannot write the index: {_describe(e)}") from e
+
+
+class Index:
+    """A worker's read-only view of the buffer: stored objects and their bodies."""
+
+    def __init__(self, directory: Path) -> None:
+        self.objects_dir = directory / "objects"
+        self._directory = directory
+        self._index: diskcache.Cache | None = None
+
+    def open(self) -> None:
+        try:
+            self._index = _open_index(self._directory)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            raise StoreError(f"cannot open the buffer in {self._directory}: {e}") from e
+
+    def lookup(self, key: str) -> StoredObject | None:
+        """The complete, verified object stored under `key`, or None (a miss)."""
+        if self._index is None:
+            raise StoreError("the buffer is not open")
+        try:
+            entry, tag = self._index.get(key, tag=True)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            raise StoreError(f"cannot read the index: {_describe(e)}") from e
+        if tag == UNVERIFIED or not isinstance(entry, StoredObject):
+            return None
+        return entry
+
+    def open_body(self, entry: StoredObject) -> BinaryIO:
+        """Open a stored body for reading (the file stays readable even if evicted)."""
+        try:
+            return open(self.objects_dir / entry.file, "rb")
+        except OSError as e:
+            raise StoreError(f"cannot read a stored body: {_describe(e)}") from e
+
+    def close(self) -> None:
+        if self._index is not None:
+            self._index.close()
+
+
+def _open_index(directory: Path) -> diskcache.Cache:
+    return diskcache.Cache(
+        str(directory / "index"),
+        eviction_policy="none",  # eviction is ours: see the module docstring
+        size_limit=2**62,
+        timeout=_INDEX_TIMEOUT,
+        statistics=False,
+    )
 
 
 def _unlink_quietly(path: Path) -> None:

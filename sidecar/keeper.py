@@ -1,0 +1,249 @@
+"""The buffer's keeper (in the parent process) and each worker's handle on it.
+
+Workers answer hits on their own: they read the index and the body files directly
+(`store.Index`). Everything that changes the buffer goes through the keeper, the
+one writer of the index, so that every guarantee of a single process holds across
+workers:
+
+- one upstream fetch per object: a worker *claims* a key before fetching it; whoever
+  claims a key already being fetched joins that fill, in whichever worker it runs
+  (its partial body and progress record are in the buffer directory);
+- the `--buffer-size` cap and the `none`/`lru` policy: reservations, commits and
+  evictions happen here, in order (`store.Store`);
+- a crashed worker's fills are failed and their room returned (`worker_gone`), so
+  nothing it half-wrote is ever served.
+
+Calls and their replies (`sidecar.ipc`):
+
+| call | reply |
+| --- | --- |
+| `claim {key}` | `{begin}` (fetch it), `{join: fill}` or `{declined: reason}` |
+| `start_fill {key, size, head}` | `{rid, path}` or `{refused: reason}` |
+| `commit {rid, key, sha256, headers}` | `{}` or `{error}` |
+
+Notifications: `decline {key, reason}`, `abort {rid}`, `remove {key}`, `failure {}`,
+`touch {keys}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+from sidecar import ipc
+from sidecar.ipc import Message
+from sidecar.metrics import Metrics
+from sidecar.store import Index, Reservation, Store, StoredObject, StoreError
+
+# Served keys are reported to the keeper (for `lru`) at most this often.
+TOUCH_INTERVAL = 0.5  # seconds
+
+
+@dataclass
+class _Claim:
+    """A key being fetched by one worker."""
+
+    owner: int
+    waiters: list[asyncio.Future[Message]] = field(default_factory=list)
+    fill: Message | None = None  # what joiners need, once the body is being stored
+    rid: str | None = None
+
+
+class Keeper:
+    """The registry of fills and the buffer's accounting, for every worker."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        # The buffer trouble met here (a worker counts its own in its Metrics).
+        self.metrics = Metrics()
+        self._claims: dict[str, _Claim] = {}
+        self._reservations: dict[str, tuple[int, str, Reservation]] = {}
+
+    def gauges(self) -> dict[str, int]:
+        return {
+            "entries": self.store.entries,
+            "unverified_entries": self.store.unverified,
+            "buffer_bytes": self.store.used,
+            "reserved_bytes": self.store.reserved,
+            "capacity_bytes": self.store.capacity,
+            "fills_in_progress": len(self._reservations),
+        }
+
+    async def handle(self, worker: int, message: Message) -> Message | None:
+        op = message["op"]
+        if op == "claim":
+            return await self._claim(worker, message["key"])
+        if op == "start_fill":
+            return self._start_fill(worker, message["key"], message["size"], message["head"])
+        if op == "commit":
+            return self._commit(message)
+        if op == "decline":
+            self._settle(message["key"], worker, {"declined": message["reason"]})
+        elif op == "abort":
+            self._abort(message["rid"])
+        elif op == "remove":
+            self._remove(message["key"])
+        elif op == "failure":
+            self.store.report_failure()
+        elif op == "touch":
+            self.store.touch(message["keys"])
+        else:
+            raise ValueError(f"unknown operation {op!r}")
+        return None
+
+    def worker_gone(self, worker: int) -> None:
+        """Fail the fills of a worker that died; return their room."""
+        for rid, (owner, _, _) in list(self._reservations.items()):
+            if owner == worker:
+                self._abort(rid)
+        for key, claim in list(self._claims.items()):
+            if claim.owner == worker:
+                self._settle(key, worker, {"declined": "worker-died"})
+
+    # -- operations ---------------------------------------------------------------------
+
+    async def _claim(self, worker: int, key: str) -> Message:
+        claim = self._claims.get(key)
+        if claim is None:
+            self._claims[key] = _Claim(worker)
+            return {"begin": True}
+        if claim.fill is not None:
+            return {"join": claim.fill}
+        waiter: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        claim.waiters.append(waiter)
+        return await waiter
+
+    def _start_fill(self, worker: int, key: str, size: int, head: Message) -> Message:
+        try:
+            reservation = self.store.reserve(size)
+            reason = "no-room"
+        except StoreError as e:
+            self.metrics.buffer_trouble("reserving room", e)
+            self.store.report_failure()
+            reservation, reason = None, "buffer-error"
+        if reservation is None:
+            self._settle(key, worker, {"declined": reason})
+            return {"refused": reason}
+        rid = reservation.path.name
+        self._reservations[rid] = (worker, key, reservation)
+        claim = self._claims.setdefault(key, _Claim(worker))
+        claim.rid = rid
+        claim.fill = {**head, "size": size, "path": str(reservation.path)}
+        for waiter in claim.waiters:
+            if not waiter.done():
+                waiter.set_result({"join": claim.fill})
+        claim.waiters.clear()
+        return {"rid": rid, "path": str(reservation.path)}
+
+    def _commit(self, message: Message) -> Message:
+        rid = message["rid"]
+        found = self._reservations.pop(rid, None)
+        if found is None:
+            return {"error": "the fill was cancelled"}
+        _, key, reservation = found
+        self._forget_claim(key, rid)
+        headers = tuple((name, value) for name, value in message["headers"])
+        try:
+            self.store.commit(reservation, key, message["sha256"], headers)
+        except StoreError as e:
+            return {"error": str(e)}
+        return {}
+
+    def _abort(self, rid: str) -> None:
+        found = self._reservations.pop(rid, None)
+        if found is None:
+            return
+        _, key, reservation = found
+        self._forget_claim(key, rid)
+        self.store.abort(reservation)
+
+    def _remove(self, key: str) -> None:
+        try:
+            self.store.remove(key)
+        except StoreError as e:
+            self.metrics.buffer_trouble("removing an object", e)
+
+    def _settle(self, key: str, worker: int, outcome: Message) -> None:
+        """End a claim that never became a fill; its waiters get `outcome`."""
+        claim = self._claims.get(key)
+        if claim is None or claim.owner != worker or claim.fill is not None:
+            return
+        del self._claims[key]
+        for waiter in claim.waiters:
+            if not waiter.done():
+                waiter.set_result(outcome)
+
+    def _forget_claim(self, key: str, rid: str) -> None:
+        claim = self._claims.get(key)
+        if claim is not None and claim.rid == rid:
+            del self._claims[key]
+
+
+class Buffer:
+    """A worker's handle on the buffer: the index it reads, the keeper it asks."""
+
+    def __init__(self, index: Index, keeper: ipc.Channel, track_recency: bool) -> None:
+        """`track_recency`: report served keys to the keeper (only `lru` needs them)."""
+        self._index = index
+        self._keeper = keeper
+        self._track_recency = track_recency
+        self._touched: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._last_touch_report = time.monotonic()
+
+    def lookup(self, key: str) -> StoredObject | None:
+        """The stored, verified object of `key`, or None; StoreError if the index fails."""
+        entry = self._index.lookup(key)
+        if entry is not None and self._track_recency:
+            self._touched[key] = None
+            self._touched.move_to_end(key)
+            self._report_touches()
+        return entry
+
+    def open_body(self, entry: StoredObject) -> BinaryIO:
+        return self._index.open_body(entry)
+
+    def _report_touches(self) -> None:
+        now = time.monotonic()
+        if now - self._last_touch_report >= TOUCH_INTERVAL:
+            self._last_touch_report = now
+            self._keeper.notify("touch", keys=list(self._touched))
+            self._touched.clear()
+
+    async def claim(self, key: str) -> Message:
+        """Fetch `key`, or join whoever does (see the table above); StoreError if the
+        keeper cannot be asked."""
+        return await self._call("claim", key=key)
+
+    async def start_fill(self, key: str, size: int, head: Message) -> Message:
+        return await self._call("start_fill", key=key, size=size, head=head)
+
+    async def commit(
+        self, rid: str, key: str, sha256: str, headers: tuple[tuple[str, str], ...]
+    ) -> None:
+        """Make a complete body servable; StoreError if the keeper could not."""
+        reply = await self._call(
+            "commit", rid=rid, key=key, sha256=sha256, headers=[list(h) for h in headers]
+        )
+        if "error" in reply:
+            raise StoreError(reply["error"])
+
+    async def _call(self, op: str, **fields: object) -> Message:
+        try:
+            return await self._keeper.call(op, **fields)
+        except (ipc.PeerGone, ipc.CallFailed) as e:
+            raise StoreError(f"the buffer's keeper did not answer: {e}") from e
+
+    def decline(self, key: str, reason: str) -> None:
+        self._keeper.notify("decline", key=key, reason=reason)
+
+    def abort(self, rid: str) -> None:
+        self._keeper.notify("abort", rid=rid)
+
+    def remove(self, key: str) -> None:
+        self._keeper.notify("remove", key=key)
+
+    def report_failure(self) -> None:
+        self._keeper.notify("failure")

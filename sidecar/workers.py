@@ -1,0 +1,277 @@
+"""The worker processes: how many, started, watched, replaced, stopped.
+
+The parent makes the listening sockets, the connection counts they share and one
+channel per worker, then starts `python -m sidecar.worker` that many times with
+those descriptors. A worker that exits unasked is replaced (after a pause that grows
+while it keeps crashing); its fills in progress are failed and their room returned
+first (`Keeper.worker_gone`). SIGTERM reaches every worker; one that has not exited
+after `STOP_GRACE` is killed.
+
+Counters live in the workers: `counters()` asks each for its snapshot and adds up,
+keeping what workers that exited had counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import math
+import mmap
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sidecar import ipc
+from sidecar.ipc import Message
+from sidecar.keeper import Keeper
+from sidecar.metrics import add_snapshots
+
+logger = logging.getLogger(__name__)
+
+# A worker gets this long to finish after SIGTERM before it is killed.
+STOP_GRACE = 1.5  # seconds
+# A scrape waits this long for a busy worker's counters, then uses its last ones.
+STATS_TIMEOUT = 1.0  # seconds
+# A worker that dies within this long of starting counts as crash-looping: the pause
+# before the next start doubles, from RESTART_PAUSE up to RESTART_PAUSE_MAX.
+STABLE_AFTER = 10.0  # seconds
+RESTART_PAUSE = 0.1  # seconds
+RESTART_PAUSE_MAX = 30.0  # seconds
+
+
+def cpu_limit(cpu_max: str | None, cfs_quota: str | None, cfs_period: str | None) -> float | None:
+    """CPUs a cgroup quota allows: cgroup v2 `cpu.max` ("150000 100000" or "max
+    100000"), else cgroup v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us` (-1: none)."""
+    if cpu_max is not None:
+        quota, _, period = cpu_max.strip().partition(" ")
+        if quota != "max" and quota.isdigit() and period.isdigit() and int(period) > 0:
+            return int(quota) / int(period)
+        return None
+    if cfs_quota is not None and cfs_period is not None:
+        quota_us, period_us = int(cfs_quota.strip()), int(cfs_period.strip())
+        if quota_us > 0 and period_us > 0:
+            return quota_us / period_us
+    return None
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
+def available_cpus() -> int:
+    """The CPUs this container may use: its cgroup quota (rounded up), at most the CPUs
+    it may run on, at least 1. The default number of workers."""
+    limit = cpu_limit(
+        _read("/sys/fs/cgroup/cpu.max"),
+        _read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"),
+        _read("/sys/fs/cgroup/cpu/cpu.cfs_period_us"),
+    )
+    cpus = len(os.sched_getaffinity(0))
+    if limit is not None:
+        cpus = min(cpus, math.ceil(limit))
+    return max(1, cpus)
+
+
+@dataclass(frozen=True)
+class Inherited:
+    """What a worker gets from its parent, by file descriptor."""
+
+    index: int
+    listeners: tuple[int, ...]
+    keeper: int
+    balance: int
+
+    def argv(self) -> list[str]:
+        return [
+            "--index", str(self.index),
+            "--listeners", ",".join(map(str, self.listeners)),
+            "--keeper", str(self.keeper),
+            "--balance", str(self.balance),
+        ]  # fmt: skip
+
+    @property
+    def fds(self) -> tuple[int, ...]:
+        return (*self.listeners, self.keeper, self.balance)
+
+
+def parse_inherited(argv: Sequence[str]) -> tuple[Inherited, list[str]]:
+    """A worker's command line: what it inherited, and the sidecar's own flags."""
+    parser = argparse.ArgumentParser(prog="python -m sidecar.worker")
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--listeners", required=True)
+    parser.add_argument("--keeper", type=int, required=True)
+    parser.add_argument("--balance", type=int, required=True)
+    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
+    listeners = tuple(int(fd) for fd in args.listeners.split(","))
+    return Inherited(args.index, listeners, args.keeper, args.balance), rest
+
+
+@dataclass
+class _Worker:
+    index: int
+    process: asyncio.subprocess.Process | None = None
+    channel: ipc.Channel | None = None
+    ready: bool = False
+    last: dict[str, Any] = field(default_factory=dict)  # its last reported counters
+
+
+class Workers:
+    """The worker processes of one sidecar."""
+
+    def __init__(
+        self, count: int, argv: Sequence[str], sockets: Sequence[socket.socket], keeper: Keeper
+    ) -> None:
+        """`argv`: the sidecar's own flags, passed on to every worker."""
+        self._argv = list(argv)
+        self._sockets = sockets
+        self._keeper = keeper
+        self._workers = [_Worker(index) for index in range(count)]
+        self._retired: list[dict[str, Any]] = []  # counters of workers that exited
+        self._balance_fd = os.memfd_create("burstbuffer-connections", 0)
+        os.ftruncate(self._balance_fd, 8 * count)
+        self._counts = memoryview(mmap.mmap(self._balance_fd, 8 * count)).cast("q")
+        self._stopping = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self.started_all = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._supervise(worker)) for worker in self._workers]
+
+    def ready(self) -> str | None:
+        """None when every worker has started and one is serving, else what is missing."""
+        if not self.started_all.is_set():
+            waiting = sum(not worker.ready for worker in self._workers)
+            return f"{waiting} of {len(self._workers)} workers are starting"
+        if not any(worker.ready for worker in self._workers):
+            return "every worker is restarting"
+        return None
+
+    async def counters(self) -> tuple[dict[str, Any], dict[str, int]]:
+        """Every worker's counters added up (those of exited workers included), and the
+        gauges workers report (stage-in progress)."""
+        replies = await asyncio.gather(
+            *(self._ask_stats(worker) for worker in self._workers), return_exceptions=True
+        )
+        gauges: dict[str, int] = {}
+        for worker, reply in zip(self._workers, replies, strict=True):
+            if isinstance(reply, dict):
+                worker.last = reply["counters"]
+                for name, value in reply["gauges"].items():
+                    gauges[name] = gauges.get(name, 0) + value
+        counters = add_snapshots(
+            [self._keeper.metrics.snapshot(), *self._retired, *(w.last for w in self._workers)]
+        )
+        gauges["workers"] = sum(worker.ready for worker in self._workers)
+        return counters, gauges
+
+    async def _ask_stats(self, worker: _Worker) -> Message:
+        if worker.channel is None or not worker.ready:
+            raise ipc.PeerGone("not running")
+        return await asyncio.wait_for(worker.channel.call("stats"), STATS_TIMEOUT)
+
+    async def stop(self) -> None:
+        """SIGTERM to every worker; kill those still running after STOP_GRACE."""
+        self._stopping = True
+        running = [w.process for w in self._workers if w.process and w.process.returncode is None]
+        for process in running:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+        if running:
+            _, late = await asyncio.wait(
+                [asyncio.create_task(p.wait()) for p in running], timeout=STOP_GRACE
+            )
+            for process in running:
+                if process.returncode is None:
+                    logger.warning("worker pid %d did not stop in time; killed", process.pid)
+                    with contextlib.suppress(ProcessLookupError):
+                        process.kill()
+            if late:
+                await asyncio.wait(late)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- one worker's life ------------------------------------------------------------------
+
+    async def _supervise(self, worker: _Worker) -> None:
+        pause = RESTART_PAUSE
+        while not self._stopping:
+            started = time.monotonic()
+            status = await self._run_once(worker)
+            if self._stopping:
+                return
+            self._keeper.worker_gone(worker.index)
+            self._counts[worker.index] = 0
+            self._retired.append(worker.last)
+            worker.last = {}
+            pause = RESTART_PAUSE if time.monotonic() - started > STABLE_AFTER else pause * 2
+            pause = min(pause, RESTART_PAUSE_MAX)
+            logger.error(
+                "worker %d exited (%s); its fills in progress were dropped; restarting in %.1fs",
+                worker.index,
+                _describe_status(status),
+                pause,
+            )
+            await asyncio.sleep(pause)
+
+    async def _run_once(self, worker: _Worker) -> int:
+        ours, theirs = socket.socketpair()
+        inherited = Inherited(
+            worker.index,
+            tuple(s.fileno() for s in self._sockets),
+            theirs.fileno(),
+            self._balance_fd,
+        )
+        try:
+            worker.process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "sidecar.worker",
+                *inherited.argv(),
+                "--",
+                *self._argv,
+                pass_fds=inherited.fds,
+            )
+        finally:
+            theirs.close()
+
+        async def from_worker(message: Message) -> Message | None:
+            if message["op"] == "ready":
+                worker.ready = True
+                if all(w.ready for w in self._workers):
+                    self.started_all.set()
+                return None
+            return await self._keeper.handle(worker.index, message)
+
+        worker.channel = ipc.Channel(ours, from_worker)
+        channel = asyncio.create_task(worker.channel.run())
+        try:
+            return await worker.process.wait()
+        finally:
+            worker.ready = False
+            channel.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await channel
+            worker.channel = None
+
+
+def _describe_status(status: int) -> str:
+    if status < 0:
+        return f"killed by {signal.Signals(-status).name}"
+    return f"exit status {status}"
