@@ -1,0 +1,224 @@
+"""Several worker processes behave as one sidecar: one upstream fetch per object, one
+cap, one set of counters; a killed worker is replaced and nothing it half-wrote is
+served; SIGTERM stops them all."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from bench.harness import OriginServer, Sidecar, wait_until
+from sidecar.workers import cpu_limit
+from tests.sidecar.conftest import FILES, curl
+
+pytestmark = pytest.mark.e2e
+
+BIG = FILES["big.bin"]
+
+
+def workers_of(sidecar: Sidecar) -> list[int]:
+    """The worker processes' pids (children of the sidecar's main process)."""
+    children = Path(f"/proc/{sidecar.pid}/task/{sidecar.pid}/children").read_text().split()
+    return sorted(int(pid) for pid in children)
+
+
+def fds_on(pid: int, needle: str) -> int:
+    """How many of `pid`'s descriptors name a path containing `needle`."""
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            count += needle in os.readlink(fd)
+        except OSError:
+            continue
+    return count
+
+
+def established_to(port: int) -> dict[int, int]:
+    """Socket inode -> 1 for every established TCP connection whose local port is `port`."""
+    found = {}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local_port = int(fields[1].rsplit(":", 1)[1], 16)
+        if local_port == port and fields[3] == "01":
+            found[int(fields[9])] = 1
+    return found
+
+
+def client_connections(pid: int, port: int) -> int:
+    inodes = established_to(port)
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            link = os.readlink(fd)
+        except OSError:
+            continue
+        if link.startswith("socket:[") and int(link[8:-1]) in inodes:
+            count += 1
+    return count
+
+
+def test_clients_on_every_worker_share_one_upstream_fetch(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    sidecar = start_sidecar("--workers", "2", "--parallel-fetch", "1", "--access-log")
+    url = origin.url("big.bin", case="workers-coalesce", rate=12_000_000)
+    expected = (dataset / "big.bin").read_bytes()
+    ranges = [None, None, None, "0-99999", f"{BIG - 5000}-", "1000000-3999999"]
+    with ThreadPoolExecutor(len(ranges)) as pool:
+        downloads = list(pool.map(lambda r: curl(sidecar, url, *(("-r", r) if r else ())), ranges))
+    for wanted, download in zip(ranges, downloads, strict=True):
+        assert download.returncode == 0, download.stderr
+        if wanted is None:
+            assert download.body == expected
+        else:
+            start, _, end = wanted.partition("-")
+            assert download.body == expected[int(start) : int(end) + 1 if end else None]
+    assert origin.full_fetches("big.bin", case="workers-coalesce", rate=12_000_000) == 1
+    stats = sidecar.stats()
+    # The tail range starts beyond what the fill will have soon: it is fetched apart.
+    assert stats["misses"] == 1 and stats["coalesced"] == len(ranges) - 2
+    assert stats["pass_reasons"] == {"range-ahead-of-fill": 1}
+    assert stats["workers"] == 2
+    served_by = {
+        line.split("]")[0].rsplit("[", 1)[1]
+        for line in sidecar.log().splitlines()
+        if "sidecar.router: coalesced GET" in line or "sidecar.router: miss GET" in line
+    }
+    assert served_by == {"w0", "w1"}, "the clients should have landed on both workers"
+    sidecar.wait_for_entries(1)
+    assert curl(sidecar, url).body == expected
+    assert sidecar.stats()["hits"] == 1
+
+
+def test_kept_alive_connections_spread_evenly_over_the_workers(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer
+) -> None:
+    sidecar = start_sidecar("--workers", "2")
+    url = origin.url("small.bin", case="workers-spread", rate=50_000)  # ~2 s each
+    # curl keeps each connection until its transfer ends: four at once, held 2 s.
+    with ThreadPoolExecutor(4) as pool:
+        pending = [pool.submit(curl, sidecar, url) for _ in range(4)]
+        wait_until(
+            lambda: (
+                sum(client_connections(p, sidecar.proxy_port) for p in workers_of(sidecar)) == 4
+            ),
+            "four client connections",
+        )
+        per_worker = [client_connections(p, sidecar.proxy_port) for p in workers_of(sidecar)]
+        assert all(download.result().returncode == 0 for download in pending)
+    assert per_worker == [2, 2]
+
+
+def test_the_cap_holds_with_fills_in_two_workers(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    sidecar = start_sidecar(
+        "--workers", "2", "--buffer-size", f"{2 * BIG + BIG // 2}", "--parallel-fetch", "1"
+    )
+    expected = (dataset / "big.bin").read_bytes()
+    urls = [origin.url("big.bin", case=f"workers-cap-{i}", rate=12_000_000) for i in range(3)]
+    with ThreadPoolExecutor(3) as pool:
+        downloads = list(pool.map(lambda u: curl(sidecar, u), urls))
+    assert all(d.returncode == 0 and d.body == expected for d in downloads)
+    sidecar.wait_for_entries(2)
+    stats = sidecar.stats()
+    assert stats["admissions_refused"] == 1 and stats["pass_reasons"] == {"no-room": 1}
+    assert stats["buffer_bytes"] == 2 * BIG and stats["reserved_bytes"] == 0
+    assert len(list((sidecar.buffer_dir / "objects").iterdir())) == 2
+
+
+def test_a_killed_worker_is_replaced_and_nothing_it_half_wrote_is_served(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    sidecar = start_sidecar("--workers", "2", "--parallel-fetch", "1")
+    url = origin.url("big.bin", case="workers-kill", rate=4_000_000)  # ~6 s
+    expected = (dataset / "big.bin").read_bytes()
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(curl, sidecar, url)
+        wait_until(lambda: sidecar.stats()["fills_in_progress"] == 1, "the fill to start")
+        second = pool.submit(curl, sidecar, url)
+        wait_until(lambda: sidecar.stats()["coalesced"] == 1, "a second client to join")
+        # The fill's owner holds the partial body more often (writer and readers) than
+        # a worker that only follows it.
+        held = {pid: fds_on(pid, "/partial/") for pid in workers_of(sidecar)}
+        owner = max(held, key=held.__getitem__)
+        assert sorted(held.values())[0] < held[owner]
+        os.kill(owner, signal.SIGKILL)
+        downloads = [first.result(), second.result()]
+    # Whoever was following the dead worker's fill sees an error, never a short success.
+    for download in downloads:
+        assert download.returncode != 0 or download.body == expected
+    assert any(download.returncode != 0 for download in downloads)
+    wait_until(lambda: sidecar.stats()["workers"] == 2, "the worker to be replaced")
+    assert owner not in workers_of(sidecar)
+    stats = sidecar.stats()
+    assert stats["entries"] == 0 and stats["reserved_bytes"] == 0
+    assert list((sidecar.buffer_dir / "partial").iterdir()) == []
+    assert "worker" in sidecar.log() and "restarting" in sidecar.log()
+    assert curl(sidecar, url).body == expected
+    sidecar.wait_for_entries(1)
+    assert curl(sidecar, url).body == expected
+    assert sidecar.stats()["hits"] == 1
+
+
+def test_sigterm_stops_every_worker_within_two_seconds(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer
+) -> None:
+    sidecar = start_sidecar("--workers", "2")
+    workers = workers_of(sidecar)
+    assert len(workers) == 2
+    slow = subprocess.Popen(  # a download in progress must not hold the stop up
+        ["curl", "-s", "-o", "/dev/null", "--proxy", sidecar.proxy, "--cacert",
+         str(sidecar.bundle), origin.url("big.bin", case="workers-stop", rate=1_000_000)],
+        env={"PATH": os.environ["PATH"]},
+    )  # fmt: skip
+    try:
+        wait_until(lambda: sidecar.stats()["fills_in_progress"] == 1, "a fill in progress")
+        assert sidecar.process is not None
+        started = time.monotonic()
+        sidecar.process.popen.send_signal(signal.SIGTERM)
+        sidecar.process.popen.wait(timeout=5)
+        elapsed = time.monotonic() - started
+    finally:
+        slow.kill()
+        slow.wait()
+    assert elapsed < 2.0
+    assert sidecar.process.popen.returncode == 0
+    for pid in workers:
+        assert not Path(f"/proc/{pid}").exists()
+
+
+def test_one_worker_per_cpu_the_sidecar_may_run_on(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer
+) -> None:
+    os.sched_setaffinity(0, {0})  # inherited by the sidecar started below
+    try:
+        sidecar = start_sidecar()
+    finally:
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    assert sidecar.stats()["workers"] == 1
+    assert len(workers_of(sidecar)) == 1
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "quota", "period", "cpus"),
+    [
+        ("max 100000\n", None, None, None),
+        ("150000 100000\n", None, None, 1.5),
+        ("50000 100000", None, None, 0.5),
+        (None, "-1\n", "100000\n", None),
+        (None, "300000\n", "100000\n", 3.0),
+        (None, None, None, None),
+    ],
+)
+def test_the_cgroup_cpu_quota_is_read_in_v1_and_v2(
+    cpu_max: str | None, quota: str | None, period: str | None, cpus: float | None
+) -> None:
+    assert cpu_limit(cpu_max, quota, period) == cpus
