@@ -35,6 +35,9 @@ FIRST_BYTES_TIMEOUT = 60.0  # seconds
 # Between two peeks of an incomplete head (the socket stays readable meanwhile).
 _PEEK_INTERVAL = 0.002  # seconds
 TLS_HANDSHAKE_TIMEOUT = 30.0  # seconds
+# A worker busier than another waits this long before accepting a new connection, so
+# that the least busy worker takes it (unless that one is too busy to get there first).
+ACCEPT_DELAY = 0.002  # seconds
 _ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
 
 
@@ -72,9 +75,10 @@ def parse_connect(head: bytes) -> Connect | None:
 class Balance:
     """Open connections per worker, in memory the workers share.
 
-    A worker accepts only while it has no more connections than the least busy one,
-    so that kept-alive connections (one per data-loader worker) spread evenly instead
-    of landing where the kernel happens to wake a process first.
+    Every worker is woken for a new connection; those with more open connections
+    than the least busy one let it go first, so that kept-alive connections (one per
+    data-loader worker) spread evenly instead of landing where the kernel happens to
+    wake a process first.
     """
 
     def __init__(self, counts: Sequence[int], index: int) -> None:
@@ -118,9 +122,14 @@ class Front:
         """Accept forever on `sock`; `lean`: CONNECTs to intercepted hosts are ours."""
         loop = asyncio.get_running_loop()
         while True:
-            while not self._balance.eligible():
-                await asyncio.sleep(0.001)
-            client, _ = await loop.sock_accept(sock)
+            await _readable(sock)
+            if not self._balance.eligible():
+                # Every worker is woken; the least busy one should take the connection.
+                await asyncio.sleep(ACCEPT_DELAY)
+            try:
+                client, _ = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                continue  # another worker took it
             client.setblocking(False)
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._balance.opened()

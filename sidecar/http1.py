@@ -23,7 +23,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 
 import httptools
 
@@ -217,9 +217,8 @@ class Http1Connection(asyncio.Protocol):
     # -- transport events ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        transport.set_write_buffer_limits(high=WRITE_BUFFER)
+        self._transport = cast(asyncio.Transport, transport)  # a stream: TLS over TCP
+        self._transport.set_write_buffer_limits(high=WRITE_BUFFER)
         self._arm_idle_timer()
 
     def data_received(self, data: bytes) -> None:
