@@ -20,6 +20,7 @@ import importlib.metadata
 import itertools
 import json
 import logging
+import math
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from typing import Any
 
 from injector import aliases, capture, names, redirect
 from injector.overrides import PodOptions, pod_options
-from injector.quantity import format_bytes, parse_bytes
+from injector.quantity import format_bytes, parse_bytes, parse_quantity
 from injector.settings import BufferSettings, InjectorSettings, UpstreamCASettings
 from sidecar.settings import command_line
 
@@ -48,6 +49,9 @@ TRUST_VARIABLES = (
 # 16 MiB and at most 512 MiB (the index grows with the number of entries, not their size).
 _INDEX_HEADROOM_MIN = 16 * 2**20
 _INDEX_HEADROOM_MAX = 512 * 2**20
+# Memory of each sidecar worker process beyond the first (mitmproxy, the TLS contexts,
+# buffers of the connections it serves): measured at about 90 MiB private per worker.
+WORKER_MEMORY = 128 * 2**20
 
 # Tiny volumes of the sidecar: the CA key (tmpfs, so the key never reaches the node's
 # disk) and the trust files (a CA bundle is a few hundred KiB).
@@ -79,15 +83,36 @@ def sidecar_buffer_size(volume_size: int) -> int:
     return (volume_size - headroom) // 2**20 * 2**20
 
 
-def sidecar_resources(settings: InjectorSettings, buffer: BufferSettings) -> dict[str, Any]:
-    """The sidecar's resources, with the buffer charged where the kernel charges it.
+def sidecar_workers(resources: Mapping[str, Mapping[str, str]]) -> int:
+    """The sidecar's worker processes: one per CPU of its CPU limit, else of its request
+    (rounded up), at least one."""
+    cpu = resources.get("limits", {}).get("cpu") or resources.get("requests", {}).get("cpu")
+    return max(1, math.ceil(parse_quantity(cpu))) if cpu else 1
 
-    tmpfs pages count against the memory cgroup of the process that writes them (the
-    sidecar), and a disk emptyDir against the pod's ephemeral storage: without the buffer
-    in the limit, a full buffer gets the sidecar OOM-killed or the pod evicted.
+
+def sidecar_resources(settings: InjectorSettings, options: PodOptions) -> dict[str, Any]:
+    """The sidecar's resources, with its workers and the buffer charged where the kernel
+    charges them.
+
+    The configured memory covers the sidecar with one worker process; each further
+    worker (one per CPU) adds WORKER_MEMORY. tmpfs pages count against the memory
+    cgroup of the process that writes them (the sidecar), and a disk emptyDir against
+    the pod's ephemeral storage: without the buffer in the limit, a full buffer gets the
+    sidecar OOM-killed or the pod evicted.
     """
+    buffer = options.buffer
     requests = dict(settings.resources.requests)
     limits = dict(settings.resources.limits)
+    if options.sidecar_cpu is not None:
+        requests["cpu"] = options.sidecar_cpu
+        if "cpu" in limits and parse_quantity(limits["cpu"]) < parse_quantity(requests["cpu"]):
+            limits["cpu"] = options.sidecar_cpu
+    extra_workers = sidecar_workers({"requests": requests, "limits": limits}) - 1
+    for amounts in (requests, limits):
+        if "memory" in amounts and extra_workers:
+            amounts["memory"] = format_bytes(
+                parse_bytes(amounts["memory"]) + extra_workers * WORKER_MEMORY
+            )
     charged = {"Memory": "memory", "Disk": "ephemeral-storage"}.get(buffer.medium)
     if charged is not None:
         if charged in limits:
@@ -184,9 +209,11 @@ def sidecar_intercept(settings: InjectorSettings, options: PodOptions) -> tuple[
 
 
 def _sidecar_args(
-    settings: InjectorSettings, options: PodOptions, upstream_proxy: str | None
+    settings: InjectorSettings, options: PodOptions, upstream_proxy: str | None, workers: int
 ) -> list[str]:
     return command_line(
+        # Always given: without a CPU limit the sidecar would see every CPU of the node.
+        workers=workers,
         listen_host="127.0.0.1",
         listen_port=settings.proxy_port,
         # The kubelet probes (and Prometheus scrapes) the pod IP; the proxy stays on loopback.
@@ -250,19 +277,20 @@ def _sidecar(
     def health() -> dict[str, Any]:
         return {"httpGet": {"path": "/healthz", "port": settings.admin_port}}
 
+    resources = sidecar_resources(settings, options)
     container: dict[str, Any] = {
         "name": names.CONTAINER,
         "image": settings.image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["burstbuffer-sidecar"],
-        "args": _sidecar_args(settings, options, upstream_proxy),
+        "args": _sidecar_args(settings, options, upstream_proxy, sidecar_workers(resources)),
         "env": _sidecar_env(options.buffer),
         "ports": [
             {"name": names.ADMIN_PORT_NAME, "containerPort": settings.admin_port, "protocol": "TCP"}
         ],
         "startupProbe": {**health(), **_STARTUP_PROBE},
         "livenessProbe": {**health(), **_LIVENESS_PROBE},
-        "resources": sidecar_resources(settings, options.buffer),
+        "resources": resources,
         "securityContext": _security_context(settings),
         "volumeMounts": _sidecar_mounts(volume_names),
     }

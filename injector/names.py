@@ -16,6 +16,7 @@ BUFFER_MEDIUM = "burstbuffer.io/buffer-medium"
 INTERCEPT = "burstbuffer.io/intercept"
 STAGE_IN = "burstbuffer.io/stage-in"
 CAPTURE = "burstbuffer.io/capture"
+SIDECAR_CPU = "burstbuffer.io/sidecar-cpu"
 # Plain Prometheus' pod annotations (the kubernetes-pods scrape job), when configured.
 PROMETHEUS = "prometheus.io/"
 PROMETHEUS_SCRAPE = PROMETHEUS + "scrape"

@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from injector import names
+from injector.quantity import parse_quantity
 from injector.settings import MEDIA, BufferSettings, ConfigError, InjectorSettings, buffer_size
 from sidecar.settings import Capture, host_matches, parse_capture, parse_host_globs, parse_stage_in
 
@@ -27,6 +28,8 @@ class PodOptions:
     extra_intercept: tuple[str, ...] = ()
     # What the sidecar prefetches at start (URLs, brace ranges, @manifest URLs).
     stage_in: tuple[str, ...] = ()
+    # The sidecar's CPU request (a quantity), when the pod asks for its own.
+    sidecar_cpu: str | None = None
     warnings: tuple[str, ...] = ()
 
 
@@ -34,6 +37,18 @@ def _medium(text: str) -> str:
     value = text.strip()
     if value not in MEDIA:
         raise ValueError(f"invalid medium {text!r}: expected one of {', '.join(MEDIA)}")
+    return value
+
+
+# The sidecar runs one worker process per CPU, at most this many.
+MAX_SIDECAR_CPU = 64
+
+
+def _cpu(text: str) -> str:
+    value = text.strip()
+    cpus = parse_quantity(value)
+    if not 0 < cpus <= MAX_SIDECAR_CPU:
+        raise ValueError(f"invalid CPU {text!r}: expected a quantity above 0, at most 64")
     return value
 
 
@@ -75,7 +90,8 @@ def pod_options(annotations: Mapping[str, Any], settings: InjectorSettings) -> P
                 f"{names.STAGE_IN}: {host} is not intercepted, so {spec} is not staged; "
                 f"add it to {names.INTERCEPT}"
             )
-    return PodOptions(buffer, capture, extra, stage_in, tuple(warnings))
+    sidecar_cpu: str | None = read(names.SIDECAR_CPU, _cpu, None)
+    return PodOptions(buffer, capture, extra, stage_in, sidecar_cpu, tuple(warnings))
 
 
 def _plain_host(spec: str) -> str | None:

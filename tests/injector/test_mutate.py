@@ -190,7 +190,7 @@ def test_buffer_headroom() -> None:
 )  # fmt: skip
 def test_the_buffer_is_charged_to_the_sidecar(config: str, expected: dict[str, Any]) -> None:
     s = settings.load(config)
-    assert sidecar_resources(s, s.buffer) == expected
+    assert sidecar_resources(s, pod_options({}, s)) == expected
 
 
 def test_sidecar_flags_read_back_with_the_sidecars_parser() -> None:
@@ -620,3 +620,51 @@ def test_a_pods_own_prometheus_annotations_win() -> None:
         "the pod sets prometheus.io/port itself; the sidecar's metrics are not announced "
         "to Prometheus",
     )
+
+
+def _sidecar_of(p: dict[str, Any], config: InjectorSettings) -> dict[str, Any]:
+    return containers(mutate(p, config).pod)[names.CONTAINER]
+
+
+def _workers_flag(sidecar: dict[str, Any]) -> int:
+    args = sidecar["args"]
+    return int(args[args.index("--workers") + 1])
+
+
+def test_the_sidecar_runs_one_worker_by_default() -> None:
+    sidecar = _sidecar_of(pod(), settings.load(""))
+    assert _workers_flag(sidecar) == 1
+    assert sidecar["resources"]["requests"]["cpu"] == "100m"
+
+
+@pytest.mark.parametrize(
+    ("cpu", "workers", "memory_limit"),
+    [("2", 2, "1408Mi"), ("1500m", 2, "1408Mi"), ("4", 4, "1664Mi"), ("0.5", 1, "1280Mi")],
+)
+def test_sidecar_cpu_sets_the_request_the_workers_and_their_memory(
+    cpu: str, workers: int, memory_limit: str
+) -> None:
+    config = settings.load("")
+    sidecar = _sidecar_of(pod(annotations={names.SIDECAR_CPU: cpu}), config)
+    assert _workers_flag(sidecar) == workers
+    assert sidecar["resources"]["requests"]["cpu"] == cpu
+    # 256Mi for the sidecar with one worker + the 1Gi buffer, 128Mi per further worker.
+    assert sidecar["resources"]["limits"]["memory"] == memory_limit
+    parsed = sidecar_settings.parse(sidecar["args"], {})
+    assert parsed.workers == workers
+
+
+def test_a_configured_cpu_limit_decides_the_workers_and_is_raised_to_the_request() -> None:
+    config = settings.load("resources: {requests: {cpu: 1}, limits: {cpu: 3, memory: 1Gi}}")
+    assert _workers_flag(_sidecar_of(pod(), config)) == 3
+    sidecar = _sidecar_of(pod(annotations={names.SIDECAR_CPU: "6"}), config)
+    assert sidecar["resources"]["limits"]["cpu"] == "6"
+    assert _workers_flag(sidecar) == 6
+
+
+@pytest.mark.parametrize("cpu", ["0", "-1", "lots", "65", ""])
+def test_a_bad_sidecar_cpu_is_a_warning_and_the_default_stays(cpu: str) -> None:
+    config = settings.load("")
+    result = mutate(pod(annotations={names.SIDECAR_CPU: cpu}), config)
+    assert any(names.SIDECAR_CPU in warning for warning in result.warnings)
+    assert _workers_flag(containers(result.pod)[names.CONTAINER]) == 1
