@@ -28,6 +28,7 @@ from sidecar import admin, capture, logs, metrics
 from sidecar.front import listen
 from sidecar.keeper import Keeper
 from sidecar.settings import Settings, SettingsError, parse
+from sidecar.shared import Shared
 from sidecar.store import Store, StoreError
 from sidecar.workers import Workers, available_cpus
 
@@ -43,7 +44,11 @@ async def run(settings: Settings, argv: Sequence[str]) -> None:
     if settings.trust_dir is not None:
         bundle.write_trust_files(settings.trust_dir, ca.cert_pem, extra_ca)
 
-    store = Store(settings.buffer_dir, settings.buffer_size, settings.eviction)
+    shared = Shared.create(settings.workers or available_cpus())
+    # Workers remember stored objects; a removal tells them to look again.
+    store = Store(
+        settings.buffer_dir, settings.buffer_size, settings.eviction, shared.bump_generation
+    )
     try:
         store.open()
     except StoreError as e:
@@ -52,7 +57,7 @@ async def run(settings: Settings, argv: Sequence[str]) -> None:
     keeper = Keeper(store)
     listeners = capture.listeners(settings)
     sockets = [listen(listener.host, listener.port) for listener in listeners]
-    workers = Workers(settings.workers or available_cpus(), argv, sockets, keeper)
+    workers = Workers(shared, argv, sockets, keeper)
 
     def ready() -> str | None:
         if settings.trust_dir is not None and not all(

@@ -9,6 +9,7 @@ hits, fills and passes are decided and written by one piece of code.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -30,9 +31,14 @@ class Request:
     headers: tuple[tuple[str, str], ...]
     http_version: str = "HTTP/1.1"
 
+    @functools.cached_property
+    def fields(self) -> policy.Fields:
+        """The fields by lower-case name, for the decisions of `sidecar.policy`."""
+        return policy.Fields.of(self.headers)
+
     def header(self, name: str) -> str | None:
         """Field `name`, several lines joined (see `policy.header`)."""
-        return policy.header(self.headers, name)
+        return self.fields.get(name.lower())
 
 
 class Channel(Protocol):

@@ -22,6 +22,7 @@ import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from sidecar import tls
 from sidecar.http1 import Http1Connection, Tunnel
 from sidecar.router import Router
 from sidecar.settings import host_matches
@@ -180,13 +181,14 @@ class Front:
         client.recv(connect.head_length)  # exactly the head peeked; nothing follows yet
         client.send(_ESTABLISHED)
         context = self._tls_context(connect.tunnel.host)
-        loop = asyncio.get_running_loop()
-        await loop.connect_accepted_socket(
-            lambda: Http1Connection(connect.tunnel, self._router, self._balance.closed),
-            client,
-            ssl=context,
-            ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT,
-        )
+        sock = context.wrap_socket(client, server_side=True, do_handshake_on_connect=False)
+        try:
+            await tls.handshake(sock, TLS_HANDSHAKE_TIMEOUT)
+        except BaseException:
+            sock.close()
+            raise
+        protocol = Http1Connection(connect.tunnel, self._router, self._balance.closed)
+        tls.TlsTransport(sock, protocol).start()
         return True
 
     async def close(self) -> None:

@@ -177,11 +177,11 @@ class _Response:
         return contextlib.nullcontext()
 
 
+_REASONS = {status.value: status.phrase.encode("ascii") for status in HTTPStatus}
+
+
 def _reason(status: int) -> bytes:
-    try:
-        return HTTPStatus(status).phrase.encode("ascii")
-    except ValueError:
-        return b""
+    return _REASONS.get(status, b"")
 
 
 @dataclass

@@ -31,15 +31,17 @@ import asyncio
 import collections
 import time
 from dataclasses import dataclass, field
-from typing import BinaryIO
 
 from sidecar import ipc
 from sidecar.ipc import Message
 from sidecar.metrics import Metrics
+from sidecar.shared import Shared
 from sidecar.store import Index, Reservation, Store, StoredObject, StoreError
 
 # Served keys are reported to the keeper (for `lru`) at most this often.
 TOUCH_INTERVAL = 0.5  # seconds
+# Stored objects a worker remembers (each a few hundred bytes: its headers).
+REMEMBERED = 100_000
 
 
 @dataclass
@@ -183,26 +185,47 @@ class Keeper:
 
 
 class Buffer:
-    """A worker's handle on the buffer: the index it reads, the keeper it asks."""
+    """A worker's handle on the buffer: the index it reads, the keeper it asks.
 
-    def __init__(self, index: Index, keeper: ipc.Channel, track_recency: bool) -> None:
+    Stored objects found in the index are remembered (a hit then costs no SQLite
+    query) until the keeper removes any object: that bumps the shared index
+    generation, and everything remembered is looked up again.
+    """
+
+    def __init__(
+        self, index: Index, keeper: ipc.Channel, shared: Shared, track_recency: bool
+    ) -> None:
         """`track_recency`: report served keys to the keeper (only `lru` needs them)."""
         self._index = index
         self._keeper = keeper
+        self._shared = shared
+        self._known: dict[str, StoredObject] = {}
+        self._known_generation = shared.generation
         self._track_recency = track_recency
         self._touched: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._last_touch_report = time.monotonic()
 
     def lookup(self, key: str) -> StoredObject | None:
         """The stored, verified object of `key`, or None; StoreError if the index fails."""
-        entry = self._index.lookup(key)
-        if entry is not None and self._track_recency:
+        generation = self._shared.generation
+        if generation != self._known_generation:
+            self._known.clear()
+            self._known_generation = generation
+        entry = self._known.get(key)
+        if entry is None:
+            entry = self._index.lookup(key)
+            if entry is None:
+                return None
+            if len(self._known) >= REMEMBERED:
+                del self._known[next(iter(self._known))]
+            self._known[key] = entry
+        if self._track_recency:
             self._touched[key] = None
             self._touched.move_to_end(key)
             self._report_touches()
         return entry
 
-    def open_body(self, entry: StoredObject) -> BinaryIO:
+    def open_body(self, entry: StoredObject) -> int:
         return self._index.open_body(entry)
 
     def _report_touches(self) -> None:

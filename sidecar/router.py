@@ -14,6 +14,7 @@ download: every buffer error falls back to upstream. The front ends (`sidecar.ht
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -69,7 +70,7 @@ class Router:
         """
         with channel.keep_alive():
             try:
-                if policy.request_may_hit(request.method, request.headers).cacheable:
+                if policy.request_may_hit(request.method, request.fields).cacheable:
                     await self._serve(request, channel)
                 else:
                     await self._pass(request, channel, "method", body)
@@ -95,13 +96,13 @@ class Router:
         key = policy.cache_key(request.url)
         entry = self._lookup(key)
         if entry is not None and policy.needs_revalidation(
-            self.settings.revalidate, request.headers
+            self.settings.revalidate, request.fields
         ):
             entry = await self._revalidate(request, key, entry)
         if entry is not None:
             await self._serve_stored(request, channel, key, entry)
             return
-        verdict = policy.request_is_cacheable(request.method, request.headers)
+        verdict = policy.request_is_cacheable(request.method, request.fields)
         if not verdict.cacheable:
             # A HEAD miss or a no-store request never fills: relay an unstored exchange.
             await self._pass(request, channel, verdict.reason)
@@ -203,14 +204,16 @@ class Router:
             await self._pass(request, channel, "buffer-error")
             return
         self.metrics.counters.hits += 1
-        with body:
+        try:
             await self._send(
                 request,
                 channel,
                 Representation(entry.size, entry.headers),
                 "hit",
-                lambda start, end: _file_chunks(body.fileno(), start, end),
+                lambda start, end: _file_chunks(body, start, end),
             )
+        finally:
+            os.close(body)
 
     async def _send(
         self,
@@ -227,7 +230,7 @@ class Router:
         last_modified = policy.header(representation.headers, "Last-Modified")
         base = [(k, v) for k, v in representation.headers if k.lower() != "accept-ranges"]
         base.append(("Accept-Ranges", "bytes"))
-        if policy.not_modified(request.headers, etag, last_modified):
+        if policy.not_modified(request.fields, etag, last_modified):
             await channel.start(304, [(k, v) for k, v in base if k.lower() != "content-type"])
             channel.finish()
             return

@@ -44,9 +44,9 @@ import shutil
 import sqlite3
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import diskcache
 
@@ -98,8 +98,16 @@ class Reservation:
 class Store:
     """The buffer directory with a hard cap and an admission policy."""
 
-    def __init__(self, directory: Path, capacity: int, eviction: Eviction) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        capacity: int,
+        eviction: Eviction,
+        removed: Callable[[], None] = lambda: None,
+    ) -> None:
+        """`removed()` is called after each object is removed from the index."""
         self.directory = directory
+        self._removed = removed
         self.capacity = capacity
         self.eviction = eviction
         self.objects_dir = directory / "objects"
@@ -282,6 +290,8 @@ class Store:
             self._require_index().delete(key)
         except (sqlite3.Error, diskcache.Timeout) as e:
             raise StoreError(f"cannot remove an object: {_describe(e)}") from e
+        finally:
+            self._removed()
         if entry is not None:
             # Unlinking a large tmpfs file takes tens of milliseconds: not on the event
             # loop. Readers that still have it open keep reading it.
@@ -316,7 +326,7 @@ class Index:
     """A worker's read-only view of the buffer: stored objects and their bodies."""
 
     def __init__(self, directory: Path) -> None:
-        self.objects_dir = directory / "objects"
+        self._objects_dir = str(directory / "objects")
         self._directory = directory
         self._index: diskcache.Cache | None = None
 
@@ -338,10 +348,10 @@ class Index:
             return None
         return entry
 
-    def open_body(self, entry: StoredObject) -> BinaryIO:
-        """Open a stored body for reading (the file stays readable even if evicted)."""
+    def open_body(self, entry: StoredObject) -> int:
+        """A descriptor of a stored body (it stays readable even if evicted)."""
         try:
-            return open(self.objects_dir / entry.file, "rb")
+            return os.open(os.path.join(self._objects_dir, entry.file), os.O_RDONLY)
         except OSError as e:
             raise StoreError(f"cannot read a stored body: {_describe(e)}") from e
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import mmap
 import os
 import signal
 import socket
@@ -45,6 +44,7 @@ from sidecar.keeper import Buffer
 from sidecar.metrics import Metrics
 from sidecar.router import Router
 from sidecar.settings import Settings, host_glob_regex, parse
+from sidecar.shared import Shared
 from sidecar.stagein import Progress as StageProgress
 from sidecar.stagein import StageIn, StageInError
 from sidecar.store import Index, StoreError
@@ -59,12 +59,7 @@ def allow_hosts(globs: Sequence[str]) -> list[str]:
     return [rf"^(?:{host_glob_regex(glob)}):\d+$" for glob in globs]
 
 
-def shared_counts(fd: int, workers: int) -> memoryview:
-    """The connection counts the parent shares (one signed 64-bit slot per worker)."""
-    return memoryview(mmap.mmap(fd, 8 * workers)).cast("q")
-
-
-async def run(settings: Settings, inherited: Inherited, workers: int) -> None:
+async def run(settings: Settings, inherited: Inherited) -> None:
     ca = load_or_create_ca(settings.ca_dir)
     index = Index(settings.buffer_dir)
     try:
@@ -91,7 +86,8 @@ async def run(settings: Settings, inherited: Inherited, workers: int) -> None:
 
     keeper = ipc.Channel(socket.socket(fileno=inherited.keeper), from_parent)
     channel_task = asyncio.create_task(keeper.run())
-    buffer = Buffer(index, keeper, track_recency=settings.eviction == "lru")
+    shared = Shared(inherited.shared)
+    buffer = Buffer(index, keeper, shared, track_recency=settings.eviction == "lru")
     fills = Fills(buffer, upstream, metrics, settings.parallel_fetch)
     router = Router(settings, buffer, fills, upstream, metrics)
     if settings.stage_in and inherited.index == 0:
@@ -129,7 +125,7 @@ async def run(settings: Settings, inherited: Inherited, workers: int) -> None:
         stream_large_bodies="1m",
     )
     handoff = respond.Handoff(ps, [listener.mode for listener in listeners])
-    balance = Balance(shared_counts(inherited.balance, workers), inherited.index)
+    balance = Balance(shared.connections, inherited.index)
     front = Front(router, settings.intercept, ServerContexts(ca).get, handoff.handle, balance)
     sockets = [socket.socket(fileno=fd) for fd in inherited.listeners]
     tasks = [
@@ -178,9 +174,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     inherited, rest = parse_inherited(sys.argv[1:] if argv is None else argv)
     settings = parse(rest, os.environ)
     logs.configure(f"w{inherited.index}")
-    workers = os.fstat(inherited.balance).st_size // 8
     try:
-        asyncio.run(run(settings, inherited, workers))
+        asyncio.run(run(settings, inherited))
     except KeyboardInterrupt:
         pass
 

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import mmap
 import os
 import signal
 import socket
@@ -33,6 +32,7 @@ from sidecar import ipc
 from sidecar.ipc import Message
 from sidecar.keeper import Keeper
 from sidecar.metrics import add_snapshots
+from sidecar.shared import Shared
 
 logger = logging.getLogger(__name__)
 
@@ -90,19 +90,19 @@ class Inherited:
     index: int
     listeners: tuple[int, ...]
     keeper: int
-    balance: int
+    shared: int
 
     def argv(self) -> list[str]:
         return [
             "--index", str(self.index),
             "--listeners", ",".join(map(str, self.listeners)),
             "--keeper", str(self.keeper),
-            "--balance", str(self.balance),
+            "--shared", str(self.shared),
         ]  # fmt: skip
 
     @property
     def fds(self) -> tuple[int, ...]:
-        return (*self.listeners, self.keeper, self.balance)
+        return (*self.listeners, self.keeper, self.shared)
 
 
 def parse_inherited(argv: Sequence[str]) -> tuple[Inherited, list[str]]:
@@ -111,12 +111,12 @@ def parse_inherited(argv: Sequence[str]) -> tuple[Inherited, list[str]]:
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--listeners", required=True)
     parser.add_argument("--keeper", type=int, required=True)
-    parser.add_argument("--balance", type=int, required=True)
+    parser.add_argument("--shared", type=int, required=True)
     parser.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
     listeners = tuple(int(fd) for fd in args.listeners.split(","))
-    return Inherited(args.index, listeners, args.keeper, args.balance), rest
+    return Inherited(args.index, listeners, args.keeper, args.shared), rest
 
 
 @dataclass
@@ -132,17 +132,20 @@ class Workers:
     """The worker processes of one sidecar."""
 
     def __init__(
-        self, count: int, argv: Sequence[str], sockets: Sequence[socket.socket], keeper: Keeper
+        self,
+        shared: Shared,
+        argv: Sequence[str],
+        sockets: Sequence[socket.socket],
+        keeper: Keeper,
     ) -> None:
-        """`argv`: the sidecar's own flags, passed on to every worker."""
+        """One worker per connection slot of `shared`; `argv`: the sidecar's own flags,
+        passed on to every worker."""
         self._argv = list(argv)
+        self._shared = shared
         self._sockets = sockets
         self._keeper = keeper
-        self._workers = [_Worker(index) for index in range(count)]
+        self._workers = [_Worker(index) for index in range(shared.workers)]
         self._retired: list[dict[str, Any]] = []  # counters of workers that exited
-        self._balance_fd = os.memfd_create("burstbuffer-connections", 0)
-        os.ftruncate(self._balance_fd, 8 * count)
-        self._counts = memoryview(mmap.mmap(self._balance_fd, 8 * count)).cast("q")
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
         self.started_all = asyncio.Event()
@@ -217,7 +220,7 @@ class Workers:
             if self._stopping:
                 return
             self._keeper.worker_gone(worker.index)
-            self._counts[worker.index] = 0
+            self._shared.connections[worker.index] = 0
             self._retired.append(worker.last)
             worker.last = {}
             pause = RESTART_PAUSE if time.monotonic() - started > STABLE_AFTER else pause * 2
@@ -236,7 +239,7 @@ class Workers:
             worker.index,
             tuple(s.fileno() for s in self._sockets),
             theirs.fileno(),
-            self._balance_fd,
+            self._shared.fd,
         )
         try:
             worker.process = await asyncio.create_subprocess_exec(
