@@ -15,7 +15,7 @@ import statistics
 
 from bench import clients
 from bench.lab import HOST, Lab, Profile, WrongPath, expect_stats, in_turn
-from bench.report import Result, Row, Sample
+from bench.report import Result, Row, Sample, below, ratio_at_least
 
 logger = logging.getLogger(__name__)
 
@@ -59,10 +59,10 @@ def run(profile: Profile, lab: Lab) -> Result:
             figures.setdefault((side, "p99"), []).append(percentile(seconds, 99) * 1000)
     expect_stats(sidecar, misses=count, hits=count * profile.runs, bytes_from_upstream=count * size)
 
-    for figure, label, unit in (
-        ("req/s", "warm hits, throughput", "requests/s"),
-        ("p50", "warm hits, latency p50", "ms"),
-        ("p99", "warm hits, latency p99", "ms"),
+    for figure, label, unit, required in (
+        ("req/s", "warm hits, throughput", "requests/s", ratio_at_least(0.6)),
+        ("p50", "warm hits, latency p50", "ms", None),
+        ("p99", "warm hits, latency p99", "ms", below(2, "ms")),
     ):
         result.rows.append(
             Row(
@@ -71,6 +71,7 @@ def run(profile: Profile, lab: Lab) -> Result:
                 Sample.of(figures["sidecar", figure]),
                 Sample.of(figures["nginx", figure]),
                 "nginx direct",
+                required,
             )
         )
     result.notes.append(

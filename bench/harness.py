@@ -83,6 +83,27 @@ def private_mounts(mounts: Mapping[str, Path], argv: list[str]) -> list[str]:
     return ["unshare", "-m", "sh", "-c", script, "sh", *map(str, mounts.values()), *argv]
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and all its descendants (a sidecar's workers, nginx's workers)."""
+    found, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").iterdir():
+            children = (task / "children").read_text().split()
+            pending.extend(int(child) for child in children)
+    return found
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of `pid`'s whole process tree so far."""
+    total = 0
+    for member in process_tree(pid):
+        fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def port_open(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0

@@ -54,6 +54,8 @@ class Profile:
     coalesce_rate: float  # bytes/s per origin connection while they do
     parallel_bytes: int  # the cold object fetched over several connections (> 16 MiB)
     parallel_rate: float  # bytes/s per origin connection for it
+    loader_files: int  # the data loader's file set (ImageNet-like sizes)
+    loader_workers: int  # its worker processes in the multi-worker shapes
 
 
 FULL = Profile(
@@ -72,6 +74,8 @@ FULL = Profile(
     coalesce_rate=20e6,
     parallel_bytes=128_000_000,
     parallel_rate=3.49e6,
+    loader_files=1500,
+    loader_workers=4,
 )
 QUICK = Profile(
     quick=True,
@@ -89,6 +93,8 @@ QUICK = Profile(
     coalesce_rate=2e6,  # slow enough that every client arrives before the fill ends
     parallel_bytes=24 * MiB,  # only objects over 16 MiB are ever split
     parallel_rate=10e6,
+    loader_files=40,
+    loader_workers=2,
 )
 
 
@@ -182,8 +188,8 @@ class Lab:
             copy.unlink()
         return seconds
 
-    def nginx(self) -> Nginx:
-        server = start_nginx(self.data, self.ca, [HOST], self.dir / "nginx")
+    def nginx(self, workers: int = 1) -> Nginx:
+        server = start_nginx(self.data, self.ca, [HOST], self._fresh("nginx"), workers)
         self._stack.callback(server.stop)
         return server
 

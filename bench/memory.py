@@ -1,9 +1,10 @@
 """Resident memory of a running process, from /proc/<pid>/status.
 
-`VmRSS` is sampled by a background thread while a transfer runs (the figure a pod's
-memory limit is held against); `VmHWM`, the kernel's own peak, catches spikes between
-samples. Writing 5 to /proc/<pid>/clear_refs resets that peak, so that the hit and
-the miss of one process can be measured apart.
+`VmRSS` is sampled by a background thread while a transfer runs, for each process of
+a server (the sidecar's main process and its workers) and for all together (the
+figure a pod's memory limit is held against); `VmHWM`, the kernel's own peak of each
+process, catches spikes between samples. Writing 5 to /proc/<pid>/clear_refs resets
+that peak, so that the hit and the miss of one process can be measured apart.
 """
 
 from __future__ import annotations
@@ -40,11 +41,13 @@ def reset_peak(pid: int) -> None:
 
 
 class RssSampler:
-    """`with RssSampler(pid) as s: ...` -> `s.max_mb`, the largest VmRSS seen meanwhile."""
+    """`with RssSampler(pids) as s: ...` -> the largest VmRSS of any one of `pids`
+    (`s.max_mb`) and of all of them together (`s.max_total_mb`) seen meanwhile."""
 
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
         self.max_mb = 0.0
+        self.max_total_mb = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -63,6 +66,8 @@ class RssSampler:
 
     def _sample(self) -> None:
         while True:
-            self.max_mb = max(self.max_mb, rss_mb(self.pid))
+            sizes = [rss_mb(pid) for pid in self.pids]
+            self.max_mb = max(self.max_mb, *sizes)
+            self.max_total_mb = max(self.max_total_mb, sum(sizes))
             if self._stop.wait(SAMPLE_INTERVAL):
                 return

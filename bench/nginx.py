@@ -26,12 +26,13 @@ NGINX = "/usr/sbin/nginx"
 DEBIAN_PACKAGE = "nginx-light"
 
 # Plain static serving, tuned only where the defaults would make nginx look slower than
-# it is: one worker (clients are sequential, as in the sidecar), no access log, and
-# keep-alive long enough for the small-object run on one connection.
+# it is: one worker per core the benchmark asks for (one where a single sequential
+# client is measured), no access log, and keep-alive long enough for the small-object
+# run on one connection.
 CONFIG = """\
 daemon off;
 master_process on;
-worker_processes 1;
+worker_processes {workers};
 {user}
 pid {dir}/nginx.pid;
 error_log {dir}/error.log warn;
@@ -98,8 +99,11 @@ def ensure_installed() -> str:
     return NGINX
 
 
-def start_nginx(root: Path, ca: trustme.CA, names: list[str], workdir: Path) -> Nginx:
-    """nginx serving `root` under https://<name>:<port>/files/, certificate from `ca`."""
+def start_nginx(
+    root: Path, ca: trustme.CA, names: list[str], workdir: Path, workers: int = 1
+) -> Nginx:
+    """nginx serving `root` under https://<name>:<port>/files/, certificate from `ca`,
+    with `workers` worker processes."""
     binary = ensure_installed()
     workdir.mkdir(parents=True, exist_ok=True)
     cert = ca.issue_cert(*names, "127.0.0.1")
@@ -111,7 +115,9 @@ def start_nginx(root: Path, ca: trustme.CA, names: list[str], workdir: Path) -> 
     # Workers drop to `nobody` by default, who cannot read a private temp directory.
     user = "user root;" if os.geteuid() == 0 else ""
     config = workdir / "nginx.conf"
-    config.write_text(CONFIG.format(dir=workdir, root=root, port=port, user=user))
+    config.write_text(
+        CONFIG.format(dir=workdir, root=root, port=port, user=user, workers=workers)
+    )
     argv = [binary, "-e", str(workdir / "error.log"), "-p", str(workdir), "-c", str(config)]
     process = start_process(argv, workdir / "nginx.out")
     try:

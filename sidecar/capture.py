@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import socket
-from dataclasses import dataclass
 
 from aiohttp.abc import AbstractResolver, ResolveResult
 from mitmproxy import http, tls
@@ -24,57 +23,15 @@ from mitmproxy.proxy import server_hooks
 from mitmproxy.proxy.mode_specs import ReverseMode, TransparentMode
 from mitmproxy_rs.dns import DnsResolver
 
+from sidecar.listeners import HOSTALIASES_TLS_PORT, PLACEHOLDER
 from sidecar.settings import Settings, host_matches
 
 logger = logging.getLogger(__name__)
 
-HOSTALIASES_TLS_PORT = 443
-HOSTALIASES_HTTP_PORT = 80
-# The reverse-mode listeners need an upstream in their spec; every connection's real
-# upstream comes from its SNI or Host header, so this name is never contacted.
-_PLACEHOLDER = "burstbuffer.invalid"
-
-
-@dataclass(frozen=True)
-class Listener:
-    """One listening address of the sidecar and the mitmproxy mode that serves it."""
-
-    mode: str  # a mitmproxy mode spec
-    host: str
-    port: int
-    lean: bool  # CONNECTs to intercepted hosts go to the lean front end
-
-
-def listeners(settings: Settings) -> list[Listener]:
-    """The forward proxy, plus the capture's own listeners."""
-    forward = f"upstream:{settings.upstream_proxy}" if settings.upstream_proxy else "regular"
-    found = [
-        Listener(
-            f"{forward}@{settings.listen_host}:{settings.listen_port}",
-            settings.listen_host,
-            settings.listen_port,
-            lean=True,
-        )
-    ]
-    if settings.capture == "hostAliases":
-        for scheme, port in (("https", HOSTALIASES_TLS_PORT), ("http", HOSTALIASES_HTTP_PORT)):
-            mode = f"reverse:{scheme}://{_PLACEHOLDER}@127.0.0.1:{port}"
-            found.append(Listener(mode, "127.0.0.1", port, lean=False))
-    elif settings.capture == "transparent":
-        found.append(
-            Listener(
-                f"transparent@127.0.0.1:{settings.transparent_port}",
-                "127.0.0.1",
-                settings.transparent_port,
-                lean=False,
-            )
-        )
-    return found
-
 
 def _captured(mode: object) -> bool:
     return isinstance(mode, TransparentMode) or (
-        isinstance(mode, ReverseMode) and mode.address[0] == _PLACEHOLDER
+        isinstance(mode, ReverseMode) and mode.address[0] == PLACEHOLDER
     )
 
 

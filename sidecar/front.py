@@ -210,18 +210,3 @@ async def _readable(sock: socket.socket) -> None:
         await ready
     finally:
         loop.remove_reader(sock.fileno())
-
-
-def listen(host: str, port: int) -> socket.socket:
-    """A listening TCP socket for host:port, to be shared by every worker."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(socket.SOMAXCONN)
-        sock.setblocking(False)
-    except OSError:
-        sock.close()
-        raise
-    return sock

@@ -28,7 +28,7 @@ from typing import Any, cast
 import httptools
 
 from sidecar.exchange import ClientGone, Request
-from sidecar.router import Router
+from sidecar.router import Immediate, Router
 
 logger = logging.getLogger(__name__)
 
@@ -141,14 +141,8 @@ class _Response:
         return self._started
 
     async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
-        lines = [b"HTTP/1.1 %d %s\r\n" % (status, _reason(status))]
-        for name, value in headers:
-            lines.append(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1")))
-        if self._close:
-            lines.append(b"Connection: close\r\n")
-        lines.append(b"\r\n")
-        # Sent with the first body bytes: one TLS record and one write for a small hit.
-        self._head = b"".join(lines)
+        # Sent with the first body bytes: one TLS write for the head and a chunk.
+        self._head = response_head(status, headers, self._close)
         self._started = True
 
     async def write(self, data: bytes) -> None:
@@ -180,8 +174,15 @@ class _Response:
 _REASONS = {status.value: status.phrase.encode("ascii") for status in HTTPStatus}
 
 
-def _reason(status: int) -> bytes:
-    return _REASONS.get(status, b"")
+def response_head(status: int, headers: list[tuple[str, str]], close: bool) -> bytes:
+    """An HTTP/1.1 status line and fields; `close` adds `Connection: close`."""
+    lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))]
+    for name, value in headers:
+        lines.append(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1")))
+    if close:
+        lines.append(b"Connection: close\r\n")
+    lines.append(b"\r\n")
+    return b"".join(lines)
 
 
 @dataclass
@@ -205,7 +206,11 @@ class Http1Connection(asyncio.Protocol):
         self._worker: asyncio.Task[None] | None = None  # while it is suspended
         self._writable: asyncio.Event = asyncio.Event()
         self._writable.set()
-        self._idle: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()
+        # One timer per connection, re-armed only when it fires: cheaper than moving a
+        # timer on every request. None while a request is being answered.
+        self._idle_since: float | None = self._loop.time()
+        self._idle_timer: asyncio.TimerHandle | None = None
         self._closed = False
         self._reading = True
         # The request being parsed.
@@ -219,7 +224,7 @@ class Http1Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # a stream: TLS over TCP
         self._transport.set_write_buffer_limits(high=WRITE_BUFFER)
-        self._arm_idle_timer()
+        self._idle_timer = self._loop.call_later(IDLE_TIMEOUT, self._check_idle)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -243,7 +248,8 @@ class Http1Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
-        self._cancel_idle_timer()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
         self._writable.set()  # wake a writer: it sees the closed connection
         self._fail_body(ClientGone("the client closed the connection"))
         self._on_close()
@@ -271,7 +277,7 @@ class Http1Connection(asyncio.Protocol):
         self._fields.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
-        self._cancel_idle_timer()
+        self._idle_since = None
         method = self._parser.get_method().decode("ascii")
         version = "HTTP/" + self._parser.get_http_version()
         close = not self._parser.should_keep_alive()
@@ -283,6 +289,12 @@ class Http1Connection(asyncio.Protocol):
             if _expects_continue(self._fields) and self._transport is not None:
                 # We forward the body anyway; the origin's answer follows it.
                 self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        elif not self._answering and not self._queue:
+            # Nothing ahead of it: a small hit is answered right here.
+            immediate = self._router.hit_now(request)
+            if immediate is not None:
+                self._answer_now(immediate, close)
+                return
         self._queue.append(_Pending(request, self._body, close))
         if len(self._queue) > PIPELINE_DEPTH:
             self._pause_reading()
@@ -321,8 +333,14 @@ class Http1Connection(asyncio.Protocol):
         finally:
             self._answering = False
             self._worker = None
-            if not self._closed:
-                self._arm_idle_timer()
+            self._idle_since = self._loop.time()
+
+    def _answer_now(self, immediate: Immediate, close: bool) -> None:
+        head = response_head(immediate.status, immediate.headers, close)
+        self.send_now(head + immediate.body)
+        self._idle_since = self._loop.time()
+        if close:
+            self._close()
 
     async def send(self, data: bytes) -> None:
         """Write to the client, waiting while its buffer is full."""
@@ -396,14 +414,14 @@ class Http1Connection(asyncio.Protocol):
             self._reading = True
             self._transport.resume_reading()
 
-    def _arm_idle_timer(self) -> None:
-        self._cancel_idle_timer()
-        self._idle = asyncio.get_running_loop().call_later(IDLE_TIMEOUT, self._close)
-
-    def _cancel_idle_timer(self) -> None:
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
+    def _check_idle(self) -> None:
+        if self._closed:
+            return
+        idle = self._loop.time() - self._idle_since if self._idle_since is not None else 0.0
+        if idle >= IDLE_TIMEOUT:
+            self._close()
+            return
+        self._idle_timer = self._loop.call_later(IDLE_TIMEOUT - idle, self._check_idle)
 
 
 def _expects_continue(fields: list[tuple[str, str]]) -> bool:

@@ -46,6 +46,7 @@ class Channel:
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Message]] = {}
         self._writer: asyncio.StreamWriter | None = None
+        self._unsent: list[bytes] = []  # sent before the channel was open
         self._open = asyncio.Event()
         self._closed = asyncio.Event()
 
@@ -54,6 +55,8 @@ class Channel:
         reader, self._writer = await asyncio.open_unix_connection(
             sock=self._sock, limit=MAX_MESSAGE
         )
+        self._writer.writelines(self._unsent)
+        self._unsent.clear()
         self._open.set()
         tasks: set[asyncio.Task[None]] = set()
         try:
@@ -114,6 +117,8 @@ class Channel:
             self._send({**fields, "op": op})
 
     def _send(self, message: Message) -> None:
-        if self._writer is None or self._writer.is_closing():
-            return
-        self._writer.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+        line = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        if self._writer is None:
+            self._unsent.append(line)
+        elif not self._writer.is_closing():
+            self._writer.write(line)

@@ -13,6 +13,7 @@ download: every buffer error falls back to upstream. The front ends (`sidecar.ht
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -41,6 +42,10 @@ logger = logging.getLogger(__name__)
 # A Range reader whose range starts this far beyond what a running fill has written is
 # answered by its own ranged upstream request instead of waiting for the fill.
 RANGE_WAIT_WINDOW = 8 * 1024 * 1024  # bytes
+# Hits up to this size are read and written in one go (`hit_now`); larger ones stream.
+IMMEDIATE_LIMIT = 1024 * 1024  # bytes
+# Representations remembered by stored body (their replayed fields are computed once).
+REMEMBERED = 100_000
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,68 @@ class Representation:
 
     size: int
     headers: tuple[tuple[str, str], ...]
+
+    @functools.cached_property
+    def etag(self) -> str | None:
+        return policy.header(self.headers, "ETag")
+
+    @functools.cached_property
+    def last_modified(self) -> str | None:
+        return policy.header(self.headers, "Last-Modified")
+
+    @functools.cached_property
+    def replayed(self) -> tuple[tuple[str, str], ...]:
+        """The stored fields as sent with every answer (ranges always accepted)."""
+        fields = [(k, v) for k, v in self.headers if k.lower() != "accept-ranges"]
+        return (*fields, ("Accept-Ranges", "bytes"))
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a representation answers to one request: status, fields, body bytes
+    [start, end) (none for HEAD, 304 and 416)."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    start: int = 0
+    end: int = 0
+
+
+@dataclass(frozen=True)
+class Immediate:
+    """A whole response, body included (a small hit)."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+def answer(request: Request, representation: Representation) -> Answer:
+    """The response to `request` from a complete representation: 304 for a matching
+    conditional (RFC 9110 §13.1.2), 416 for an unsatisfiable range, 206 for a range
+    that If-Range allows (§14.2, §13.1.5), else 200."""
+    size = representation.size
+    etag, last_modified = representation.etag, representation.last_modified
+    base = representation.replayed
+    if policy.not_modified(request.fields, etag, last_modified):
+        return Answer(304, [(k, v) for k, v in base if k.lower() != "content-type"])
+    wanted = policy.parse_range(request.header("Range"), size)
+    if not policy.if_range_allows(request.header("If-Range"), etag, last_modified):
+        wanted = policy.FULL
+    if wanted is policy.UNSATISFIABLE:
+        return Answer(416, [("Content-Range", f"bytes */{size}"), ("Content-Length", "0")])
+    if isinstance(wanted, policy.ByteRange):
+        start, end = wanted.start, wanted.end + 1
+        content_range = policy.content_range(wanted.start, wanted.end, size)
+        headers = [*base, ("Content-Range", content_range), ("Content-Length", str(end - start))]
+        status = 206
+    else:
+        start, end = 0, size
+        headers = [*base, ("Content-Length", str(size))]
+        status = 200
+    if request.method == "HEAD":
+        return Answer(status, headers)
+    return Answer(status, headers, start, end)
 
 
 class Router:
@@ -62,6 +129,7 @@ class Router:
         self.fills = fills
         self.upstream = upstream
         self.metrics = metrics
+        self._representations: dict[str, Representation] = {}
 
     async def handle(self, request: Request, channel: Channel, body: Body | None = None) -> None:
         """Answer one request; whatever goes wrong, the client never sees a short success.
@@ -208,7 +276,7 @@ class Router:
             await self._send(
                 request,
                 channel,
-                Representation(entry.size, entry.headers),
+                self._representation(entry),
                 "hit",
                 lambda start, end: _file_chunks(body, start, end),
             )
@@ -225,38 +293,63 @@ class Router:
     ) -> None:
         """Answer from a complete representation: 200, 206, 304, 416 or HEAD."""
         started = time.monotonic()
-        size = representation.size
-        etag = policy.header(representation.headers, "ETag")
-        last_modified = policy.header(representation.headers, "Last-Modified")
-        base = [(k, v) for k, v in representation.headers if k.lower() != "accept-ranges"]
-        base.append(("Accept-Ranges", "bytes"))
-        if policy.not_modified(request.fields, etag, last_modified):
-            await channel.start(304, [(k, v) for k, v in base if k.lower() != "content-type"])
-            channel.finish()
-            return
-        wanted = policy.parse_range(request.header("Range"), size)
-        if not policy.if_range_allows(request.header("If-Range"), etag, last_modified):
-            wanted = policy.FULL
-        if wanted is policy.UNSATISFIABLE:
-            await channel.start(
-                416, [("Content-Range", f"bytes */{size}"), ("Content-Length", "0")]
-            )
-            channel.finish()
-            return
-        if isinstance(wanted, policy.ByteRange):
-            status, start, end = 206, wanted.start, wanted.end + 1
-            base.append(("Content-Range", policy.content_range(wanted.start, wanted.end, size)))
-        else:
-            status, start, end = 200, 0, size
-        await channel.start(status, [*base, ("Content-Length", str(end - start))])
-        if request.method != "HEAD":
-            async for chunk in chunks(start, end):
+        plan = answer(request, representation)
+        await channel.start(plan.status, plan.headers)
+        if plan.end > plan.start:
+            async for chunk in chunks(plan.start, plan.end):
                 await channel.write(chunk)
                 if kind == "hit":
                     self.metrics.counters.bytes_from_buffer += len(chunk)
         channel.finish()
         if kind != "hit" or self.settings.access_log:
-            _log_object(kind, request, status, channel.body_bytes, started)
+            _log_object(kind, request, plan.status, channel.body_bytes, started)
+
+    def hit_now(self, request: Request) -> Immediate | None:
+        """The whole response to a request for a small stored object, read at once; None
+        for anything else (a miss, a large body, revalidation, buffer trouble), which
+        then takes `handle()`'s way. Data loaders' hits take this one: no task, no
+        awaits, one write."""
+        started = time.monotonic()
+        if not policy.request_may_hit(request.method, request.fields).cacheable:
+            return None
+        if policy.needs_revalidation(self.settings.revalidate, request.fields):
+            return None
+        try:
+            key = policy.cache_key(request.url)
+            entry = self.buffer.lookup(key)
+        except (ValueError, StoreError):
+            return None
+        if entry is None:
+            return None
+        plan = answer(request, self._representation(entry))
+        if plan.end - plan.start > IMMEDIATE_LIMIT:
+            return None
+        body = b""
+        if plan.end > plan.start:
+            try:
+                fd = self.buffer.open_body(entry)
+            except StoreError:
+                return None
+            try:
+                body = b"".join(read_file(fd, plan.start, plan.end))
+            except (OSError, FillFailed):
+                return None
+            finally:
+                os.close(fd)
+        counters = self.metrics.counters
+        counters.hits += 1
+        counters.bytes_from_buffer += len(body)
+        if self.settings.access_log:
+            _log_object("hit", request, plan.status, len(body), started)
+        return Immediate(plan.status, plan.headers, body)
+
+    def _representation(self, entry: StoredObject) -> Representation:
+        known = self._representations.get(entry.file)
+        if known is None:
+            if len(self._representations) >= REMEMBERED:
+                self._representations.clear()
+            known = self._representations[entry.file] = Representation(entry.size, entry.headers)
+        return known
 
     async def _pass(
         self, request: Request, channel: Channel, reason: str, body: Body | None = None

@@ -1,12 +1,12 @@
 """One worker process: the proxy itself, on listening sockets its parent made.
 
-    python -m sidecar.worker --index N --listeners FD,... --keeper FD --balance FD \\
+    python -m sidecar.worker --index N --listeners FD,... --keeper FD --shared FD \\
         -- <the sidecar's own flags>
 
 The parent (`sidecar.__main__`) starts these; nobody else should. A worker parses the
 same flags as its parent, so both hold the same Settings, and inherits from it: the
 listening sockets (shared by every worker), one end of its channel to the keeper,
-and the shared connection counts (`front.Balance`). It serves until SIGTERM, or
+and the shared memory (`sidecar.shared`). It serves until SIGTERM, or
 until its parent is gone.
 
 mitmproxy runs embedded with only the addons a cache needs (its default set costs
@@ -22,6 +22,7 @@ on purpose:
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -41,6 +42,7 @@ from sidecar.fill import Fills
 from sidecar.front import Balance, Front
 from sidecar.ipc import Message
 from sidecar.keeper import Buffer
+from sidecar.listeners import listeners
 from sidecar.metrics import Metrics
 from sidecar.router import Router
 from sidecar.settings import Settings, host_glob_regex, parse
@@ -53,6 +55,9 @@ from sidecar.workers import Inherited, parse_inherited
 
 logger = logging.getLogger("sidecar.worker")
 
+# Allocations between two collections of the youngest generation (Python's default: 2000).
+GC_THRESHOLD = 50_000
+
 
 def allow_hosts(globs: Sequence[str]) -> list[str]:
     """mitmproxy `allow_hosts` patterns (matched against `host:port`) for host globs."""
@@ -60,6 +65,28 @@ def allow_hosts(globs: Sequence[str]) -> list[str]:
 
 
 async def run(settings: Settings, inherited: Inherited) -> None:
+    started = asyncio.Event()
+    metrics = Metrics()
+    stage_in: StageIn | None = None
+
+    async def from_parent(message: Message) -> Message | None:
+        if message["op"] == "start":
+            started.set()
+            return None
+        if message["op"] != "stats":
+            raise ValueError(f"unknown operation {message['op']!r}")
+        progress = stage_in.progress if stage_in is not None else StageProgress()
+        return {"counters": metrics.snapshot(), "gauges": progress.gauges()}
+
+    keeper = ipc.Channel(socket.socket(fileno=inherited.keeper), from_parent)
+    channel_task = asyncio.create_task(keeper.run())
+    # The main process says when the CA, the trust files and the buffer are ready.
+    waits = [asyncio.create_task(started.wait()), asyncio.create_task(keeper.wait_closed())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for wait in waits:
+        wait.cancel()
+    if not started.is_set():
+        return
     ca = load_or_create_ca(settings.ca_dir)
     index = Index(settings.buffer_dir)
     try:
@@ -74,18 +101,6 @@ async def run(settings: Settings, inherited: Inherited) -> None:
         capture.HostsFileBypass(resolver) if resolver else None,
     )
     await upstream.open()
-    metrics = Metrics()
-    stage_in: StageIn | None = None
-
-    async def from_parent(message: Message) -> Message | None:
-        if message["op"] != "stats":
-            raise ValueError(f"unknown operation {message['op']!r}")
-        progress = stage_in.progress if stage_in is not None else StageProgress()
-        gauges = progress.gauges()
-        return {"counters": metrics.snapshot(), "gauges": gauges}
-
-    keeper = ipc.Channel(socket.socket(fileno=inherited.keeper), from_parent)
-    channel_task = asyncio.create_task(keeper.run())
     shared = Shared(inherited.shared)
     buffer = Buffer(index, keeper, shared, track_recency=settings.eviction == "lru")
     fills = Fills(buffer, upstream, metrics, settings.parallel_fetch)
@@ -111,31 +126,36 @@ async def run(settings: Settings, inherited: Inherited) -> None:
         capture.HostRouting(settings, resolver),
         BurstBuffer(settings, router, respond.Connections(ps)),
     )
-    listeners = capture.listeners(settings)
+    found = listeners(settings)
     master.options.update(
         confdir=str(settings.ca_dir),
         connection_strategy="lazy",
         http2=False,
         allow_hosts=allow_hosts(settings.intercept),
         ssl_verify_upstream_trusted_ca=str(settings.ca_dir / bundle.UPSTREAM_TRUST_FILE),
-        mode=[listener.mode for listener in listeners],
+        mode=[listener.mode for listener in found],
         # The front end accepts every connection and hands mitmproxy its share.
         server=False,
         # What mitmproxy relays itself (non-GET, HEAD misses) streams past 1 MiB.
         stream_large_bodies="1m",
     )
-    handoff = respond.Handoff(ps, [listener.mode for listener in listeners])
+    handoff = respond.Handoff(ps, [listener.mode for listener in found])
     balance = Balance(shared.connections, inherited.index)
     front = Front(router, settings.intercept, ServerContexts(ca).get, handoff.handle, balance)
     sockets = [socket.socket(fileno=fd) for fd in inherited.listeners]
     tasks = [
         asyncio.create_task(front.accept(number, sock, listener.lean))
-        for number, (listener, sock) in enumerate(zip(listeners, sockets, strict=True))
+        for number, (listener, sock) in enumerate(zip(found, sockets, strict=True))
     ]
     tasks.append(asyncio.create_task(_report_ready(ps, keeper)))
     tasks.append(asyncio.create_task(_stop_when_parent_gone(keeper, master)))
     if stage_in is not None:
         tasks.append(asyncio.create_task(_stage(stage_in)))
+    # What was built so far lives as long as the process: keep the garbage collector
+    # from scanning it again and again, and let it run less often (a hit allocates a
+    # few dozen objects and creates no reference cycles).
+    gc.freeze()
+    gc.set_threshold(GC_THRESHOLD)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, master.shutdown)

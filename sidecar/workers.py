@@ -21,6 +21,7 @@ import math
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -122,7 +123,8 @@ def parse_inherited(argv: Sequence[str]) -> tuple[Inherited, list[str]]:
 @dataclass
 class _Worker:
     index: int
-    process: asyncio.subprocess.Process | None = None
+    process: subprocess.Popen[bytes] | None = None
+    socket: socket.socket | None = None  # our end of its channel, until served
     channel: ipc.Channel | None = None
     ready: bool = False
     last: dict[str, Any] = field(default_factory=dict)  # its last reported counters
@@ -132,18 +134,14 @@ class Workers:
     """The worker processes of one sidecar."""
 
     def __init__(
-        self,
-        shared: Shared,
-        argv: Sequence[str],
-        sockets: Sequence[socket.socket],
-        keeper: Keeper,
+        self, shared: Shared, argv: Sequence[str], sockets: Sequence[socket.socket]
     ) -> None:
         """One worker per connection slot of `shared`; `argv`: the sidecar's own flags,
         passed on to every worker."""
         self._argv = list(argv)
         self._shared = shared
         self._sockets = sockets
-        self._keeper = keeper
+        self._keeper: Keeper | None = None
         self._workers = [_Worker(index) for index in range(shared.workers)]
         self._retired: list[dict[str, Any]] = []  # counters of workers that exited
         self._stopping = False
@@ -153,7 +151,15 @@ class Workers:
     def __len__(self) -> int:
         return len(self._workers)
 
-    def start(self) -> None:
+    def spawn(self) -> None:
+        """Start every worker process; each waits for `serve()` before it serves."""
+        for worker in self._workers:
+            self._spawn(worker)
+
+    def serve(self, keeper: Keeper) -> None:
+        """Tell the workers to start, answer them with `keeper`, and replace any that
+        exits (in the event loop)."""
+        self._keeper = keeper
         self._tasks = [asyncio.create_task(self._supervise(worker)) for worker in self._workers]
 
     def ready(self) -> str | None:
@@ -166,8 +172,8 @@ class Workers:
         return None
 
     async def counters(self) -> tuple[dict[str, Any], dict[str, int]]:
-        """Every worker's counters added up (those of exited workers included), and the
-        gauges workers report (stage-in progress)."""
+        """Every worker's counters added up (those of exited workers and the keeper's
+        included), and the gauges workers report (stage-in progress)."""
         replies = await asyncio.gather(
             *(self._ask_stats(worker) for worker in self._workers), return_exceptions=True
         )
@@ -177,9 +183,8 @@ class Workers:
                 worker.last = reply["counters"]
                 for name, value in reply["gauges"].items():
                     gauges[name] = gauges.get(name, 0) + value
-        counters = add_snapshots(
-            [self._keeper.metrics.snapshot(), *self._retired, *(w.last for w in self._workers)]
-        )
+        keeper = [self._keeper.metrics.snapshot()] if self._keeper is not None else []
+        counters = add_snapshots([*keeper, *self._retired, *(w.last for w in self._workers)])
         gauges["workers"] = sum(worker.ready for worker in self._workers)
         return counters, gauges
 
@@ -191,34 +196,50 @@ class Workers:
     async def stop(self) -> None:
         """SIGTERM to every worker; kill those still running after STOP_GRACE."""
         self._stopping = True
-        running = [w.process for w in self._workers if w.process and w.process.returncode is None]
+        running = [w.process for w in self._workers if w.process and w.process.poll() is None]
         for process in running:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
-        if running:
-            _, late = await asyncio.wait(
-                [asyncio.create_task(p.wait()) for p in running], timeout=STOP_GRACE
-            )
-            for process in running:
-                if process.returncode is None:
-                    logger.warning("worker pid %d did not stop in time; killed", process.pid)
-                    with contextlib.suppress(ProcessLookupError):
-                        process.kill()
-            if late:
-                await asyncio.wait(late)
+            process.send_signal(signal.SIGTERM)
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=STOP_GRACE)
+        for process in running:
+            if process.poll() is None:
+                logger.warning("worker pid %d did not stop in time; killed", process.pid)
+                process.kill()
+                process.wait()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # -- one worker's life ------------------------------------------------------------------
 
+    def _spawn(self, worker: _Worker) -> None:
+        ours, theirs = socket.socketpair()
+        inherited = Inherited(
+            worker.index,
+            tuple(s.fileno() for s in self._sockets),
+            theirs.fileno(),
+            self._shared.fd,
+        )
+        try:
+            worker.process = subprocess.Popen(
+                [sys.executable, "-m", "sidecar.worker", *inherited.argv(), "--", *self._argv],
+                pass_fds=inherited.fds,
+            )
+        finally:
+            theirs.close()
+        worker.socket = ours
+
     async def _supervise(self, worker: _Worker) -> None:
         pause = RESTART_PAUSE
         while not self._stopping:
             started = time.monotonic()
-            status = await self._run_once(worker)
+            if worker.process is None:
+                self._spawn(worker)
+            status = await self._serve_one(worker)
+            worker.process = None
             if self._stopping:
                 return
+            assert self._keeper is not None
             self._keeper.worker_gone(worker.index)
             self._shared.connections[worker.index] = 0
             self._retired.append(worker.last)
@@ -233,26 +254,9 @@ class Workers:
             )
             await asyncio.sleep(pause)
 
-    async def _run_once(self, worker: _Worker) -> int:
-        ours, theirs = socket.socketpair()
-        inherited = Inherited(
-            worker.index,
-            tuple(s.fileno() for s in self._sockets),
-            theirs.fileno(),
-            self._shared.fd,
-        )
-        try:
-            worker.process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "sidecar.worker",
-                *inherited.argv(),
-                "--",
-                *self._argv,
-                pass_fds=inherited.fds,
-            )
-        finally:
-            theirs.close()
+    async def _serve_one(self, worker: _Worker) -> int:
+        """Serve one worker process until it exits; its exit status."""
+        assert worker.process is not None and worker.socket is not None
 
         async def from_worker(message: Message) -> Message | None:
             if message["op"] == "ready":
@@ -260,18 +264,40 @@ class Workers:
                 if all(w.ready for w in self._workers):
                     self.started_all.set()
                 return None
+            assert self._keeper is not None
             return await self._keeper.handle(worker.index, message)
 
-        worker.channel = ipc.Channel(ours, from_worker)
+        worker.channel = ipc.Channel(worker.socket, from_worker)
+        worker.socket = None
         channel = asyncio.create_task(worker.channel.run())
+        worker.channel.notify("start")
         try:
-            return await worker.process.wait()
+            return await _exit_status(worker.process)
         finally:
             worker.ready = False
             channel.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await channel
             worker.channel = None
+
+
+async def _exit_status(process: subprocess.Popen[bytes]) -> int:
+    """Wait (without blocking the loop) until a child process exits."""
+    loop = asyncio.get_running_loop()
+    exited: asyncio.Future[None] = loop.create_future()
+    pidfd = os.pidfd_open(process.pid)  # readable once the process has exited
+
+    def wake() -> None:
+        if not exited.done():
+            exited.set_result(None)
+
+    loop.add_reader(pidfd, wake)
+    try:
+        await exited
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+    return process.wait()
 
 
 def _describe_status(status: int) -> str:

@@ -1,0 +1,145 @@
+"""A data loader's download pattern, as a program: N worker processes read a file set.
+
+    python -m bench.loader_client --manifest FILE --workers N --shape keep-alive|per-file
+        --cafile PEM [--proxy http://127.0.0.1:3128]
+
+The manifest holds one `URL SIZE SHA256` line per file. Like a PyTorch DataLoader,
+the epoch is sharded over the workers (worker i reads files i, i+N, ...); every
+worker starts behind one barrier. `keep-alive` workers each hold one
+`requests.Session` (its connection, or its CONNECT tunnel, is reused); `per-file`
+workers open a new connection for every file with `urllib.request.urlopen`, which
+sends `Connection: close`. Every body is checked against its size, and every 16th
+against its SHA-256, so a wrong path cannot look fast.
+
+Prints one JSON object: the epoch's wall time (from the barrier to the last worker's
+last byte) and every file's latency in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import multiprocessing
+import ssl
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Barrier
+
+import requests
+
+# Only some bodies are hashed: hashing every byte would cost the client as much as TLS.
+HASH_EVERY = 16
+
+
+@dataclass(frozen=True)
+class Entry:
+    url: str
+    size: int
+    sha256: str
+
+
+def _read_manifest(path: str) -> list[Entry]:
+    with open(path) as manifest:
+        return [Entry(u, int(s), h) for u, s, h in (line.split() for line in manifest)]
+
+
+def _check(entry: Entry, position: int, body: bytes) -> None:
+    if len(body) != entry.size:
+        raise SystemExit(f"{entry.url}: {len(body)} bytes, expected {entry.size}")
+    if position % HASH_EVERY == 0 and hashlib.sha256(body).hexdigest() != entry.sha256:
+        raise SystemExit(f"{entry.url}: wrong bytes")
+
+
+def _keep_alive(proxy: str | None, cafile: str) -> Callable[[str], bytes]:
+    session = requests.Session()
+    session.trust_env = False  # only what this program is told
+    session.verify = cafile
+    if proxy:
+        session.proxies = {"https": proxy, "http": proxy}
+
+    def get(url: str) -> bytes:
+        response = session.get(url, timeout=60)
+        response.raise_for_status()
+        return response.content
+
+    return get
+
+
+def _per_file(proxy: str | None, cafile: str) -> Callable[[str], bytes]:
+    handlers: list[urllib.request.BaseHandler] = [
+        urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=cafile)),
+        urllib.request.ProxyHandler({"https": proxy, "http": proxy} if proxy else {}),
+    ]
+    opener = urllib.request.build_opener(*handlers)
+
+    def get(url: str) -> bytes:
+        with opener.open(url, timeout=60) as response:
+            return bytes(response.read())
+
+    return get
+
+
+def _worker(
+    entries: list[Entry],
+    shape: str,
+    proxy: str | None,
+    cafile: str,
+    barrier: Barrier,
+    results: Queue[tuple[float, list[float]]],
+) -> None:
+    get = (_keep_alive if shape == "keep-alive" else _per_file)(proxy, cafile)
+    latencies = []
+    barrier.wait()
+    for position, entry in enumerate(entries):
+        started = time.perf_counter()
+        body = get(entry.url)
+        latencies.append(time.perf_counter() - started)
+        _check(entry, position, body)
+    results.put((time.perf_counter(), latencies))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.loader_client")
+    parser.add_argument("--manifest", required=True)
+    parser.add_argument("--workers", type=int, required=True)
+    parser.add_argument("--shape", choices=("keep-alive", "per-file"), required=True)
+    parser.add_argument("--cafile", required=True)
+    parser.add_argument("--proxy")
+    args = parser.parse_args(argv)
+    entries = _read_manifest(args.manifest)
+    context = multiprocessing.get_context("fork")
+    # One more party: this process, which starts the clock when everyone is there.
+    barrier = context.Barrier(args.workers + 1)
+    results: Queue[tuple[float, list[float]]] = context.Queue()
+    workers = [
+        context.Process(
+            target=_worker,
+            args=(shard, args.shape, args.proxy, args.cafile, barrier, results),
+        )
+        for shard in (entries[i :: args.workers] for i in range(args.workers))
+    ]
+    for worker in workers:
+        worker.start()
+    barrier.wait(timeout=60)
+    started = time.perf_counter()
+    finished = [results.get(timeout=600) for _ in workers]
+    for worker in workers:
+        worker.join()
+        if worker.exitcode != 0:
+            raise SystemExit(f"a loader worker failed (exit status {worker.exitcode})")
+    json.dump(
+        {
+            "seconds": max(end for end, _ in finished) - started,
+            "latencies": [latency for _, latencies in finished for latency in latencies],
+        },
+        sys.stdout,
+    )
+
+
+if __name__ == "__main__":
+    main()

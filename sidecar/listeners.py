@@ -1,0 +1,71 @@
+"""The sidecar's listening addresses, by capture mode, and their sockets.
+
+The main process binds them once, before anything else (a port in use is reported
+at once), and every worker inherits them. Each comes with the mitmproxy mode that
+serves what the lean front end does not take.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+from sidecar.settings import Settings
+
+HOSTALIASES_TLS_PORT = 443
+HOSTALIASES_HTTP_PORT = 80
+# The reverse-mode listeners need an upstream in their spec; every connection's real
+# upstream comes from its SNI or Host header, so this name is never contacted.
+PLACEHOLDER = "burstbuffer.invalid"
+
+
+@dataclass(frozen=True)
+class Listener:
+    """One listening address of the sidecar and the mitmproxy mode that serves it."""
+
+    mode: str  # a mitmproxy mode spec
+    host: str
+    port: int
+    lean: bool  # CONNECTs to intercepted hosts go to the lean front end
+
+
+def listeners(settings: Settings) -> list[Listener]:
+    """The forward proxy, plus the capture's own listeners."""
+    forward = f"upstream:{settings.upstream_proxy}" if settings.upstream_proxy else "regular"
+    found = [
+        Listener(
+            f"{forward}@{settings.listen_host}:{settings.listen_port}",
+            settings.listen_host,
+            settings.listen_port,
+            lean=True,
+        )
+    ]
+    if settings.capture == "hostAliases":
+        for scheme, port in (("https", HOSTALIASES_TLS_PORT), ("http", HOSTALIASES_HTTP_PORT)):
+            mode = f"reverse:{scheme}://{PLACEHOLDER}@127.0.0.1:{port}"
+            found.append(Listener(mode, "127.0.0.1", port, lean=False))
+    elif settings.capture == "transparent":
+        found.append(
+            Listener(
+                f"transparent@127.0.0.1:{settings.transparent_port}",
+                "127.0.0.1",
+                settings.transparent_port,
+                lean=False,
+            )
+        )
+    return found
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket for host:port, to be shared by every worker."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(socket.SOMAXCONN)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock

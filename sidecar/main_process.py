@@ -1,0 +1,99 @@
+"""The main process, once its workers are started: it prepares what they share, then
+keeps it.
+
+1. the pod CA and the trust files (written once, before /healthz turns 200);
+2. the buffer (`store.Store`: its index, cap and policy; the keeper of `sidecar.keeper`);
+3. the admin endpoints (/healthz, /metrics, /stats), which add up every worker;
+4. the workers themselves (`sidecar.workers`): told to start once 1 and 2 are ready,
+   replaced when one dies, stopped on SIGTERM.
+
+It never touches client traffic, and does not load mitmproxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from certs import bundle
+from certs.bundle import TrustError
+from certs.ca import CAError, load_or_create_ca
+from sidecar import admin, metrics
+from sidecar.keeper import Keeper
+from sidecar.settings import Settings
+from sidecar.shared import Shared
+from sidecar.store import Store, StoreError
+from sidecar.workers import Workers
+
+logger = logging.getLogger("sidecar")
+
+# What stops the sidecar at start with one line: nothing could be served safely.
+STARTUP_ERRORS = (CAError, TrustError, OSError)
+
+
+async def run(settings: Settings, workers: Workers, shared: Shared) -> None:
+    ca = load_or_create_ca(settings.ca_dir)
+    extra_ca = bundle.read_upstream_ca(settings.upstream_ca) if settings.upstream_ca else None
+    bundle.write_private(
+        settings.ca_dir / bundle.UPSTREAM_TRUST_FILE, bundle.upstream_trust_pem(extra_ca)
+    )
+    if settings.trust_dir is not None:
+        bundle.write_trust_files(settings.trust_dir, ca.cert_pem, extra_ca)
+
+    # Workers remember stored objects; a removal tells them to look again.
+    store = Store(
+        settings.buffer_dir, settings.buffer_size, settings.eviction, shared.bump_generation
+    )
+    try:
+        store.open()
+    except StoreError as e:
+        # A broken buffer must not break downloads: run as a pass-through proxy.
+        logger.error("%s; serving everything from upstream", e)
+    keeper = Keeper(store)
+
+    def ready() -> str | None:
+        if settings.trust_dir is not None and not all(
+            (settings.trust_dir / name).is_file() for name in bundle.TRUST_FILES
+        ):
+            return "the trust files are not written yet"
+        return workers.ready()
+
+    async def snapshot() -> tuple[dict[str, object], dict[str, int]]:
+        counters, gauges = await workers.counters()
+        return counters, {**keeper.gauges(), **gauges}
+
+    async def stats() -> dict[str, object]:
+        return metrics.stats(*await snapshot())
+
+    async def prometheus_text() -> bytes:
+        return metrics.prometheus_text(*await snapshot())
+
+    runner = await admin.start(
+        admin.make_app(ready, stats, prometheus_text), settings.admin_host, settings.admin_port
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    workers.serve(keeper)
+    verify = asyncio.create_task(store.verify_existing())
+    logger.info(
+        "proxy on %s:%d (capture %s, %d workers), buffer %s (%d bytes, eviction %s), "
+        "intercepting %d hosts",
+        settings.listen_host,
+        settings.listen_port,
+        settings.capture,
+        len(workers),
+        settings.buffer_dir,
+        settings.buffer_size,
+        settings.eviction,
+        len(settings.intercept),
+    )
+    try:
+        await stop.wait()
+    finally:
+        verify.cancel()
+        await workers.stop()
+        await runner.cleanup()
+        store.close()
