@@ -4,8 +4,9 @@ An ImageNet-like file set (sizes log-normal around a 104 KiB median, 16 KiB to
 1 MiB, fixed seed) on tmpfs, served by nginx with one worker process per core (the
 reference) and by the sidecar from its buffer (the first epoch through it fills the
 buffer; every measured epoch is all hits, checked in /stats). Three client shapes
-(`bench.loader_client`): one worker with a kept-alive `requests.Session`, several
-such workers, and several workers opening a new connection per file with `urllib`.
+(`bench.loader_client`): one worker keeping its connection alive (`http.client`, as
+under `requests.Session`), several such workers, and several workers opening a new
+connection per file with `urllib`.
 Each is measured against nginx in the same run, in turn.
 
 Figures per shape: files/s over the epoch, p50 and p99 per file, and the server's
@@ -153,7 +154,7 @@ def run(profile: Profile, lab: Lab) -> Result:
             )
     result.notes.append(
         f"medians of {profile.runs} epochs (min–max); clients: bench.loader_client "
-        "(requests.Session or urllib per file), epoch sharded over the workers, all "
+        "(http.client keep-alive, or urllib per file), epoch sharded over the workers, all "
         f"started behind a barrier; sidecar with {cores} workers (its default here); "
         "CPU from /proc for each server's whole process tree; every body's size and every "
         "16th body's SHA-256 checked"

@@ -5,11 +5,11 @@
 
 The manifest holds one `URL SIZE SHA256` line per file. Like a PyTorch DataLoader,
 the epoch is sharded over the workers (worker i reads files i, i+N, ...); every
-worker starts behind one barrier. `keep-alive` workers each hold one
-`requests.Session` (its connection, or its CONNECT tunnel, is reused); `per-file`
-workers open a new connection for every file with `urllib.request.urlopen`, which
-sends `Connection: close`. Every body is checked against its size, and every 16th
-against its SHA-256, so a wrong path cannot look fast.
+worker starts behind one barrier. `keep-alive` workers each keep one connection
+(`http.client`, what requests and urllib3 keep underneath; through the proxy, one
+CONNECT tunnel); `per-file` workers open a new connection for every file with
+`urllib.request`, which sends `Connection: close`. Every body is checked against its
+size, and every 16th against its SHA-256, so a wrong path cannot look fast.
 
 Prints one JSON object: the epoch's wall time (from the barrier to the last worker's
 last byte) and every file's latency in seconds.
@@ -19,18 +19,18 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import http.client
 import json
 import multiprocessing
 import ssl
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
-
-import requests
 
 # Only some bodies are hashed: hashing every byte would cost the client as much as TLS.
 HASH_EVERY = 16
@@ -56,16 +56,31 @@ def _check(entry: Entry, position: int, body: bytes) -> None:
 
 
 def _keep_alive(proxy: str | None, cafile: str) -> Callable[[str], bytes]:
-    session = requests.Session()
-    session.trust_env = False  # only what this program is told
-    session.verify = cafile
-    if proxy:
-        session.proxies = {"https": proxy, "http": proxy}
+    """One kept-alive connection (through the proxy: one CONNECT tunnel), the one a
+    `requests.Session` keeps, without the work requests itself adds per request."""
+    context = ssl.create_default_context(cafile=cafile)
+    connection: http.client.HTTPSConnection | None = None
 
     def get(url: str) -> bytes:
-        response = session.get(url, timeout=60)
-        response.raise_for_status()
-        return response.content
+        nonlocal connection
+        parts = urllib.parse.urlsplit(url)
+        if connection is None:
+            if proxy:
+                address = urllib.parse.urlsplit(proxy)
+                connection = http.client.HTTPSConnection(
+                    address.hostname or "", address.port, context=context, timeout=60
+                )
+                connection.set_tunnel(parts.hostname or "", parts.port)
+            else:
+                connection = http.client.HTTPSConnection(
+                    parts.hostname or "", parts.port, context=context, timeout=60
+                )
+        connection.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""))
+        response = connection.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise SystemExit(f"{url}: HTTP {response.status}")
+        return body
 
     return get
 
