@@ -42,12 +42,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(1) from None
     shared = Shared.create(settings.workers or available_cpus())
     workers = Workers(shared, args, sockets)
-    workers.spawn()
+    spawning = workers.spawn()
     # Loaded while the workers load mitmproxy: the CA, the buffer, the admin endpoints.
     from sidecar import main_process
 
     try:
-        asyncio.run(main_process.run(settings, workers, shared))
+        asyncio.run(main_process.run(settings, workers, shared, spawning))
     except KeyboardInterrupt:
         pass
     except main_process.STARTUP_ERRORS as e:

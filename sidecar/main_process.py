@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
 
 from certs import bundle
 from certs.bundle import TrustError
@@ -32,7 +33,10 @@ logger = logging.getLogger("sidecar")
 STARTUP_ERRORS = (CAError, TrustError, OSError)
 
 
-async def run(settings: Settings, workers: Workers, shared: Shared) -> None:
+async def run(
+    settings: Settings, workers: Workers, shared: Shared, spawning: threading.Thread
+) -> None:
+    """`spawning`: the thread starting the worker processes."""
     ca = load_or_create_ca(settings.ca_dir)
     extra_ca = bundle.read_upstream_ca(settings.upstream_ca) if settings.upstream_ca else None
     bundle.write_private(
@@ -76,6 +80,7 @@ async def run(settings: Settings, workers: Workers, shared: Shared) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    await asyncio.to_thread(spawning.join)
     workers.serve(keeper)
     verify = asyncio.create_task(store.verify_existing())
     logger.info(

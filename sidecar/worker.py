@@ -26,8 +26,6 @@ import gc
 import logging
 import os
 import signal
-import socket
-import sys
 from collections.abc import Sequence
 
 from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
@@ -51,7 +49,7 @@ from sidecar.stagein import Progress as StageProgress
 from sidecar.stagein import StageIn, StageInError
 from sidecar.store import Index, StoreError
 from sidecar.upstream import Upstream
-from sidecar.workers import Inherited, parse_inherited
+from sidecar.workers import Inherited
 
 logger = logging.getLogger("sidecar.worker")
 
@@ -78,7 +76,7 @@ async def run(settings: Settings, inherited: Inherited) -> None:
         progress = stage_in.progress if stage_in is not None else StageProgress()
         return {"counters": metrics.snapshot(), "gauges": progress.gauges()}
 
-    keeper = ipc.Channel(socket.socket(fileno=inherited.keeper), from_parent)
+    keeper = ipc.Channel(inherited.keeper, from_parent)
     channel_task = asyncio.create_task(keeper.run())
     # The main process says when the CA, the trust files and the buffer are ready.
     waits = [asyncio.create_task(started.wait()), asyncio.create_task(keeper.wait_closed())]
@@ -101,7 +99,7 @@ async def run(settings: Settings, inherited: Inherited) -> None:
         capture.HostsFileBypass(resolver) if resolver else None,
     )
     await upstream.open()
-    shared = Shared(inherited.shared)
+    shared = Shared(inherited.shared.fd)
     buffer = Buffer(index, keeper, shared, track_recency=settings.eviction == "lru")
     fills = Fills(buffer, upstream, metrics, settings.parallel_fetch)
     router = Router(settings, buffer, fills, upstream, metrics)
@@ -142,7 +140,7 @@ async def run(settings: Settings, inherited: Inherited) -> None:
     handoff = respond.Handoff(ps, [listener.mode for listener in found])
     balance = Balance(shared.connections, inherited.index)
     front = Front(router, settings.intercept, ServerContexts(ca).get, handoff.handle, balance)
-    sockets = [socket.socket(fileno=fd) for fd in inherited.listeners]
+    sockets = inherited.listeners
     tasks = [
         asyncio.create_task(front.accept(number, sock, listener.lean))
         for number, (listener, sock) in enumerate(zip(found, sockets, strict=True))
@@ -190,15 +188,11 @@ async def _stage(stage_in: StageIn) -> None:
         logger.error("stage-in: %s", e)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    inherited, rest = parse_inherited(sys.argv[1:] if argv is None else argv)
-    settings = parse(rest, os.environ)
+def main(inherited: Inherited) -> None:
+    """Run one worker with what the main process handed it (`sidecar.workers`)."""
+    settings = parse(inherited.argv, os.environ)
     logs.configure(f"w{inherited.index}")
     try:
         asyncio.run(run(settings, inherited))
     except KeyboardInterrupt:
         pass
-
-
-if __name__ == "__main__":
-    main()

@@ -13,19 +13,20 @@ keeping what workers that exited had counted.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
 import math
+import multiprocessing
+import multiprocessing.process
 import os
 import signal
 import socket
-import subprocess
-import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from multiprocessing import reduction
 from pathlib import Path
 from typing import Any
 
@@ -84,46 +85,43 @@ def available_cpus() -> int:
     return max(1, cpus)
 
 
+class InheritedFd:
+    """A file descriptor handed to a worker: multiprocessing duplicates it into the
+    worker when the worker is started (as it does for sockets)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_fd, (reduction.DupFd(self.fd),))
+
+
+def _rebuild_fd(duplicate: Any) -> InheritedFd:
+    return InheritedFd(duplicate.detach())
+
+
 @dataclass(frozen=True)
 class Inherited:
-    """What a worker gets from its parent, by file descriptor."""
+    """What a worker gets from the main process."""
 
     index: int
-    listeners: tuple[int, ...]
-    keeper: int
-    shared: int
-
-    def argv(self) -> list[str]:
-        return [
-            "--index", str(self.index),
-            "--listeners", ",".join(map(str, self.listeners)),
-            "--keeper", str(self.keeper),
-            "--shared", str(self.shared),
-        ]  # fmt: skip
-
-    @property
-    def fds(self) -> tuple[int, ...]:
-        return (*self.listeners, self.keeper, self.shared)
+    argv: list[str]  # the sidecar's own flags
+    listeners: list[socket.socket]  # shared by every worker
+    keeper: socket.socket  # its end of its channel to the keeper
+    shared: InheritedFd  # the shared memory (`sidecar.shared`)
 
 
-def parse_inherited(argv: Sequence[str]) -> tuple[Inherited, list[str]]:
-    """A worker's command line: what it inherited, and the sidecar's own flags."""
-    parser = argparse.ArgumentParser(prog="python -m sidecar.worker")
-    parser.add_argument("--index", type=int, required=True)
-    parser.add_argument("--listeners", required=True)
-    parser.add_argument("--keeper", type=int, required=True)
-    parser.add_argument("--shared", type=int, required=True)
-    parser.add_argument("rest", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
-    listeners = tuple(int(fd) for fd in args.listeners.split(","))
-    return Inherited(args.index, listeners, args.keeper, args.shared), rest
+def _run_worker(inherited: Inherited) -> None:
+    """A worker process's entry point (`sidecar.worker` is preloaded by the fork server)."""
+    from sidecar import worker
+
+    worker.main(inherited)
 
 
 @dataclass
 class _Worker:
     index: int
-    process: subprocess.Popen[bytes] | None = None
+    process: multiprocessing.process.BaseProcess | None = None
     socket: socket.socket | None = None  # our end of its channel, until served
     channel: ipc.Channel | None = None
     ready: bool = False
@@ -143,6 +141,10 @@ class Workers:
         self._sockets = sockets
         self._keeper: Keeper | None = None
         self._workers = [_Worker(index) for index in range(shared.workers)]
+        # Workers are forked from a server that loaded their code once: they start in
+        # milliseconds and share its memory until they write to it.
+        self._context = multiprocessing.get_context("forkserver")
+        self._context.set_forkserver_preload(["sidecar.worker"])
         self._retired: list[dict[str, Any]] = []  # counters of workers that exited
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -151,10 +153,13 @@ class Workers:
     def __len__(self) -> int:
         return len(self._workers)
 
-    def spawn(self) -> None:
-        """Start every worker process; each waits for `serve()` before it serves."""
-        for worker in self._workers:
-            self._spawn(worker)
+    def spawn(self) -> threading.Thread:
+        """Start every worker process, in a thread (the first start waits for the fork
+        server to load mitmproxy); each worker waits for `serve()` before it serves.
+        Join the thread before `serve()`."""
+        thread = threading.Thread(target=self._spawn_all, name="spawn-workers")
+        thread.start()
+        return thread
 
     def serve(self, keeper: Keeper) -> None:
         """Tell the workers to start, answer them with `keeper`, and replace any that
@@ -196,35 +201,36 @@ class Workers:
     async def stop(self) -> None:
         """SIGTERM to every worker; kill those still running after STOP_GRACE."""
         self._stopping = True
-        running = [w.process for w in self._workers if w.process and w.process.poll() is None]
+        running = [w.process for w in self._workers if w.process and w.process.is_alive()]
         for process in running:
-            process.send_signal(signal.SIGTERM)
+            process.terminate()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=STOP_GRACE)
         for process in running:
-            if process.poll() is None:
-                logger.warning("worker pid %d did not stop in time; killed", process.pid)
+            if process.is_alive():
+                logger.warning("worker pid %s did not stop in time; killed", process.pid)
                 process.kill()
-                process.wait()
+                process.join()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # -- one worker's life ------------------------------------------------------------------
 
+    def _spawn_all(self) -> None:
+        for worker in self._workers:
+            self._spawn(worker)
+
     def _spawn(self, worker: _Worker) -> None:
         ours, theirs = socket.socketpair()
         inherited = Inherited(
-            worker.index,
-            tuple(s.fileno() for s in self._sockets),
-            theirs.fileno(),
-            self._shared.fd,
+            worker.index, self._argv, list(self._sockets), theirs, InheritedFd(self._shared.fd)
         )
         try:
-            worker.process = subprocess.Popen(
-                [sys.executable, "-m", "sidecar.worker", *inherited.argv(), "--", *self._argv],
-                pass_fds=inherited.fds,
+            worker.process = self._context.Process(
+                target=_run_worker, args=(inherited,), name=f"burstbuffer-w{worker.index}"
             )
+            worker.process.start()
         finally:
             theirs.close()
         worker.socket = ours
@@ -281,23 +287,23 @@ class Workers:
             worker.channel = None
 
 
-async def _exit_status(process: subprocess.Popen[bytes]) -> int:
-    """Wait (without blocking the loop) until a child process exits."""
+async def _exit_status(process: multiprocessing.process.BaseProcess) -> int:
+    """Wait (without blocking the loop) until a worker process exits."""
     loop = asyncio.get_running_loop()
     exited: asyncio.Future[None] = loop.create_future()
-    pidfd = os.pidfd_open(process.pid)  # readable once the process has exited
+    sentinel = process.sentinel  # readable once the process has exited
 
     def wake() -> None:
         if not exited.done():
             exited.set_result(None)
 
-    loop.add_reader(pidfd, wake)
+    loop.add_reader(sentinel, wake)
     try:
         await exited
     finally:
-        loop.remove_reader(pidfd)
-        os.close(pidfd)
-    return process.wait()
+        loop.remove_reader(sentinel)
+    process.join()
+    return process.exitcode if process.exitcode is not None else -1
 
 
 def _describe_status(status: int) -> str:

@@ -23,10 +23,13 @@ pytestmark = pytest.mark.e2e
 BIG = FILES["big.bin"]
 
 
+def children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
 def workers_of(sidecar: Sidecar) -> list[int]:
-    """The worker processes' pids (children of the sidecar's main process)."""
-    children = Path(f"/proc/{sidecar.pid}/task/{sidecar.pid}/children").read_text().split()
-    return sorted(int(pid) for pid in children)
+    """The worker processes' pids: forked by the fork server, the main process's child."""
+    return sorted(worker for child in children(sidecar.pid) for worker in children(child))
 
 
 def fds_on(pid: int, needle: str) -> int:
@@ -83,7 +86,7 @@ def test_clients_on_every_worker_share_one_upstream_fetch(
     assert origin.full_fetches("big.bin", case="workers-coalesce", rate=12_000_000) == 1
     stats = sidecar.stats()
     # The tail range starts beyond what the fill will have soon: it is fetched apart.
-    assert stats["misses"] == 1 and stats["coalesced"] == len(ranges) - 2
+    assert stats["misses"] == 1 and stats["coalesced"] == len(ranges) - 2, stats
     assert stats["pass_reasons"] == {"range-ahead-of-fill": 1}
     assert stats["workers"] == 2
     served_by = {
