@@ -50,6 +50,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         asyncio.run(main_process.run(settings, workers, shared, spawning))
     except KeyboardInterrupt:
         pass
+    except main_process.CONFIGURATION_ERRORS as e:
+        print(f"burstbuffer-sidecar: error: --buffer-dir: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     except main_process.STARTUP_ERRORS as e:
         # The CA, the trust files or a port cannot be set up: nothing to serve safely.
         logger.error("cannot start: %s", e)

@@ -32,7 +32,7 @@ from typing import Any
 import aiohttp
 
 from sidecar import policy
-from sidecar.keeper import Buffer
+from sidecar.keeper import BUFFER_UNAVAILABLE, Buffer
 from sidecar.metrics import Metrics
 from sidecar.progress import Progress, State
 from sidecar.segments import SegmentedCopy, SegmentFailed, Target, may_split
@@ -288,7 +288,7 @@ class Fills:
                 fill = self._active[key] = Fill(key, url)
         except StoreError as e:
             self._metrics.buffer_trouble("claiming a fill", e)
-            raise Declined("buffer-error") from e
+            raise Declined(BUFFER_UNAVAILABLE) from e
         finally:
             del self._claiming[key]
             claimed.set_result(None)
@@ -325,7 +325,7 @@ class Fills:
             answer = await self._buffer.start_fill(fill.key, size, head.to_message())
         except StoreError as e:
             self._metrics.buffer_trouble("reserving room", e)
-            answer = {"refused": "buffer-error"}
+            answer = {"refused": BUFFER_UNAVAILABLE}
         if "refused" in answer:
             if answer["refused"] == "no-room":
                 self._metrics.counters.admissions_refused += 1
@@ -336,10 +336,10 @@ class Fills:
             fill._shared = Progress(path)
         except OSError as e:
             self._buffer.abort(rid)
-            self._buffer.report_failure()
+            self._buffer.report_failure(f"cannot open a partial body: {e}")
             self._metrics.buffer_trouble("opening a partial body", e)
-            self._end(fill, Declined("buffer-error"))
-            return Acquired(None, "miss", response, "buffer-error")
+            self._end(fill, Declined(BUFFER_UNAVAILABLE))
+            return Acquired(None, "miss", response, BUFFER_UNAVAILABLE)
         fill.attach()
         fill.head.set_result(head)
         task = asyncio.get_running_loop().create_task(self._pump(fill, response, rid, out))
@@ -415,7 +415,7 @@ class Fills:
             )
         except OSError as e:
             failure = e
-            self._buffer.report_failure()
+            self._buffer.report_failure(f"cannot write a body: {e}")
             self._metrics.buffer_trouble("writing a body", e)
         except StoreError as e:
             # The body is complete on disk; readers finish from their open descriptors.

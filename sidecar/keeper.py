@@ -38,6 +38,8 @@ from sidecar.metrics import Metrics
 from sidecar.shared import Shared
 from sidecar.store import Index, Reservation, Store, StoredObject, StoreError
 
+# The pass reason of objects not stored because the buffer does not work (see /stats).
+BUFFER_UNAVAILABLE = "buffer-unavailable"
 # Served keys are reported to the keeper (for `lru`) at most this often.
 TOUCH_INTERVAL = 0.5  # seconds
 # Stored objects a worker remembers (each a few hundred bytes: its headers).
@@ -64,8 +66,14 @@ class Keeper:
         self._claims: dict[str, _Claim] = {}
         self._reservations: dict[str, tuple[int, str, Reservation]] = {}
 
+    def state(self) -> str:
+        """The buffer's state for /stats: `available`, or `unavailable: <why>`."""
+        why = self.store.unavailable
+        return "available" if why is None else f"unavailable: {why}"
+
     def gauges(self) -> dict[str, int]:
         return {
+            "buffer_available": int(self.store.unavailable is None),
             "entries": self.store.entries,
             "unverified_entries": self.store.unverified,
             "buffer_bytes": self.store.used,
@@ -89,7 +97,7 @@ class Keeper:
         elif op == "remove":
             self._remove(message["key"])
         elif op == "failure":
-            self.store.report_failure()
+            self.store.report_failure(message["why"])
         elif op == "touch":
             self.store.touch(message["keys"])
         else:
@@ -119,13 +127,14 @@ class Keeper:
         return await waiter
 
     def _start_fill(self, worker: int, key: str, size: int, head: Message) -> Message:
-        try:
-            reservation = self.store.reserve(size)
-            reason = "no-room"
-        except StoreError as e:
-            self.metrics.buffer_trouble("reserving room", e)
-            self.store.report_failure()
-            reservation, reason = None, "buffer-error"
+        reservation, reason = None, BUFFER_UNAVAILABLE
+        if self.store.unavailable is None:
+            try:
+                reservation = self.store.reserve(size)
+                reason = "no-room"
+            except StoreError as e:
+                self.metrics.buffer_trouble("reserving room", e)
+                self.store.report_failure(str(e))
         if reservation is None:
             self._settle(key, worker, {"declined": reason})
             return {"refused": reason}
@@ -268,5 +277,6 @@ class Buffer:
     def remove(self, key: str) -> None:
         self._keeper.notify("remove", key=key)
 
-    def report_failure(self) -> None:
-        self._keeper.notify("failure")
+    def report_failure(self, why: str) -> None:
+        """A write into the buffer failed: the keeper admits nothing for a while."""
+        self._keeper.notify("failure", why=why)

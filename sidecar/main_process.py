@@ -24,13 +24,15 @@ from sidecar import admin, metrics
 from sidecar.keeper import Keeper
 from sidecar.settings import Settings
 from sidecar.shared import Shared
-from sidecar.store import Store, StoreError
+from sidecar.store import Store, StoreError, UnusableBufferDir, check_buffer_dir
 from sidecar.workers import Workers
 
 logger = logging.getLogger("sidecar")
 
 # What stops the sidecar at start with one line: nothing could be served safely.
 STARTUP_ERRORS = (CAError, TrustError, OSError)
+# Flags that can never work: reported like any bad flag.
+CONFIGURATION_ERRORS = (UnusableBufferDir,)
 
 
 async def run(
@@ -45,6 +47,7 @@ async def run(
     if settings.trust_dir is not None:
         bundle.write_trust_files(settings.trust_dir, ca.cert_pem, extra_ca)
 
+    check_buffer_dir(settings.buffer_dir)
     # Workers remember stored objects; a removal tells them to look again.
     store = Store(
         settings.buffer_dir, settings.buffer_size, settings.eviction, shared.bump_generation
@@ -68,7 +71,7 @@ async def run(
         return counters, {**keeper.gauges(), **gauges}
 
     async def stats() -> dict[str, object]:
-        return metrics.stats(*await snapshot())
+        return metrics.stats(*await snapshot(), keeper.state())
 
     async def prometheus_text() -> bytes:
         return metrics.prometheus_text(*await snapshot())

@@ -104,9 +104,12 @@ def add_snapshots(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return total
 
 
-def stats(counters: Mapping[str, Any], gauges: Mapping[str, int]) -> dict[str, object]:
-    """The `/stats` document: every counter, passes by reason, every gauge."""
-    return {**counters, **gauges}
+def stats(
+    counters: Mapping[str, Any], gauges: Mapping[str, int], buffer: str
+) -> dict[str, object]:
+    """The `/stats` document: every counter, passes by reason, every gauge, and the
+    buffer's state (`available`, or `unavailable: <why>`)."""
+    return {**counters, **gauges, "buffer": buffer}
 
 
 def prometheus_text(counters: Mapping[str, Any], gauges: Mapping[str, int]) -> bytes:
@@ -135,6 +138,8 @@ class _Exporter(Collector):
 
 
 _GAUGE_HELP = {
+    "buffer_available": "1 while the buffer stores objects; 0 once it failed (see /stats).",
+    "workers": "Worker processes serving (--workers).",
     "entries": "Complete objects stored in the buffer.",
     "unverified_entries": "Objects found at start whose digest is not checked yet (misses).",
     "buffer_bytes": "Body bytes of the stored objects.",

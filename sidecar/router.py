@@ -25,7 +25,7 @@ import aiohttp
 from sidecar import policy
 from sidecar.exchange import Body, Channel, ClientGone, Request
 from sidecar.fill import AnyFill, Declined, FillFailed, Fills, read_file
-from sidecar.keeper import Buffer
+from sidecar.keeper import BUFFER_UNAVAILABLE, Buffer
 from sidecar.metrics import Metrics
 from sidecar.settings import Settings
 from sidecar.store import StoredObject, StoreError
@@ -269,7 +269,7 @@ class Router:
         except StoreError as e:
             self.metrics.buffer_trouble("opening a stored body", e)
             self._forget(key)
-            await self._pass(request, channel, "buffer-error")
+            await self._pass(request, channel, BUFFER_UNAVAILABLE)
             return
         self.metrics.counters.hits += 1
         try:

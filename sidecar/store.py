@@ -42,6 +42,7 @@ import logging
 import os
 import shutil
 import sqlite3
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -72,6 +73,32 @@ FAILURE_BACKOFF = 30.0  # seconds
 
 class StoreError(Exception):
     """The buffer could not do what was asked (disk full, read-only, corrupt index)."""
+
+
+class UnusableBufferDir(Exception):
+    """The buffer directory can never hold a buffer (not a directory, not writable)."""
+
+
+def check_buffer_dir(directory: Path) -> None:
+    """Raise UnusableBufferDir unless `directory` is, or can be made, a writable directory.
+
+    A configuration error, found at start: a buffer that fails later is worked around
+    (every download then comes from upstream), but one that cannot ever work is a
+    mistake for the operator to fix, named as such.
+    """
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UnusableBufferDir(f"{directory} exists and is not a directory") from None
+    except OSError as e:
+        raise UnusableBufferDir(f"cannot create {directory}: {_describe(e)}") from None
+    if not directory.is_dir():
+        raise UnusableBufferDir(f"{directory} is not a directory")
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".probe-"):
+            pass
+    except OSError as e:
+        raise UnusableBufferDir(f"cannot write into {directory}: {_describe(e)}") from None
 
 
 @dataclass(frozen=True)
@@ -119,6 +146,8 @@ class Store:
         self._unverified: set[str] = set()
         self._index: diskcache.Cache | None = None
         self._refuse_until = 0.0  # time.monotonic() until which nothing is admitted
+        self._failure = ""  # why, the last time a write failed
+        self._open_failure: str | None = "not opened yet"
 
     # -- start ------------------------------------------------------------------------
 
@@ -133,7 +162,18 @@ class Store:
             self._index = _open_index(self.directory)
             self._load_index()
         except (OSError, sqlite3.Error, diskcache.Timeout) as e:
-            raise StoreError(f"cannot open the buffer in {self.directory}: {e}") from e
+            self._open_failure = f"cannot open the buffer in {self.directory}: {_describe(e)}"
+            raise StoreError(self._open_failure) from e
+        self._open_failure = None
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why nothing can be stored now (the buffer failed), or None while it works."""
+        if self._open_failure is not None:
+            return self._open_failure
+        if time.monotonic() < self._refuse_until:
+            return self._failure
+        return None
 
     def _load_index(self) -> None:
         index = self._require_index()
@@ -162,6 +202,8 @@ class Store:
 
     async def verify_existing(self) -> None:
         """Check every entry found at start against its recorded size and digest."""
+        if self._open_failure is not None or not self._unverified:
+            return
         for key in list(self._unverified):
             try:
                 entry = self._get(key)
@@ -205,7 +247,7 @@ class Store:
 
         None is not an error: the object is then passed through uncached.
         """
-        if size > self.capacity or time.monotonic() < self._refuse_until:
+        if size > self.capacity:
             return None
         try:
             # Someone may have emptied the buffer directory under us: start again.
@@ -262,9 +304,10 @@ class Store:
         self.used += entry.size
         return entry
 
-    def report_failure(self) -> None:
+    def report_failure(self, why: str) -> None:
         """A write into the buffer failed: stop admitting for FAILURE_BACKOFF seconds."""
         self._refuse_until = time.monotonic() + FAILURE_BACKOFF
+        self._failure = why
 
     def abort(self, reservation: Reservation) -> None:
         """Forget a fill that will not complete; its partial body is deleted."""

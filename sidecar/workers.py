@@ -157,7 +157,7 @@ class Workers:
         """Start every worker process, in a thread (the first start waits for the fork
         server to load mitmproxy); each worker waits for `serve()` before it serves.
         Join the thread before `serve()`."""
-        thread = threading.Thread(target=self._spawn_all, name="spawn-workers")
+        thread = threading.Thread(target=self._spawn_all, name="spawn-workers", daemon=True)
         thread.start()
         return thread
 
@@ -227,8 +227,12 @@ class Workers:
             worker.index, self._argv, list(self._sockets), theirs, InheritedFd(self._shared.fd)
         )
         try:
+            # Daemonic: if the main process fails or exits, it takes its workers along.
             worker.process = self._context.Process(
-                target=_run_worker, args=(inherited,), name=f"burstbuffer-w{worker.index}"
+                target=_run_worker,
+                args=(inherited,),
+                name=f"burstbuffer-w{worker.index}",
+                daemon=True,
             )
             worker.process.start()
         finally:

@@ -13,7 +13,7 @@ from pathlib import Path
 import diskcache
 import pytest
 
-from bench.harness import OriginServer, Sidecar, wait_until
+from bench.harness import OriginServer, Sidecar, http_get, wait_until
 from tests.sidecar.conftest import FILES, curl
 
 pytestmark = pytest.mark.e2e
@@ -21,6 +21,56 @@ pytestmark = pytest.mark.e2e
 
 def body_of(dataset: Path, name: str) -> bytes:
     return (dataset / name).read_bytes()
+
+
+def metrics_text(sidecar: Sidecar) -> str:
+    status, body = http_get(f"http://127.0.0.1:{sidecar.admin_port}/metrics")
+    assert status == 200
+    return body.decode()
+
+
+def start_failure(sidecar: Sidecar) -> tuple[int, str]:
+    """Launch a sidecar that is expected not to start: its exit status and its output."""
+    sidecar.launch()
+    assert sidecar.process is not None
+    sidecar.process.popen.wait(timeout=30)
+    return sidecar.process.popen.returncode, sidecar.log()
+
+
+@pytest.mark.parametrize("taken", ["proxy", "admin"])
+def test_a_port_in_use_stops_the_sidecar_with_one_clear_line(
+    needs_root: None, hosts_file: Path, pod_dir: Path, taken: str
+) -> None:
+    sidecar = Sidecar(pod_dir, hosts_file, ["--intercept", "origin.test"])
+    port = sidecar.proxy_port if taken == "proxy" else sidecar.admin_port
+    with socket.create_server(("127.0.0.1", port)):
+        status, log = start_failure(sidecar)
+    assert status == 1
+    assert "Traceback" not in log
+    errors = [line for line in log.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "cannot start" in errors[0] and str(port) in errors[0], log
+    assert "in use" in errors[0]
+
+
+def test_a_buffer_dir_that_can_never_work_is_a_configuration_error(
+    needs_root: None, hosts_file: Path, pod_dir: Path
+) -> None:
+    not_a_directory = Sidecar(pod_dir, hosts_file, ["--buffer-dir", "/etc/passwd"])
+    status, log = start_failure(not_a_directory)
+    assert status == 2 and "Traceback" not in log
+    assert "error: --buffer-dir: /etc/passwd exists and is not a directory" in log
+    readonly = pod_dir / "readonly"
+    readonly.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(readonly)], check=True)
+    try:
+        unwritable = Sidecar(pod_dir / "ro-sidecar", hosts_file, ["--buffer-dir", str(readonly)])
+        unwritable.directory.mkdir()
+        status, log = start_failure(unwritable)
+    finally:
+        subprocess.run(["umount", "-l", str(readonly)], check=False)
+    assert status == 2 and "Traceback" not in log
+    assert f"error: --buffer-dir: cannot write into {readonly}: " in log
+    assert "Read-only file system" in log
 
 
 def index_is_consistent(buffer_dir: Path) -> bool:
@@ -139,6 +189,11 @@ def test_a_buffer_made_read_only_at_run_time_never_fails_a_download(
         stats = sidecar.stats()
         assert stats["buffer_errors"] >= 1 and stats["hits"] == 1
         assert sidecar.log().count("failed, serving from upstream instead") == 1  # once a minute
+        # It says so everywhere: /stats, /metrics, the passes' reason.
+        assert stats["buffer"].startswith("unavailable: ") and "Read-only" in stats["buffer"]
+        assert stats["buffer_available"] == 0
+        assert stats["pass_reasons"] == {"buffer-unavailable": 2}
+        assert "burstbuffer_buffer_available 0.0" in metrics_text(sidecar)
     finally:
         subprocess.run(["umount", "-l", str(buffer_dir)], check=False)
 

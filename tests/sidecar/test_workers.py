@@ -17,6 +17,7 @@ import pytest
 from bench.harness import OriginServer, Sidecar, wait_until
 from sidecar.workers import cpu_limit
 from tests.sidecar.conftest import FILES, curl
+from tests.sidecar.procs import ESTABLISHED, sockets
 
 pytestmark = pytest.mark.e2e
 
@@ -40,30 +41,6 @@ def fds_on(pid: int, needle: str) -> int:
             count += needle in os.readlink(fd)
         except OSError:
             continue
-    return count
-
-
-def established_to(port: int) -> dict[int, int]:
-    """Socket inode -> 1 for every established TCP connection whose local port is `port`."""
-    found = {}
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        local_port = int(fields[1].rsplit(":", 1)[1], 16)
-        if local_port == port and fields[3] == "01":
-            found[int(fields[9])] = 1
-    return found
-
-
-def client_connections(pid: int, port: int) -> int:
-    inodes = established_to(port)
-    count = 0
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            link = os.readlink(fd)
-        except OSError:
-            continue
-        if link.startswith("socket:[") and int(link[8:-1]) in inodes:
-            count += 1
     return count
 
 
@@ -110,11 +87,11 @@ def test_kept_alive_connections_spread_evenly_over_the_workers(
         pending = [pool.submit(curl, sidecar, url) for _ in range(4)]
         wait_until(
             lambda: (
-                sum(client_connections(p, sidecar.proxy_port) for p in workers_of(sidecar)) == 4
+                sum(sockets(p, ESTABLISHED, sidecar.proxy_port) for p in workers_of(sidecar)) == 4
             ),
             "four client connections",
         )
-        per_worker = [client_connections(p, sidecar.proxy_port) for p in workers_of(sidecar)]
+        per_worker = [sockets(p, ESTABLISHED, sidecar.proxy_port) for p in workers_of(sidecar)]
         assert all(download.result().returncode == 0 for download in pending)
     assert per_worker == [2, 2]
 
