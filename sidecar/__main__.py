@@ -18,7 +18,7 @@ from sidecar import logs
 from sidecar.listeners import listen, listeners
 from sidecar.settings import SettingsError, parse
 from sidecar.shared import Shared
-from sidecar.workers import Workers, available_cpus
+from sidecar.workers import Workers, WorkersFailed, available_cpus
 
 logger = logging.getLogger("sidecar")
 
@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
             raise SystemExit(1) from None
     shared = Shared.create(settings.workers or available_cpus())
-    workers = Workers(shared, args, sockets)
+    workers = Workers(shared, args, sockets, settings.ca_dir)
     spawning = workers.spawn()
     # Loaded while the workers load mitmproxy: the CA, the buffer, the admin endpoints.
     from sidecar import main_process
@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except main_process.CONFIGURATION_ERRORS as e:
         print(f"burstbuffer-sidecar: error: --buffer-dir: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    except main_process.STARTUP_ERRORS as e:
+    except (*main_process.STARTUP_ERRORS, WorkersFailed) as e:
         # The CA, the trust files or a port cannot be set up: nothing to serve safely.
         logger.error("cannot start: %s", e)
         raise SystemExit(1) from None

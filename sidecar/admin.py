@@ -54,6 +54,11 @@ async def start(app: web.Application, host: str, port: int) -> web.AppRunner:
     """Listen on host:port; the caller keeps the runner and cleans it up at exit."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    await web.TCPSite(runner, host, port, reuse_address=True).start()
+    try:
+        await web.TCPSite(runner, host, port, reuse_address=True).start()
+    except OSError as e:
+        await runner.cleanup()
+        message = f"cannot listen on {host}:{port} (admin endpoints): {e.strerror}"
+        raise OSError(e.errno, message) from None
     logger.info("admin endpoints on http://%s:%d (/healthz /metrics /stats)", host, port)
     return runner

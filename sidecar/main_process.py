@@ -13,6 +13,7 @@ It never touches client traffic, and does not load mitmproxy.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import threading
@@ -76,32 +77,32 @@ async def run(
     async def prometheus_text() -> bytes:
         return metrics.prometheus_text(*await snapshot())
 
-    runner = await admin.start(
-        admin.make_app(ready, stats, prometheus_text), settings.admin_host, settings.admin_port
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    await asyncio.to_thread(spawning.join)
-    workers.serve(keeper)
-    verify = asyncio.create_task(store.verify_existing())
-    logger.info(
-        "proxy on %s:%d (capture %s, %d workers), buffer %s (%d bytes, eviction %s), "
-        "intercepting %d hosts",
-        settings.listen_host,
-        settings.listen_port,
-        settings.capture,
-        len(workers),
-        settings.buffer_dir,
-        settings.buffer_size,
-        settings.eviction,
-        len(settings.intercept),
-    )
-    try:
+    async with contextlib.AsyncExitStack() as cleanup:
+        cleanup.callback(store.close)
+        runner = await admin.start(
+            admin.make_app(ready, stats, prometheus_text), settings.admin_host, settings.admin_port
+        )
+        cleanup.push_async_callback(runner.cleanup)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await asyncio.to_thread(spawning.join)
+        workers.check_spawned()
+        workers.serve(keeper)
+        cleanup.push_async_callback(workers.stop)
+        verify = asyncio.create_task(store.verify_existing())
+        cleanup.callback(verify.cancel)
+        logger.info(
+            "proxy on %s:%d (capture %s, %d workers), buffer %s (%d bytes, eviction %s), "
+            "intercepting %d hosts",
+            settings.listen_host,
+            settings.listen_port,
+            settings.capture,
+            len(workers),
+            settings.buffer_dir,
+            settings.buffer_size,
+            settings.eviction,
+            len(settings.intercept),
+        )
         await stop.wait()
-    finally:
-        verify.cancel()
-        await workers.stop()
-        await runner.cleanup()
-        store.close()

@@ -37,10 +37,10 @@ from mitmproxy.proxy.server import ConnectionHandler
 from OpenSSL import SSL
 
 from sidecar.exchange import ClientGone
+from sidecar.mitmproxy_addons import PINNED_MITMPROXY
 
 logger = logging.getLogger(__name__)
 
-PINNED_MITMPROXY = "12.2.3"
 if version.VERSION != PINNED_MITMPROXY:
     raise ImportError(
         f"sidecar.respond is written against mitmproxy {PINNED_MITMPROXY} internals, "

@@ -22,6 +22,7 @@ import multiprocessing.process
 import os
 import signal
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -37,6 +38,10 @@ from sidecar.metrics import add_snapshots
 from sidecar.shared import Shared
 
 logger = logging.getLogger(__name__)
+
+
+class WorkersFailed(Exception):
+    """The worker processes could not be started."""
 
 # A worker gets this long to finish after SIGTERM before it is killed.
 STOP_GRACE = 1.5  # seconds
@@ -132,10 +137,15 @@ class Workers:
     """The worker processes of one sidecar."""
 
     def __init__(
-        self, shared: Shared, argv: Sequence[str], sockets: Sequence[socket.socket]
+        self,
+        shared: Shared,
+        argv: Sequence[str],
+        sockets: Sequence[socket.socket],
+        private_dir: Path,
     ) -> None:
         """One worker per connection slot of `shared`; `argv`: the sidecar's own flags,
-        passed on to every worker."""
+        passed on to every worker; `private_dir`: a directory only the sidecar can use
+        (its --ca-dir), where the fork server's socket lives."""
         self._argv = list(argv)
         self._shared = shared
         self._sockets = sockets
@@ -144,7 +154,9 @@ class Workers:
         # Workers are forked from a server that loaded their code once: they start in
         # milliseconds and share its memory until they write to it.
         self._context = multiprocessing.get_context("forkserver")
-        self._context.set_forkserver_preload(["sidecar.worker"])
+        self._private_dir = private_dir
+        self._spawn_failure: BaseException | None = None
+        self._context.set_forkserver_preload(["sidecar.mitmproxy_addons", "sidecar.worker"])
         self._retired: list[dict[str, Any]] = []  # counters of workers that exited
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -218,8 +230,21 @@ class Workers:
     # -- one worker's life ------------------------------------------------------------------
 
     def _spawn_all(self) -> None:
-        for worker in self._workers:
-            self._spawn(worker)
+        try:
+            # The fork server listens on a socket in a temporary directory: in a pod
+            # with a read-only root file system, /tmp is not one, and the socket must
+            # be private anyway. Set before the first start, used for no other file.
+            self._private_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            tempfile.tempdir = str(self._private_dir)
+            for worker in self._workers:
+                self._spawn(worker)
+        except Exception as e:
+            self._spawn_failure = e
+
+    def check_spawned(self) -> None:
+        """Raise WorkersFailed if `spawn()` could not start the worker processes."""
+        if self._spawn_failure is not None:
+            raise WorkersFailed(f"cannot start the worker processes: {self._spawn_failure}")
 
     def _spawn(self, worker: _Worker) -> None:
         ours, theirs = socket.socketpair()
@@ -244,7 +269,12 @@ class Workers:
         while not self._stopping:
             started = time.monotonic()
             if worker.process is None:
-                self._spawn(worker)
+                try:
+                    self._spawn(worker)
+                except (OSError, ValueError) as e:
+                    logger.error("cannot start worker %d: %s; trying again", worker.index, e)
+                    await asyncio.sleep(RESTART_PAUSE_MAX)
+                    continue
             status = await self._serve_one(worker)
             worker.process = None
             if self._stopping:

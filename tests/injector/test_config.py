@@ -6,7 +6,7 @@ import yaml
 from injector import settings
 from injector.quantity import format_bytes, parse_bytes, parse_quantity
 from injector.settings import ConfigError, InjectorSettings
-from sidecar import capture as sidecar_capture
+from sidecar import listeners as sidecar_listeners
 from sidecar import settings as sidecar_settings
 from sidecar.settings import DEFAULT_INTERCEPT
 
@@ -28,7 +28,7 @@ def test_defaults_are_the_documented_ones() -> None:
 
 def test_the_hostaliases_ports_are_the_sidecars() -> None:
     assert sorted(settings.HOSTALIASES_PORTS) == sorted(
-        (sidecar_capture.HOSTALIASES_HTTP_PORT, sidecar_capture.HOSTALIASES_TLS_PORT)
+        (sidecar_listeners.HOSTALIASES_HTTP_PORT, sidecar_listeners.HOSTALIASES_TLS_PORT)
     )
 
 

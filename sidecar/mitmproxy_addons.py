@@ -1,0 +1,42 @@
+"""mitmproxy's addons package, without the forty default addons a cache does not need.
+
+Importing anything from `mitmproxy.addons` (even `mitmproxy.master`, which imports
+`mitmproxy.addons.termlog`) first runs the package's `__init__`, which imports every
+default addon: about 0.2 s of a worker's 0.45 s start, and their memory. A worker
+needs five. Imported before any other mitmproxy module (the fork server preloads it
+first), this module registers the package without running its `__init__`; each addon
+module is then loaded when something imports it, and only then.
+
+It depends on mitmproxy's package layout, so it carries the same version pin as
+`sidecar.respond`, the other module that knows mitmproxy's insides.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import sys
+import types
+
+PINNED_MITMPROXY = "12.2.3"
+
+
+def _register_bare_package(name: str) -> None:
+    if name in sys.modules:
+        return  # imported already, with its __init__: nothing to save
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.submodule_search_locations is None:
+        raise ImportError(f"{name} is not a package")
+    package = types.ModuleType(name)
+    package.__path__ = list(spec.submodule_search_locations)
+    package.__spec__ = spec
+    package.__package__ = name
+    sys.modules[name] = package
+
+
+if importlib.metadata.version("mitmproxy") != PINNED_MITMPROXY:
+    raise ImportError(
+        f"sidecar.mitmproxy_addons is written against mitmproxy {PINNED_MITMPROXY}'s layout, "
+        f"found {importlib.metadata.version('mitmproxy')}: re-validate it before changing the pin"
+    )
+_register_bare_package("mitmproxy.addons")
