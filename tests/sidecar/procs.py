@@ -21,20 +21,30 @@ def open_fds(pid: int) -> int:
     return sum(len(os.listdir(f"/proc/{member}/fd")) for member in process_tree(pid))
 
 
-def _tcp_inodes(state: str, local_port: int | None) -> set[int]:
+def _port(address: str) -> int:
+    return int(address.rsplit(":", 1)[1], 16)
+
+
+def _tcp_inodes(state: str, local_port: int | None, remote_port: int | None) -> set[int]:
     found = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
             fields = line.split()
-            port = int(fields[1].rsplit(":", 1)[1], 16)
-            if fields[3] == state and (local_port is None or port == local_port):
-                found.add(int(fields[9]))
+            if fields[3] != state:
+                continue
+            if local_port is not None and _port(fields[1]) != local_port:
+                continue
+            if remote_port is not None and _port(fields[2]) != remote_port:
+                continue
+            found.add(int(fields[9]))
     return found
 
 
-def sockets(pid: int, state: str, local_port: int | None = None) -> int:
-    """TCP sockets in `state` held by `pid` alone (on `local_port`, if given)."""
-    inodes = _tcp_inodes(state, local_port)
+def sockets(
+    pid: int, state: str, local_port: int | None = None, remote_port: int | None = None
+) -> int:
+    """TCP sockets in `state` held by `pid` alone (with those ports, if given)."""
+    inodes = _tcp_inodes(state, local_port, remote_port)
     count = 0
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         try:
@@ -46,6 +56,18 @@ def sockets(pid: int, state: str, local_port: int | None = None) -> int:
     return count
 
 
-def tree_sockets(pid: int, state: str, local_port: int | None = None) -> int:
+def tree_sockets(
+    pid: int, state: str, local_port: int | None = None, remote_port: int | None = None
+) -> int:
     """TCP sockets in `state` held anywhere in `pid`'s process tree."""
-    return sum(sockets(member, state, local_port) for member in process_tree(pid))
+    return sum(sockets(m, state, local_port, remote_port) for m in process_tree(pid))
+
+
+def settled(pid: int, proxy_port: int, origin_port: int, baseline: int) -> bool:
+    """No client connection left open (none in CLOSE-WAIT, none established on the
+    proxy port), and no more descriptors than `baseline` but for the connections to
+    the origin that the sidecar keeps alive for its next fetches."""
+    if tree_sockets(pid, CLOSE_WAIT) or tree_sockets(pid, ESTABLISHED, proxy_port):
+        return False
+    pooled = tree_sockets(pid, ESTABLISHED, remote_port=origin_port)
+    return open_fds(pid) - pooled <= baseline

@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 
 from bench.harness import OriginServer, Sidecar, process_tree, wait_until
-from tests.sidecar.procs import CLOSE_WAIT, open_fds, tree_sockets
+from tests.sidecar.procs import open_fds, settled
 
 pytestmark = pytest.mark.e2e
 
@@ -115,8 +115,11 @@ def test_two_hundred_clients_for_a_minute(
     failures = {k: v for k, v in tally.items() if k.startswith(("failed", "wrong"))}
     stats = sidecar.stats()
     # Every connection the clients closed is closed by the sidecar too, at once.
-    wait_until(lambda: tree_sockets(pid, CLOSE_WAIT) == 0, "no socket in CLOSE-WAIT", timeout=2)
-    wait_until(lambda: open_fds(pid) <= fds_before, "descriptors back to before", timeout=2)
+    wait_until(
+        lambda: settled(pid, sidecar.proxy_port, origin.port, fds_before),
+        "client connections closed, descriptors as before",
+        timeout=2,
+    )
     print(
         f"\nload: {CLIENTS} clients, {elapsed:.0f} s, {tally['ok']} requests "
         f"({tally['ok'] / elapsed:.0f}/s; hits {tally['hit']}, misses {tally['miss']}, "
