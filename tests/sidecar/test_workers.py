@@ -81,10 +81,14 @@ def test_kept_alive_connections_spread_evenly_over_the_workers(
     start_sidecar: Callable[..., Sidecar], origin: OriginServer
 ) -> None:
     sidecar = start_sidecar("--workers", "2")
-    url = origin.url("small.bin", case="workers-spread", rate=50_000)  # ~2 s each
-    # curl keeps each connection until its transfer ends: four at once, held 2 s.
+    url = origin.url("small.bin", case="workers-spread", rate=40_000)  # ~2.5 s each
+    # curl keeps each connection until its transfer ends: four held for 2.5 s, started
+    # one after another as a data loader starts its workers.
     with ThreadPoolExecutor(4) as pool:
-        pending = [pool.submit(curl, sidecar, url) for _ in range(4)]
+        pending = []
+        for _ in range(4):
+            pending.append(pool.submit(curl, sidecar, url))
+            time.sleep(0.1)
         wait_until(
             lambda: (
                 sum(sockets(p, ESTABLISHED, sidecar.proxy_port) for p in workers_of(sidecar)) == 4
