@@ -49,8 +49,9 @@ TRUST_VARIABLES = (
 # 16 MiB and at most 512 MiB (the index grows with the number of entries, not their size).
 _INDEX_HEADROOM_MIN = 16 * 2**20
 _INDEX_HEADROOM_MAX = 512 * 2**20
-# Memory of each sidecar worker process beyond the first (mitmproxy, the TLS contexts,
-# buffers of the connections it serves): measured at about 90 MiB private per worker.
+# Memory of each sidecar worker process beyond the first: a worker maps about 85 MiB
+# (mitmproxy, TLS contexts, its connections' buffers); forked from a fork server, about
+# 15 MiB of it is its own at first, the rest shared until the worker touches it.
 WORKER_MEMORY = 128 * 2**20
 
 # Tiny volumes of the sidecar: the CA key (tmpfs, so the key never reaches the node's
