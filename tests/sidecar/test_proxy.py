@@ -129,6 +129,12 @@ def test_a_host_that_is_not_intercepted_is_tunnelled_with_its_own_certificate(
     assert direct_trust.body == body_of(dataset, "small.bin")
     stats = sidecar.stats()
     assert stats["misses"] == stats["hits"] == stats["entries"] == 0
+    # Where those bytes went is visible: counted, and the host named once in the log.
+    assert stats["tunnelled_connections"] == 1
+    curl(sidecar, url, "--cacert", str(origin.ca_pem))
+    assert sidecar.stats()["tunnelled_connections"] == 2
+    log = sidecar.log()
+    assert log.count("not intercepted: tunnel.test; add it to --intercept to cache it") in (1, 2)
 
 
 def test_a_bad_origin_certificate_is_an_error_never_a_download(
