@@ -62,9 +62,11 @@ def test_clients_on_every_worker_share_one_upstream_fetch(
             assert download.body == expected[int(start) : int(end) + 1 if end else None]
     assert origin.full_fetches("big.bin", case="workers-coalesce", rate=12_000_000) == 1
     stats = sidecar.stats()
-    # The tail range starts beyond what the fill will have soon: it is fetched apart.
-    assert stats["misses"] == 1 and stats["coalesced"] == len(ranges) - 2, stats
+    # The tail range starts beyond what the fill will have soon: it is fetched apart
+    # (when it arrives first, the fill it starts is joined by all the others).
     assert stats["pass_reasons"] == {"range-ahead-of-fill": 1}
+    assert stats["misses"] + stats["coalesced"] == len(ranges) - 1, stats
+    assert stats["misses"] <= 1
     assert stats["workers"] == 2
     served_by = {
         line.split("]")[0].rsplit("[", 1)[1]
