@@ -92,7 +92,15 @@ class Handoff:
 
     async def handle(self, listener: int, sock: socket.socket) -> None:
         reader, writer = await asyncio.open_connection(sock=sock)
-        await self._instances[listener].handle_stream(reader, writer)
+        try:
+            await self._instances[listener].handle_stream(reader, writer)
+        finally:
+            # The connection is ours: closed when mitmproxy is done with it. mitmproxy
+            # skips its own close when a client's FIN reaches a response still in
+            # progress (its handler cancels itself while processing the close), which
+            # every client that closes right after the response it got from the fast
+            # path does: without this, each such connection stayed in CLOSE-WAIT.
+            writer.close()
 
 
 class Connections:

@@ -23,7 +23,17 @@ from pathlib import Path
 import pytest
 import trustme
 
-from bench.harness import PYTHON, OriginServer, Sidecar, clean_env, start_origin
+from bench.harness import (
+    PYTHON,
+    OriginServer,
+    Sidecar,
+    clean_env,
+    free_port,
+    port_open,
+    start_origin,
+    start_process,
+    wait_until,
+)
 
 TEST_HOSTS = ("origin.test", "tunnel.test", "badcert.test")
 CLIENT_TIMEOUT = 60  # seconds for one download
@@ -63,6 +73,17 @@ def origin(
     )
     yield server
     server.process.stop()
+
+
+@pytest.fixture(scope="session")
+def plain_origin(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """The dataset host over plain HTTP (`http://origin.test:PORT`): its port."""
+    port = free_port()
+    argv = [PYTHON, "-m", "bench.origin", "--dir", str(dataset), "--port", str(port)]
+    process = start_process(argv, tmp_path_factory.mktemp("plain") / "origin.log")
+    wait_until(lambda: port_open(port), "the plain HTTP origin")
+    yield port
+    process.stop()
 
 
 @pytest.fixture(scope="session")

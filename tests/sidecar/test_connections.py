@@ -1,7 +1,8 @@
 """Connections that end are closed: after every burst of clients that each open a new
 connection and close it (urllib sends `Connection: close`), the sidecar holds no socket
 in CLOSE-WAIT and as many descriptors as before, within 2 seconds. HTTPS through
-CONNECT tunnels: the lean front end, every data loader's path."""
+CONNECT tunnels (the lean front end, every data loader's path) and plain HTTP
+(mitmproxy's path)."""
 
 from __future__ import annotations
 
@@ -36,17 +37,25 @@ def fetch(
         return bytes(response.read())
 
 
+@pytest.mark.parametrize("scheme", ["https", "http"])
 def test_every_closed_connection_is_closed_by_the_sidecar_too(
-    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+    scheme: str,
+    start_sidecar: Callable[..., Sidecar],
+    origin: OriginServer,
+    plain_origin: int,
+    dataset: Path,
 ) -> None:
+    """https: CONNECT tunnels, served by the lean front end; http: absolute-form
+    requests, which mitmproxy terminates and the fast response path answers."""
     sidecar = start_sidecar()
+    port = origin.port if scheme == "https" else plain_origin
 
     def url(case: str) -> str:
-        return f"https://origin.test:{origin.port}/files/medium.bin?case={case}"
+        return f"{scheme}://origin.test:{port}/files/medium.bin?case={case}"
 
     def settles() -> None:
         wait_until(
-            lambda: settled(sidecar.pid, sidecar.proxy_port, origin.port, baseline),
+            lambda: settled(sidecar.pid, sidecar.proxy_port, port, baseline),
             "client connections closed, descriptors as before",
             SETTLE,
         )

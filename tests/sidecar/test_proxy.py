@@ -12,13 +12,9 @@ from pathlib import Path
 import pytest
 
 from bench.harness import (
-    PYTHON,
     OriginServer,
     Sidecar,
-    free_port,
     http_get,
-    port_open,
-    start_process,
     wait_until,
 )
 from tests.sidecar.conftest import (
@@ -411,22 +407,15 @@ def test_a_large_cold_object_is_fetched_over_parallel_ranges(
 
 
 def test_plain_http_to_an_intercepted_host_is_cached_too(
-    sidecar: Sidecar, dataset: Path, tmp_path: Path
+    sidecar: Sidecar, plain_origin: int, dataset: Path
 ) -> None:
-    port = free_port()
-    argv = [PYTHON, "-m", "bench.origin", "--dir", str(dataset), "--port", str(port)]
-    plain = start_process(argv, tmp_path / "plain-origin.log")
-    try:
-        wait_until(lambda: port_open(port), "the plain HTTP origin")
-        url = f"http://origin.test:{port}/files/small.bin?case=plain"
-        for _ in range(2):
-            download = curl(sidecar, url)
-            assert download.returncode == 0, download.stderr
-            assert download.body == body_of(dataset, "small.bin")
-        stats = sidecar.stats()
-        assert (stats["misses"], stats["hits"]) == (1, 1)
-    finally:
-        plain.stop()
+    url = f"http://origin.test:{plain_origin}/files/small.bin?case=plain"
+    for _ in range(2):
+        download = curl(sidecar, url)
+        assert download.returncode == 0, download.stderr
+        assert download.body == body_of(dataset, "small.bin")
+    stats = sidecar.stats()
+    assert (stats["misses"], stats["hits"]) == (1, 1)
 
 
 def test_revalidation_serves_unchanged_objects_from_the_buffer_and_refetches_changed_ones(
