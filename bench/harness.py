@@ -252,6 +252,12 @@ class Sidecar:
         assert status == 200
         return json.loads(body)
 
+    def metrics(self) -> str:
+        """The Prometheus text of /metrics."""
+        status, body = http_get(f"http://127.0.0.1:{self.admin_port}/metrics")
+        assert status == 200
+        return body.decode()
+
     def wait_for_entries(self, count: int) -> None:
         """Wait until `count` objects are committed (a commit may follow the last byte)."""
         wait_until(lambda: self.stats()["entries"] == count, f"{count} stored objects")

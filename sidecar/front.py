@@ -39,8 +39,6 @@ TLS_HANDSHAKE_TIMEOUT = 30.0  # seconds
 # A worker busier than another waits this long before accepting a new connection, so
 # that the least busy worker takes it (unless that one is too busy to get there first).
 ACCEPT_DELAY = 0.002  # seconds
-# Hosts named in the log as not intercepted, at most (a client may tunnel to thousands).
-MAX_NAMED_HOSTS = 1000
 _ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
 
 
@@ -120,7 +118,6 @@ class Front:
         self._to_mitmproxy = to_mitmproxy
         self._balance = balance
         self._tasks: set[asyncio.Task[None]] = set()
-        self._tunnelled_hosts: set[str] = set()
 
     async def accept(self, listener: int, sock: socket.socket, lean: bool) -> None:
         """Accept forever on `sock`; `lean`: CONNECTs to intercepted hosts are ours."""
@@ -148,8 +145,6 @@ class Front:
             if connect is not None and host_matches(connect.tunnel.host, self._intercept):
                 lean_owns_it = await self._serve_tunnel(client, connect)
             else:
-                if connect is not None:
-                    self._count_tunnel(connect.tunnel.host)
                 await self._to_mitmproxy(listener, client)  # type: ignore[misc]
         except (ConnectionError, TimeoutError, OSError, ssl.SSLError) as e:
             logger.debug("client connection ended early: %s", e)
@@ -157,15 +152,6 @@ class Front:
         finally:
             if not lean_owns_it:
                 self._balance.closed()
-
-    def _count_tunnel(self, host: str) -> None:
-        """A CONNECT to a host that is not intercepted: mitmproxy tunnels it untouched.
-        Counted, and named in the log the first time, so that a forgotten --intercept
-        shows where the bytes went."""
-        self._router.metrics.counters.tunnelled_connections += 1
-        if host not in self._tunnelled_hosts and len(self._tunnelled_hosts) < MAX_NAMED_HOSTS:
-            self._tunnelled_hosts.add(host)
-            logger.info("not intercepted: %s; add it to --intercept to cache it", host)
 
     async def _peek_connect(self, client: socket.socket) -> Connect | None:
         """Wait for the first request head; a CONNECT is parsed, anything else is None."""

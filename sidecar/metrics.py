@@ -43,6 +43,7 @@ class Counters:
     buffer_errors: int = 0
     client_aborts: int = 0
     tunnelled_connections: int = 0
+    tunnelled_bytes: int = 0
     pass_reasons: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
@@ -58,7 +59,8 @@ _COUNTER_HELP = {
     "admissions_refused": "Cacheable objects passed through because the buffer had no room.",
     "buffer_errors": "Buffer operations that failed (disk full, read-only, index busy).",
     "client_aborts": "Responses cut short because the client went away.",
-    "tunnelled_connections": "CONNECT tunnels to hosts that are not intercepted (not cached).",
+    "tunnelled_connections": "Connections to hosts that are not intercepted, tunnelled untouched.",
+    "tunnelled_bytes": "Bytes relayed through those tunnels, both directions (never cached).",
 }
 
 

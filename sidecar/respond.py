@@ -25,7 +25,8 @@ import logging
 import socket
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import SupportsIndex
 
 from mitmproxy import http, version
 from mitmproxy.addons.proxyserver import Proxyserver
@@ -37,6 +38,7 @@ from mitmproxy.proxy.server import ConnectionHandler
 from OpenSSL import SSL
 
 from sidecar.exchange import ClientGone
+from sidecar.metrics import Counters
 from sidecar.mitmproxy_addons import PINNED_MITMPROXY
 
 logger = logging.getLogger(__name__)
@@ -82,7 +84,9 @@ class Handoff:
 
     mitmproxy does not listen itself (`server=False`): the listening sockets are
     shared by every worker process, which mitmproxy's own servers cannot do. Each
-    accepted connection goes to the same handler mitmproxy's server would call.
+    accepted connection goes to the same handler mitmproxy's server would call, with
+    streams that can count its bytes once it turns out to be a tunnel
+    (`Connections.tunnelled`).
     """
 
     def __init__(self, proxyserver: Proxyserver, modes: Sequence[str]) -> None:
@@ -91,7 +95,12 @@ class Handoff:
         ]
 
     async def handle(self, listener: int, sock: socket.socket) -> None:
-        reader, writer = await asyncio.open_connection(sock=sock)
+        loop = asyncio.get_running_loop()
+        tally = _Tally()
+        reader = _CountingReader(tally, loop=loop)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+        transport, _ = await loop.connect_accepted_socket(lambda: protocol, sock=sock)
+        writer = _CountingWriter(tally, transport, protocol, reader, loop)
         try:
             await self._instances[listener].handle_stream(reader, writer)
         finally:
@@ -101,6 +110,44 @@ class Handoff:
             # every client that closes right after the response it got from the fast
             # path does: without this, each such connection stayed in CLOSE-WAIT.
             writer.close()
+
+
+class _Tally:
+    """Where a client connection's bytes are counted: nowhere until it is a tunnel."""
+
+    __slots__ = ("counters",)
+
+    def __init__(self) -> None:
+        self.counters: Counters | None = None
+
+
+class _CountingReader(asyncio.StreamReader):
+    def __init__(self, tally: _Tally, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop=loop)
+        self.tally = tally
+
+    def feed_data(self, data: Iterable[SupportsIndex]) -> None:
+        if self.tally.counters is not None:
+            self.tally.counters.tunnelled_bytes += len(data)  # type: ignore[arg-type]
+        super().feed_data(data)
+
+
+class _CountingWriter(asyncio.StreamWriter):
+    def __init__(
+        self,
+        tally: _Tally,
+        transport: asyncio.BaseTransport,
+        protocol: asyncio.StreamReaderProtocol,
+        reader: asyncio.StreamReader,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        super().__init__(transport, protocol, reader, loop)  # type: ignore[arg-type]
+        self.tally = tally
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self.tally.counters is not None:
+            self.tally.counters.tunnelled_bytes += len(data)
+        super().write(data)
 
 
 class Connections:
@@ -116,6 +163,14 @@ class Connections:
 
     def forget(self, client_id: str) -> None:
         self._tls.pop(client_id, None)
+
+    def tunnelled(self, client_id: str, counters: Counters) -> None:
+        """Count the bytes of this client connection from now on in `counters`
+        (it became a tunnel to a host that is not intercepted)."""
+        handler = self._proxyserver.connections.get(client_id)
+        io = handler.transports.get(handler.client) if handler is not None else None
+        if io is not None and isinstance(io.writer, _CountingWriter):
+            io.writer.tally.counters = counters
 
     def channel(self, flow: http.HTTPFlow) -> ClientChannel:
         """A writer for `flow`'s client (TLS-intercepted or plain HTTP)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 import diskcache
 import pytest
 
-from bench.harness import OriginServer, Sidecar, http_get, wait_until
+from bench.harness import OriginServer, Sidecar, wait_until
 from tests.sidecar.conftest import FILES, curl
 
 pytestmark = pytest.mark.e2e
@@ -21,12 +21,6 @@ pytestmark = pytest.mark.e2e
 
 def body_of(dataset: Path, name: str) -> bytes:
     return (dataset / name).read_bytes()
-
-
-def metrics_text(sidecar: Sidecar) -> str:
-    status, body = http_get(f"http://127.0.0.1:{sidecar.admin_port}/metrics")
-    assert status == 200
-    return body.decode()
 
 
 def start_failure(sidecar: Sidecar) -> tuple[int, str]:
@@ -193,7 +187,7 @@ def test_a_buffer_made_read_only_at_run_time_never_fails_a_download(
         assert stats["buffer"].startswith("unavailable: ") and "Read-only" in stats["buffer"]
         assert stats["buffer_available"] == 0
         assert stats["pass_reasons"] == {"buffer-unavailable": 2}
-        assert "burstbuffer_buffer_available 0.0" in metrics_text(sidecar)
+        assert "burstbuffer_buffer_available 0.0" in sidecar.metrics()
     finally:
         subprocess.run(["umount", "-l", str(buffer_dir)], check=False)
 

@@ -14,7 +14,6 @@ import pytest
 from bench.harness import (
     OriginServer,
     Sidecar,
-    http_get,
     wait_until,
 )
 from tests.sidecar.conftest import (
@@ -126,9 +125,15 @@ def test_a_host_that_is_not_intercepted_is_tunnelled_with_its_own_certificate(
     stats = sidecar.stats()
     assert stats["misses"] == stats["hits"] == stats["entries"] == 0
     # Where those bytes went is visible: counted, and the host named once in the log.
+    size = len(body_of(dataset, "small.bin"))
     assert stats["tunnelled_connections"] == 1
+    assert size < stats["tunnelled_bytes"] < size + 64 * 1024  # TLS records and handshake
     curl(sidecar, url, "--cacert", str(origin.ca_pem))
-    assert sidecar.stats()["tunnelled_connections"] == 2
+    stats = sidecar.stats()
+    assert stats["tunnelled_connections"] == 2
+    assert stats["tunnelled_bytes"] > 2 * size
+    exported = f"burstbuffer_tunnelled_bytes_total {float(stats['tunnelled_bytes'])}"
+    assert exported in sidecar.metrics()
     log = sidecar.log()
     assert log.count("not intercepted: tunnel.test; add it to --intercept to cache it") in (1, 2)
 
@@ -277,9 +282,7 @@ def test_a_restarted_sidecar_keeps_complete_objects_and_its_trust_files(
 
 
 def test_admin_endpoints(sidecar: Sidecar) -> None:
-    status, body = http_get(f"http://127.0.0.1:{sidecar.admin_port}/metrics")
-    assert status == 200
-    text = body.decode()
+    text = sidecar.metrics()
     for name in ("burstbuffer_hits_total", "burstbuffer_misses_total", "burstbuffer_entries"):
         assert name in text
     stats = sidecar.stats()
@@ -416,6 +419,23 @@ def test_plain_http_to_an_intercepted_host_is_cached_too(
         assert download.body == body_of(dataset, "small.bin")
     stats = sidecar.stats()
     assert (stats["misses"], stats["hits"]) == (1, 1)
+
+
+def test_requests_mitmproxy_relays_itself_are_passes_with_their_reason(
+    sidecar: Sidecar, plain_origin: int, dataset: Path
+) -> None:
+    size = len(body_of(dataset, "small.bin"))
+    elsewhere = curl(sidecar, f"http://tunnel.test:{plain_origin}/files/small.bin")
+    assert elsewhere.returncode == 0, elsewhere.stderr
+    assert elsewhere.body == body_of(dataset, "small.bin")
+    intercepted = f"http://origin.test:{plain_origin}/files/small.bin?case=relayed"
+    precondition = curl(sidecar, intercepted + "&status=412", "-H", 'If-Match: "no-such-etag"')
+    assert precondition.returncode != 0  # the origin's 412, relayed as it is
+    stats = sidecar.stats()
+    assert stats["pass_reasons"] == {"not-intercepted": 1, "origin-precondition": 1}
+    assert stats["passes"] == 2 and stats["misses"] == stats["entries"] == 0
+    assert stats["bytes_from_upstream"] >= size
+    assert 'burstbuffer_passes_by_reason_total{reason="not-intercepted"} 1.0' in sidecar.metrics()
 
 
 def test_revalidation_serves_unchanged_objects_from_the_buffer_and_refetches_changed_ones(
