@@ -65,6 +65,10 @@ class Declined(Exception):
         self.reason = reason
 
 
+class StoredMeanwhile(Exception):
+    """The object was committed after the caller looked it up: serve it from there."""
+
+
 @dataclass(frozen=True)
 class Head:
     """The response every reader of a fill sends: 200 with the stored headers."""
@@ -271,7 +275,8 @@ class Fills:
         The fill in the result is attached for the caller, who must `detach()` it.
         Without a fill, `response` is the origin's answer, not stored for `reason`:
         the caller relays it and releases it. Raises Declined when the fill this
-        request joined is not storing the object (the caller fetches it itself), and
+        request joined is not storing the object (the caller fetches it itself),
+        StoredMeanwhile when another worker committed it since the caller's lookup, and
         UpstreamError when the origin cannot be reached.
         """
         while (pending := self._claiming.get(key)) is not None:
@@ -294,6 +299,8 @@ class Fills:
             claimed.set_result(None)
         if "declined" in answer:
             raise Declined(answer["declined"])
+        if "stored" in answer:
+            raise StoredMeanwhile(key)
         if "join" in answer:
             try:
                 return Acquired(RemoteFill(key, url, answer["join"]), "coalesced")

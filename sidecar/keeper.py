@@ -17,7 +17,7 @@ Calls and their replies (`sidecar.ipc`):
 
 | call | reply |
 | --- | --- |
-| `claim {key}` | `{begin}` (fetch it), `{join: fill}` or `{declined: reason}` |
+| `claim {key}` | `{begin}` (fetch it), `{join: fill}`, `{stored}` or `{declined: reason}` |
 | `start_fill {key, size, head}` | `{rid, path}` or `{refused: reason}` |
 | `commit {rid, key, sha256, headers}` | `{}` or `{error}` |
 
@@ -118,6 +118,9 @@ class Keeper:
     async def _claim(self, worker: int, key: str) -> Message:
         claim = self._claims.get(key)
         if claim is None:
+            if self.store.holds(key):
+                # Committed after the worker looked it up: one fetch per object still.
+                return {"stored": True}
             self._claims[key] = _Claim(worker)
             return {"begin": True}
         if claim.fill is not None:

@@ -21,7 +21,7 @@ import threading
 from certs import bundle
 from certs.bundle import TrustError
 from certs.ca import CAError, load_or_create_ca
-from sidecar import admin, metrics
+from sidecar import admin, exposition, metrics
 from sidecar.keeper import Keeper
 from sidecar.settings import Settings
 from sidecar.shared import Shared
@@ -75,7 +75,7 @@ async def run(
         return metrics.stats(*await snapshot(), keeper.state())
 
     async def prometheus_text() -> bytes:
-        return metrics.prometheus_text(*await snapshot())
+        return exposition.prometheus_text(*await snapshot())
 
     async with contextlib.AsyncExitStack() as cleanup:
         cleanup.callback(store.close)

@@ -2,7 +2,8 @@
 
 Each worker process counts in plain integers; at scrape time the parent asks every
 worker for its counters, adds them up with the buffer's gauges, and renders both
-`/metrics` and `/stats` from that one sum, so the two can never disagree.
+`/metrics` (`sidecar.exposition`) and `/stats` from that one sum, so the two can never
+disagree.
 
 Definitions (DESIGN.md): a *hit* is a GET or HEAD answered from a stored object
 (Range included); a *miss* is a cacheable GET that started an upstream fill;
@@ -15,13 +16,9 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +44,7 @@ class Counters:
     pass_reasons: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
-_COUNTER_HELP = {
+COUNTER_HELP = {
     "hits": "Requests answered from a stored object (GET or HEAD, ranges included).",
     "misses": "Cacheable GETs that started an upstream fill.",
     "coalesced": "Clients served by joining a fill already in progress.",
@@ -91,17 +88,17 @@ class Metrics:
     def snapshot(self) -> dict[str, object]:
         """The counters as plain data (what a worker reports to the parent)."""
         c = self.counters
-        snapshot: dict[str, object] = {name: getattr(c, name) for name in _COUNTER_HELP}
+        snapshot: dict[str, object] = {name: getattr(c, name) for name in COUNTER_HELP}
         snapshot["pass_reasons"] = dict(c.pass_reasons)
         return snapshot
 
 
 def add_snapshots(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """The sum of several workers' snapshots (counters add up, reasons per reason)."""
-    total: dict[str, Any] = {name: 0 for name in _COUNTER_HELP}
+    total: dict[str, Any] = {name: 0 for name in COUNTER_HELP}
     reasons: collections.Counter[str] = collections.Counter()
     for snapshot in snapshots:
-        for name in _COUNTER_HELP:
+        for name in COUNTER_HELP:
             total[name] += snapshot.get(name, 0)
         reasons.update(snapshot.get("pass_reasons", {}))
     total["pass_reasons"] = dict(reasons)
@@ -114,44 +111,3 @@ def stats(
     """The `/stats` document: every counter, passes by reason, every gauge, and the
     buffer's state (`available`, or `unavailable: <why>`)."""
     return {**counters, **gauges, "buffer": buffer}
-
-
-def prometheus_text(counters: Mapping[str, Any], gauges: Mapping[str, int]) -> bytes:
-    """The `/metrics` exposition of the same numbers as `stats()`."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Exporter(counters, gauges))
-    return generate_latest(registry)
-
-
-class _Exporter(Collector):
-    def __init__(self, counters: Mapping[str, Any], gauges: Mapping[str, int]) -> None:
-        self._counters = counters
-        self._gauges = gauges
-
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        for name, help_text in _COUNTER_HELP.items():
-            yield CounterMetricFamily(f"burstbuffer_{name}", help_text, value=self._counters[name])
-        reasons = CounterMetricFamily(
-            "burstbuffer_passes_by_reason", "Passes by reason.", labels=["reason"]
-        )
-        for reason, count in sorted(self._counters["pass_reasons"].items()):
-            reasons.add_metric([reason], count)
-        yield reasons
-        for name, value in self._gauges.items():
-            yield GaugeMetricFamily(f"burstbuffer_{name}", _GAUGE_HELP.get(name, name), value=value)
-
-
-_GAUGE_HELP = {
-    "buffer_available": "1 while the buffer stores objects; 0 once it failed (see /stats).",
-    "workers": "Worker processes serving (--workers).",
-    "entries": "Complete objects stored in the buffer.",
-    "unverified_entries": "Objects found at start whose digest is not checked yet (misses).",
-    "buffer_bytes": "Body bytes of the stored objects.",
-    "reserved_bytes": "Bytes held for fills in progress.",
-    "capacity_bytes": "The buffer's hard cap (--buffer-size).",
-    "fills_in_progress": "Upstream fills currently running.",
-    "stage_in_objects": "Objects listed for stage-in (--stage-in).",
-    "stage_in_done": "Stage-in objects stored in the buffer.",
-    "stage_in_failed": "Stage-in objects that could not be stored.",
-    "stage_in_bytes": "Bytes of the stage-in objects stored.",
-}

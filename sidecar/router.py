@@ -24,7 +24,7 @@ import aiohttp
 
 from sidecar import policy
 from sidecar.exchange import Body, Channel, ClientGone, Request
-from sidecar.fill import AnyFill, Declined, FillFailed, Fills, read_file
+from sidecar.fill import AnyFill, Declined, FillFailed, Fills, StoredMeanwhile, read_file
 from sidecar.keeper import BUFFER_UNAVAILABLE, Buffer
 from sidecar.metrics import Metrics
 from sidecar.settings import Settings
@@ -179,6 +179,10 @@ class Router:
             acquired = await self.fills.acquire(key, request.url, list(request.headers))
         except Declined as e:
             await self._pass(request, channel, e.reason)
+            return
+        except StoredMeanwhile:
+            # Another worker committed it since the lookup above: a stored object now.
+            await self._serve(request, channel)
             return
         except UpstreamError as e:
             await self._error(channel, 502, f"burstbuffer: upstream request failed: {e}")

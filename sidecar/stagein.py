@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sidecar import policy
-from sidecar.fill import Declined, FillFailed, Fills
+from sidecar.fill import Declined, FillFailed, Fills, StoredMeanwhile
 from sidecar.keeper import Buffer
 from sidecar.settings import host_matches
 from sidecar.store import StoreError
@@ -192,7 +192,10 @@ class StageIn:
         key = policy.cache_key(url)
         if (entry := self.buffer.lookup(key)) is not None:
             return "done", entry.size
-        acquired = await self.fills.acquire(key, url, [_USER_AGENT])
+        try:
+            acquired = await self.fills.acquire(key, url, [_USER_AGENT])
+        except StoredMeanwhile:
+            return "done", entry.size if (entry := self.buffer.lookup(key)) else 0
         if acquired.fill is None:
             assert acquired.response is not None
             acquired.response.release()

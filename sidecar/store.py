@@ -232,6 +232,10 @@ class Store:
             if key in self._recency:
                 self._recency.move_to_end(key)
 
+    def holds(self, key: str) -> bool:
+        """Is `key` stored, complete and verified (workers serve it)?"""
+        return key in self._recency and key not in self._unverified
+
     @property
     def entries(self) -> int:
         return len(self._recency)

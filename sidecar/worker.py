@@ -1,49 +1,41 @@
 """One worker process: the proxy itself, on listening sockets its parent made.
 
-    python -m sidecar.worker --index N --listeners FD,... --keeper FD --shared FD \\
-        -- <the sidecar's own flags>
+The parent (`sidecar.workers`) starts these from its fork server; nobody else should.
+A worker parses the same flags as its parent, so both hold the same Settings, and
+inherits from it: the listening sockets (shared by every worker), one end of its
+channel to the keeper, and the shared memory (`sidecar.shared`). It serves until
+SIGTERM, or until its parent is gone.
 
-The parent (`sidecar.__main__`) starts these; nobody else should. A worker parses the
-same flags as its parent, so both hold the same Settings, and inherits from it: the
-listening sockets (shared by every worker), one end of its channel to the keeper,
-and the shared memory (`sidecar.shared`). It serves until SIGTERM, or
-until its parent is gone.
-
-mitmproxy runs embedded with only the addons a cache needs (its default set costs
-about half of the CPU per small request in event dispatch), and two defaults changed
-on purpose:
-
-- `connection_strategy=lazy`: with the default `eager`, every CONNECT opens an
-  origin connection, so a hit would cost one and would fail when the origin is down.
-- `http2=false` towards clients: the fast response path speaks HTTP/1.1, the
-  dataset clients that matter (wget, curl, urllib, requests) all do.
+It is ready as soon as the lean path serves (`sidecar.front`: every CONNECT to an
+intercepted host); mitmproxy, which serves the rest, is loaded right after
+(`sidecar.embedded`), and what is handed to it meanwhile waits for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import importlib
 import logging
 import os
 import signal
-from collections.abc import Sequence
-
-from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
-from mitmproxy.master import Master
+import socket
+import types
+from typing import TYPE_CHECKING
 
 from certs import bundle
 from certs.ca import load_or_create_ca
 from certs.leaf import ServerContexts
-from sidecar import capture, ipc, logs, respond
-from sidecar.addon import BurstBuffer
+from sidecar import ipc, logs
 from sidecar.fill import Fills
 from sidecar.front import Balance, Front
 from sidecar.ipc import Message
 from sidecar.keeper import Buffer
 from sidecar.listeners import listeners
 from sidecar.metrics import Metrics
+from sidecar.resolve import HostsFileBypass, dns_resolver
 from sidecar.router import Router
-from sidecar.settings import Settings, host_glob_regex, parse
+from sidecar.settings import Settings, parse
 from sidecar.shared import Shared
 from sidecar.stagein import Progress as StageProgress
 from sidecar.stagein import StageIn, StageInError
@@ -51,15 +43,13 @@ from sidecar.store import Index, StoreError
 from sidecar.upstream import Upstream
 from sidecar.workers import Inherited
 
+if TYPE_CHECKING:
+    from sidecar.embedded import Embedded
+
 logger = logging.getLogger("sidecar.worker")
 
 # Allocations between two collections of the youngest generation (Python's default: 2000).
 GC_THRESHOLD = 50_000
-
-
-def allow_hosts(globs: Sequence[str]) -> list[str]:
-    """mitmproxy `allow_hosts` patterns (matched against `host:port`) for host globs."""
-    return [rf"^(?:{host_glob_regex(glob)}):\d+$" for glob in globs]
 
 
 async def run(settings: Settings, inherited: Inherited) -> None:
@@ -91,12 +81,12 @@ async def run(settings: Settings, inherited: Inherited) -> None:
         index.open()
     except StoreError as e:
         logger.error("%s; serving everything from upstream", e)
-    resolver = capture.dns_resolver(settings)
+    resolver = dns_resolver(settings)
     upstream = Upstream(
         settings.ca_dir / bundle.UPSTREAM_TRUST_FILE,
         settings.upstream_proxy,
         settings.upstream_timeout,
-        capture.HostsFileBypass(resolver) if resolver else None,
+        HostsFileBypass(resolver) if resolver else None,
     )
     await upstream.open()
     shared = Shared(inherited.shared.fd)
@@ -113,55 +103,43 @@ async def run(settings: Settings, inherited: Inherited) -> None:
             upstream,
         )
 
-    master = Master(None)
-    ps = proxyserver.Proxyserver()
-    master.addons.add(
-        core.Core(),
-        ps,
-        next_layer.NextLayer(),
-        tlsconfig.TlsConfig(),
-        errorcheck.ErrorCheck(),
-        capture.HostRouting(settings, resolver),
-        BurstBuffer(settings, router, respond.Connections(ps)),
-    )
     found = listeners(settings)
-    master.options.update(
-        confdir=str(settings.ca_dir),
-        connection_strategy="lazy",
-        http2=False,
-        allow_hosts=allow_hosts(settings.intercept),
-        ssl_verify_upstream_trusted_ca=str(settings.ca_dir / bundle.UPSTREAM_TRUST_FILE),
-        mode=[listener.mode for listener in found],
-        # The front end accepts every connection and hands mitmproxy its share.
-        server=False,
-        # What mitmproxy relays itself (non-GET, HEAD misses) streams past 1 MiB.
-        stream_large_bodies="1m",
-    )
-    handoff = respond.Handoff(ps, [listener.mode for listener in found])
+    mitmproxy_serving: asyncio.Future[Embedded] = asyncio.get_running_loop().create_future()
+
+    async def to_mitmproxy(listener: int, sock: socket.socket) -> None:
+        await (await asyncio.shield(mitmproxy_serving)).handle(listener, sock)
+
     balance = Balance(shared.connections, inherited.index)
-    front = Front(router, settings.intercept, ServerContexts(ca).get, handoff.handle, balance)
-    sockets = inherited.listeners
+    front = Front(router, settings.intercept, ServerContexts(ca).get, to_mitmproxy, balance)
     tasks = [
         asyncio.create_task(front.accept(number, sock, listener.lean))
-        for number, (listener, sock) in enumerate(zip(found, sockets, strict=True))
+        for number, (listener, sock) in enumerate(zip(found, inherited.listeners, strict=True))
     ]
-    tasks.append(asyncio.create_task(_report_ready(ps, keeper)))
-    tasks.append(asyncio.create_task(_stop_when_parent_gone(keeper, master)))
-    if stage_in is not None:
-        tasks.append(asyncio.create_task(_stage(stage_in)))
-    # What was built so far lives as long as the process: keep the garbage collector
-    # from scanning it again and again, and let it run less often (a hit allocates a
-    # few dozen objects and creates no reference cycles).
-    gc.freeze()
-    gc.set_threshold(GC_THRESHOLD)
+    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, master.shutdown)
+        loop.add_signal_handler(signum, stop.set)
+    tasks.append(asyncio.create_task(_stop_when_parent_gone(keeper, stop)))
+    keeper.notify("ready")
+    if stage_in is not None:
+        tasks.append(asyncio.create_task(_stage(stage_in)))
+
+    # mitmproxy is loaded now, in a thread: the lean path serves meanwhile.
+    embedded_module = await asyncio.to_thread(_load_mitmproxy)
+    embedded = embedded_module.Embedded(settings, router, resolver, found)
     try:
-        await master.run()
+        await embedded.start()
+        mitmproxy_serving.set_result(embedded)
+        # What was built so far lives as long as the process: keep the garbage collector
+        # from scanning it again and again, and let it run less often (a hit allocates a
+        # few dozen objects and creates no reference cycles).
+        gc.freeze()
+        gc.set_threshold(GC_THRESHOLD)
+        await stop.wait()
     finally:
         for task in tasks:
             task.cancel()
+        await embedded.stop()
         await front.close()
         await fills.close()
         await upstream.close()
@@ -169,16 +147,17 @@ async def run(settings: Settings, inherited: Inherited) -> None:
         index.close()
 
 
-async def _report_ready(ps: proxyserver.Proxyserver, keeper: ipc.Channel) -> None:
-    while not ps.is_running:
-        await asyncio.sleep(0.005)
-    keeper.notify("ready")
+def _load_mitmproxy() -> types.ModuleType:
+    """`sidecar.embedded`, after `sidecar.mitmproxy_addons` (first of all mitmproxy
+    modules: it keeps mitmproxy's forty default addons out)."""
+    importlib.import_module("sidecar.mitmproxy_addons")
+    return importlib.import_module("sidecar.embedded")
 
 
-async def _stop_when_parent_gone(keeper: ipc.Channel, master: Master) -> None:
+async def _stop_when_parent_gone(keeper: ipc.Channel, stop: asyncio.Event) -> None:
     await keeper.wait_closed()
     logger.warning("the sidecar's main process is gone; stopping")
-    master.shutdown()
+    stop.set()
 
 
 async def _stage(stage_in: StageIn) -> None:

@@ -29,13 +29,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing import reduction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sidecar import ipc
 from sidecar.ipc import Message
-from sidecar.keeper import Keeper
 from sidecar.metrics import add_snapshots
 from sidecar.shared import Shared
+
+if TYPE_CHECKING:
+    # Only a type here: the main process starts its workers before it loads the buffer.
+    from sidecar.keeper import Keeper
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +159,7 @@ class Workers:
         self._context = multiprocessing.get_context("forkserver")
         self._private_dir = private_dir
         self._spawn_failure: BaseException | None = None
-        self._context.set_forkserver_preload(["sidecar.mitmproxy_addons", "sidecar.worker"])
+        self._context.set_forkserver_preload(["sidecar.worker"])
         self._retired: list[dict[str, Any]] = []  # counters of workers that exited
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []

@@ -1,0 +1,57 @@
+"""`/metrics`: the Prometheus exposition of the numbers `/stats` shows (`sidecar.metrics`).
+
+Only the main process renders it; workers count in plain integers and never load
+prometheus-client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from sidecar.metrics import COUNTER_HELP
+
+
+def prometheus_text(counters: Mapping[str, Any], gauges: Mapping[str, int]) -> bytes:
+    """The `/metrics` exposition of the same numbers as `stats()`."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Exporter(counters, gauges))
+    return generate_latest(registry)
+
+
+class _Exporter(Collector):
+    def __init__(self, counters: Mapping[str, Any], gauges: Mapping[str, int]) -> None:
+        self._counters = counters
+        self._gauges = gauges
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        for name, help_text in COUNTER_HELP.items():
+            yield CounterMetricFamily(f"burstbuffer_{name}", help_text, value=self._counters[name])
+        reasons = CounterMetricFamily(
+            "burstbuffer_passes_by_reason", "Passes by reason.", labels=["reason"]
+        )
+        for reason, count in sorted(self._counters["pass_reasons"].items()):
+            reasons.add_metric([reason], count)
+        yield reasons
+        for name, value in self._gauges.items():
+            yield GaugeMetricFamily(f"burstbuffer_{name}", _GAUGE_HELP.get(name, name), value=value)
+
+
+_GAUGE_HELP = {
+    "buffer_available": "1 while the buffer stores objects; 0 once it failed (see /stats).",
+    "workers": "Worker processes serving (--workers).",
+    "entries": "Complete objects stored in the buffer.",
+    "unverified_entries": "Objects found at start whose digest is not checked yet (misses).",
+    "buffer_bytes": "Body bytes of the stored objects.",
+    "reserved_bytes": "Bytes held for fills in progress.",
+    "capacity_bytes": "The buffer's hard cap (--buffer-size).",
+    "fills_in_progress": "Upstream fills currently running.",
+    "stage_in_objects": "Objects listed for stage-in (--stage-in).",
+    "stage_in_done": "Stage-in objects stored in the buffer.",
+    "stage_in_failed": "Stage-in objects that could not be stored.",
+    "stage_in_bytes": "Bytes of the stage-in objects stored.",
+}
