@@ -40,6 +40,7 @@ from bench import (
     bench_ready,
     bench_rss,
     bench_small,
+    bench_soak,
     plot,
     report,
 )
@@ -62,6 +63,7 @@ BENCHMARKS: dict[str, ModuleType] = {
         bench_momenta,
         bench_coalescing,
         bench_parallel_cold,
+        bench_soak,
     )
 }
 RESULTS = ROOT / "bench" / "results"

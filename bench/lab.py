@@ -26,6 +26,8 @@ from bench.mitmdump import Mitmdump, start_mitmdump
 from bench.nginx import Nginx, start_nginx
 
 HOST = "datasets.bench.test"
+# Another name of the same servers, never intercepted: its connections are tunnelled.
+TUNNEL_HOST = "elsewhere.bench.test"
 MiB = 1024 * 1024
 MB = 1_000_000  # throughputs are in MB/s, as Nezha's were
 WRITE_CHUNK = 16 * MiB  # random bytes generated and written at a time
@@ -56,6 +58,7 @@ class Profile:
     parallel_rate: float  # bytes/s per origin connection for it
     loader_files: int  # the data loader's file set (ImageNet-like sizes)
     loader_workers: int  # its worker processes in the multi-worker shapes
+    soak_seconds: float  # the soak's length (after a warm-up of a tenth of it)
 
 
 FULL = Profile(
@@ -76,6 +79,7 @@ FULL = Profile(
     parallel_rate=3.49e6,
     loader_files=1500,
     loader_workers=4,
+    soak_seconds=180.0,
 )
 QUICK = Profile(
     quick=True,
@@ -95,6 +99,7 @@ QUICK = Profile(
     parallel_rate=10e6,
     loader_files=40,
     loader_workers=2,
+    soak_seconds=6.0,
 )
 
 
@@ -155,7 +160,7 @@ class Lab:
         self.data = self.dir / "data"
         self.data.mkdir()
         self.hosts = self.dir / "hosts"
-        self.hosts.write_text(f"127.0.0.1 localhost {HOST}\n")
+        self.hosts.write_text(f"127.0.0.1 localhost {HOST} {TUNNEL_HOST}\n")
         self.ca_pem = self.dir / "ca.pem"
         self.ca.cert_pem.write_to_path(str(self.ca_pem))
         return self
@@ -193,10 +198,10 @@ class Lab:
         self._stack.callback(server.stop)
         return server
 
-    def origin(self, rate: float) -> OriginServer:
-        """The Python origin, throttled to `rate` bytes/s per response."""
+    def origin(self, rate: float | None = None) -> OriginServer:
+        """The Python origin, throttled to `rate` bytes/s per response (if given)."""
         workdir = self._fresh("origin")
-        server = start_origin(self.data, self.ca, [HOST], workdir, rate=rate)
+        server = start_origin(self.data, self.ca, [HOST, TUNNEL_HOST], workdir, rate=rate)
         self._stack.callback(server.process.stop)
         return server
 

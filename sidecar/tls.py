@@ -137,7 +137,9 @@ class TlsTransport:
 
     def abort(self) -> None:
         """Close at once, dropping what is buffered (the client sees a cut connection)."""
-        self._out.clear()
+        # A new buffer, not clear(): after a failed send, the error's traceback still
+        # holds a view of the old one, and a bytearray with views cannot be resized.
+        self._out = bytearray()
         self._finish(None)
 
     # -- readiness callbacks ----------------------------------------------------------------

@@ -50,6 +50,9 @@ logger = logging.getLogger("sidecar.worker")
 
 # Allocations between two collections of the youngest generation (Python's default: 2000).
 GC_THRESHOLD = 50_000
+# Seconds between two full collections: the reference cycles mitmproxy's connections
+# leave would otherwise wait for a rare full collection, and memory would creep up.
+GC_INTERVAL = 5.0
 
 
 async def run(settings: Settings, inherited: Inherited) -> None:
@@ -135,6 +138,7 @@ async def run(settings: Settings, inherited: Inherited) -> None:
         # few dozen objects and creates no reference cycles).
         gc.freeze()
         gc.set_threshold(GC_THRESHOLD)
+        tasks.append(asyncio.create_task(_collect_garbage()))
         await stop.wait()
     finally:
         for task in tasks:
@@ -145,6 +149,12 @@ async def run(settings: Settings, inherited: Inherited) -> None:
         await upstream.close()
         channel_task.cancel()
         index.close()
+
+
+async def _collect_garbage() -> None:
+    while True:
+        await asyncio.sleep(GC_INTERVAL)
+        gc.collect()
 
 
 def _load_mitmproxy() -> types.ModuleType:

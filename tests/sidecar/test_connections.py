@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench.harness import OriginServer, Sidecar, wait_until
-from tests.sidecar.procs import open_fds, settled
+from bench.procs import open_fds, settled
 
 pytestmark = pytest.mark.e2e
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from bench.harness import OriginServer, Sidecar, wait_until
+from bench.procs import ESTABLISHED, sockets
 from sidecar.workers import cpu_limit
 from tests.sidecar.conftest import FILES, curl
-from tests.sidecar.procs import ESTABLISHED, sockets
 
 pytestmark = pytest.mark.e2e
 
