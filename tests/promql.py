@@ -34,7 +34,7 @@ OUTSIDE = {
 INJECTOR_PREFIX = "burstbuffer_injector_"
 SIDECAR_PREFIX = "burstbuffer_"
 
-_KEYWORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan"}
+_KEYWORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan", "group_left", "group_right"}
 _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
 _LABEL_LISTS = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
 _MATCHERS = re.compile(r"\{[^{}]*\}")

@@ -36,6 +36,8 @@ FREE_MAPS = {
     "injector.serviceAccount.annotations",
     "prometheus.serviceMonitor.labels",
     "prometheus.podMonitor.labels",
+    "prometheus.prometheusRule.labels",
+    "grafana.dashboards.annotations",
 }
 
 
