@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 import pytest
-from helmchart import INJECTOR, NAMESPACE, SCENARIOS, of_kind, one, render
+from helmchart import INJECTOR, NAMESPACE, SCENARIOS, notes, of_kind, one, render
 
 from tests.promql import (
     ALL_RULES,
@@ -69,6 +69,11 @@ def test_the_dashboard_label_namespace_and_annotations_come_from_values() -> Non
     assert "grafana_dashboard" not in metadata["labels"]
     assert metadata["namespace"] == "monitoring"
     assert metadata["annotations"] == {"grafana_folder": "ML platform"}
+
+
+def test_notes_name_the_dashboard_when_there_is_one() -> None:
+    assert "burstbuffer-dashboard" in notes(DASHBOARD_VALUES)
+    assert "dashboard" not in notes()
 
 
 def test_the_dashboard_has_the_panels_operators_look_for() -> None:
