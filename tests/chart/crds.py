@@ -1,7 +1,7 @@
 """Structural schemas for the custom resources the chart renders.
 
 kubernetes-validate knows only built-in kinds. For cert-manager's Issuer and
-Certificate and the Prometheus Operator's ServiceMonitor and PodMonitor, these are
+Certificate and the Prometheus Operator's ServiceMonitor, PodMonitor and PrometheusRule, these are
 the parts of their CRDs' OpenAPI schemas (cert-manager.io/v1, monitoring.coreos.com/v1)
 that a chart like this one may use, with unknown fields refused: a misspelt field in
 a template fails here instead of being pruned silently by the API server.
@@ -161,6 +161,40 @@ SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
                     scheme={"enum": ["http", "https"]},
                     interval=_DURATION,
                     scrapeTimeout=_DURATION,
+                ),
+            },
+        ),
+    ),
+    ("monitoring.coreos.com/v1", "PrometheusRule"): _resource(
+        "monitoring.coreos.com/v1",
+        "PrometheusRule",
+        _object(
+            ["groups"],
+            groups={
+                "type": "array",
+                "minItems": 1,
+                "items": _object(
+                    ["name", "rules"],
+                    name=_STRING,
+                    interval=_DURATION,
+                    rules={
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {
+                            **_object(
+                                ["expr"],
+                                alert=_STRING,
+                                record=_STRING,
+                                expr={"type": "string", "minLength": 1},
+                                # The operator's CRD: a duration, 0 allowed.
+                                **{"for": _DURATION, "keep_firing_for": _DURATION},
+                                labels=_STRING_MAP,
+                                annotations=_STRING_MAP,
+                            ),
+                            # A rule is an alert or a recording rule, never both.
+                            "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+                        },
+                    },
                 ),
             },
         ),

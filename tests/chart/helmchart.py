@@ -52,7 +52,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "prometheus": {
             "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prom"}},
             "podMonitor": {"enabled": True, "labels": {"release": "prom"}},
-        }
+            "prometheusRule": {"enabled": True, "labels": {"release": "prom"}},
+        },
+        "grafana": {"dashboards": {"enabled": True, "annotations": {"grafana_folder": "ML"}}},
     },
     "everything-else": {
         "fullnameOverride": "bb",
@@ -166,8 +168,8 @@ def one(documents: Sequence[dict[str, Any]], kind: str, name: str | None = None)
 
 
 def injector_config(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The injector's configuration document carried by the ConfigMap."""
-    config_map = one(documents, "ConfigMap")
+    """The injector's configuration document carried by its ConfigMap."""
+    (config_map,) = [d for d in of_kind(documents, "ConfigMap") if "config.yaml" in d["data"]]
     parsed: dict[str, Any] = yaml.safe_load(config_map["data"]["config.yaml"])
     return parsed
 

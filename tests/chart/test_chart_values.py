@@ -36,6 +36,8 @@ FREE_MAPS = {
     "injector.serviceAccount.annotations",
     "prometheus.serviceMonitor.labels",
     "prometheus.podMonitor.labels",
+    "prometheus.prometheusRule.labels",
+    "grafana.dashboards.annotations",
 }
 
 
@@ -104,6 +106,10 @@ def test_an_unknown_key_fails_at_every_level(path: str) -> None:
         ({"sidecar": {"trust": {"mountPath": "relative/path"}}}, "mountPath"),
         ({"certManager": {"duration": "90 days"}}, "duration"),
         ({"injector": {"resources": {"requests": {"cpu": "lots"}}}}, "cpu"),
+        ({"grafana": {"dashboards": {"label": "grafana dashboard"}}}, "label"),
+        ({"grafana": {"dashboards": {"labelValue": 1}}}, "labelValue"),
+        ({"grafana": {"dashboards": {"namespace": "Monitoring"}}}, "namespace"),
+        ({"prometheus": {"prometheusRule": {"enabled": "yes"}}}, "enabled"),
     ],
 )
 def test_a_bad_value_fails(values: dict[str, Any], mentioned: str) -> None:
