@@ -51,7 +51,7 @@ class Rendered:
 
 
 def _at(prefix: str, key: str) -> str:
-    return f"{prefix}.{key}" if prefix else key
+    return ".".join(part for part in (prefix, key) if part)
 
 
 def _string(document: Mapping[str, Any], key: str, default: str, at: str) -> str:

@@ -8,9 +8,7 @@ compared with the pod the webhook makes from the original template.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import json
 import subprocess
 from collections.abc import Iterator
@@ -21,11 +19,11 @@ import kubernetes_validate
 import pytest
 import trustme
 import yaml
+from cli import render_in_process, run_render
 from podcheck import SCHEMA_VERSIONS, admission_review, apply, check_pod, decoded_patch
 from webhook import INJECTOR, Webhook, start_webhook, write_pair
 
 from injector import review
-from injector.__main__ import main
 from injector.settings import InjectorSettings
 from injector.workloads import TEMPLATES
 
@@ -98,37 +96,6 @@ EXPECTED_LINES = [
 ]
 
 
-def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    """The real command, as a user runs it."""
-    return subprocess.run(
-        [str(INJECTOR), "render", *args], input=stdin, capture_output=True, text=True, timeout=60
-    )
-
-
-def in_process(*args: str, stdin: str = "") -> tuple[int, str, str]:
-    """`main` itself (argument parsing, error handling), for many inputs in a row."""
-    out, err = io.StringIO(), io.StringIO()
-    with (
-        contextlib.redirect_stdout(out),
-        contextlib.redirect_stderr(err),
-        _stdin(stdin.encode()),
-    ):
-        status = main(["render", *args])
-    return status, out.getvalue(), err.getvalue()
-
-
-@contextlib.contextmanager
-def _stdin(data: bytes) -> Iterator[None]:
-    import sys
-
-    saved = sys.stdin
-    sys.stdin = io.TextIOWrapper(io.BytesIO(data))
-    try:
-        yield
-    finally:
-        sys.stdin = saved
-
-
 def template_path(document: dict[str, Any]) -> tuple[str, ...]:
     group = document["apiVersion"].rpartition("/")[0]
     return TEMPLATES[(group, document["kind"])]
@@ -164,7 +131,7 @@ def test_the_manifests_are_valid_kubernetes() -> None:
 
 def test_every_kind_is_injected_as_the_webhook_injects_its_pods(tmp_path: Path) -> None:
     (tmp_path / "all.yaml").write_text(yaml.safe_dump_all(MANIFESTS))
-    done = run("-f", str(tmp_path / "all.yaml"))
+    done = run_render("-f", str(tmp_path / "all.yaml"))
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines() == EXPECTED_LINES
     rendered = list(yaml.safe_load_all(done.stdout))
@@ -192,8 +159,8 @@ def test_every_kind_is_injected_as_the_webhook_injects_its_pods(tmp_path: Path) 
 
 
 def test_a_rendered_manifest_renders_to_itself(tmp_path: Path) -> None:
-    first = run(stdin=yaml.safe_dump_all(MANIFESTS))
-    again = run(stdin=first.stdout)
+    first = run_render(stdin=yaml.safe_dump_all(MANIFESTS))
+    again = run_render(stdin=first.stdout)
     assert again.returncode == 0, again.stderr
     assert list(yaml.safe_load_all(again.stdout)) == list(yaml.safe_load_all(first.stdout))
     already = "not injected: the pod already has a container named burstbuffer"
@@ -206,7 +173,7 @@ def test_a_list_stays_a_list_and_its_items_are_injected() -> None:
     opted_out = template(**{"burstbuffer.io/inject": "false"})
     items = [MANIFESTS[1], SERVICE, workload("batch/v1", "Job", {"template": opted_out})]
     listed = {"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items}
-    done = run(stdin=json.dumps(listed))
+    done = run_render(stdin=json.dumps(listed))
     assert done.returncode == 0, done.stderr
     rendered = yaml.safe_load(done.stdout)
     assert rendered["kind"] == "List" and rendered["metadata"] == {}
@@ -228,7 +195,7 @@ def test_a_list_stays_a_list_and_its_items_are_injected() -> None:
 def test_files_and_stdin_in_the_order_given(tmp_path: Path) -> None:
     (tmp_path / "a.json").write_text(json.dumps(SERVICE))
     (tmp_path / "b.yaml").write_text(yaml.safe_dump_all([CONFIG_MAP, MANIFESTS[1]]) + "---\n")
-    done = run("-f", str(tmp_path / "a.json"), "-f", "-", "-f", str(tmp_path / "b.yaml"),
+    done = run_render("-f", str(tmp_path / "a.json"), "-f", "-", "-f", str(tmp_path / "b.yaml"),
                stdin=yaml.safe_dump(POD))  # fmt: skip
     assert done.returncode == 0, done.stderr
     kinds = [d["kind"] for d in yaml.safe_load_all(done.stdout)]
@@ -240,7 +207,7 @@ def test_files_and_stdin_in_the_order_given(tmp_path: Path) -> None:
 
 
 def test_one_document_stays_one_document() -> None:
-    done = run(stdin=json.dumps(POD))
+    done = run_render(stdin=json.dumps(POD))
     assert done.returncode == 0 and "---" not in done.stdout
     assert yaml.safe_load(done.stdout) == webhook_pod(POD)
 
@@ -252,7 +219,7 @@ def test_kinds_of_other_groups_and_skipped_pods_pass_unchanged() -> None:
         "apps/v1", "DaemonSet", {"selector": SELECTOR, "template": always(template())}
     )
     host_network["spec"]["template"]["spec"]["hostNetwork"] = True
-    done = run(stdin=yaml.safe_dump_all([volcano, host_network]))
+    done = run_render(stdin=yaml.safe_dump_all([volcano, host_network]))
     assert done.returncode == 0, done.stderr
     assert list(yaml.safe_load_all(done.stdout)) == [volcano, host_network]
     assert done.stderr.splitlines() == [
@@ -264,7 +231,7 @@ def test_kinds_of_other_groups_and_skipped_pods_pass_unchanged() -> None:
 
 def test_warnings_name_their_object() -> None:
     job = workload("batch/v1", "Job", {"template": template(**{"burstbuffer.io/buffer-size": "x"})})
-    status, _, err = in_process(stdin=yaml.safe_dump(job))
+    status, _, err = render_in_process(stdin=yaml.safe_dump(job))
     assert status == 0
     assert err.splitlines() == [
         f"job/train: {INJECTED}",
@@ -318,7 +285,7 @@ MALFORMED = [
 
 @pytest.mark.parametrize(("document", "error"), MALFORMED, ids=[e for _, e in MALFORMED])
 def test_render_names_the_malformed_field(document: dict[str, Any], error: str) -> None:
-    done = run(stdin=yaml.safe_dump(document))
+    done = run_render(stdin=yaml.safe_dump(document))
     assert (done.returncode, done.stdout, done.stderr) == (2, "", f"error: {error}\n")
 
 
@@ -378,4 +345,4 @@ def test_the_path_leads_from_the_top_of_the_input(tmp_path: Path) -> None:
          "stdin: spec: expected an object"),
     ]  # fmt: skip
     for args, stdin, error in cases:
-        assert in_process(*args, stdin=stdin) == (2, "", f"error: {error}\n"), error
+        assert render_in_process(*args, stdin=stdin) == (2, "", f"error: {error}\n"), error

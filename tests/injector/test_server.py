@@ -73,12 +73,16 @@ def test_warnings_reach_the_user(webhook: Webhook, ca: trustme.CA) -> None:
     ]
 
 
-def test_a_failed_injection_refuses_the_pod(webhook: Webhook, ca: trustme.CA) -> None:
+def test_a_malformed_pod_is_refused_naming_the_field(webhook: Webhook, ca: trustme.CA) -> None:
     broken = {**POD, "spec": {"containers": "not a list"}}
     response = webhook.review(ca, admission_review(broken))
     assert response["allowed"] is False
-    assert response["status"]["message"].startswith("burstbuffer injector: ")
+    assert response["status"] == {
+        "code": 400,
+        "message": "burstbuffer injector: malformed pod: spec.containers: expected a list",
+    }
     assert "patch" not in response
+    assert "pod default/train-*: refused, malformed: spec.containers" in webhook.log.read_text()
 
 
 @pytest.mark.parametrize(
