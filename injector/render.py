@@ -48,7 +48,7 @@ def _documents(data: bytes, where: list[str]) -> list[object]:
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise _located(where, f"not YAML or JSON: {at}{_one_line(e.problem)}") from None
+        raise _located(where, f"not YAML or JSON: {at}{_one_line(e.problem or e)}") from None
     except yaml.YAMLError as e:
         raise _located(where, f"not YAML or JSON: {_one_line(e)}") from None
     except RecursionError:

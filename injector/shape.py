@@ -197,19 +197,34 @@ MAX_DEPTH = 64
 
 def _too_deep(value: object) -> Problem | None:
     """A node nested deeper than MAX_DEPTH, looked for without recursion."""
-    stack: list[tuple[object, int, str]] = [(value, 0, "")]
+    # Each entry: (node, depth, its parent's entry, its key there); the path is spelt out
+    # only for the node found, so the walk costs little for the pods that pass.
+    stack: list[_Entry] = [(value, 0, None, None)]
     while stack:
-        node, depth, path = stack.pop()
+        entry = stack.pop()
+        node, depth = entry[0], entry[1]
         if isinstance(node, Mapping):
-            children = [(f"{path}.{k}" if path else str(k), v) for k, v in node.items()]
+            children: Any = node.items()
         elif isinstance(node, list):
-            children = [(f"{path}[{i}]", v) for i, v in enumerate(node)]
+            children = enumerate(node)
         else:
             continue
         if depth == MAX_DEPTH:
-            return Problem(path, f"nested more than {MAX_DEPTH} levels deep")
-        stack += [(child, depth + 1, where) for where, child in children]
+            return Problem(_path(entry), f"nested more than {MAX_DEPTH} levels deep")
+        stack += [(child, depth + 1, entry, key) for key, child in children]
     return None
+
+
+_Entry = tuple[object, int, Any, object]
+
+
+def _path(entry: _Entry) -> str:
+    path = ""
+    while entry[2] is not None:
+        key = entry[3]
+        path = (f"[{key}]" if isinstance(key, int) else f".{key}") + path
+        entry = entry[2]
+    return path.removeprefix(".")
 
 
 def problem(pod: object) -> Problem | None:

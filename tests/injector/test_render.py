@@ -346,3 +346,21 @@ def test_the_path_leads_from_the_top_of_the_input(tmp_path: Path) -> None:
     ]  # fmt: skip
     for args, stdin, error in cases:
         assert render_in_process(*args, stdin=stdin) == (2, "", f"error: {error}\n"), error
+
+
+def test_absurd_nesting_is_named_not_a_crash() -> None:
+    deep: Any = []
+    for _ in range(100):
+        deep = [deep]
+    nested = pod(spec={"containers": [{**CONTAINER, "x": deep}]})
+    status, out, err = render_in_process(stdin=json.dumps(nested))
+    assert (status, out) == (2, "")
+    assert err.startswith("error: spec.containers[0].x[0][0]")
+    assert err.endswith("[0]: nested more than 64 levels deep\n")
+    response = review.answer(admission_review(nested), InjectorSettings()).review["response"]
+    assert response["status"]["code"] == 400
+    # An object without a pod template is not read, but must still be written back.
+    service = {**SERVICE, "spec": {"x": json.loads("[" * 400 + "]" * 400)}}
+    done = run_render(stdin=json.dumps(service))
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == "error: not writable as YAML: nested too deeply\n"
