@@ -27,10 +27,20 @@ class RenderError(ValueError):
 
 
 class _Dumper(yaml.SafeDumper):
-    """Plain YAML: no `&id001` anchors where two fields happen to hold equal objects."""
+    """Plain YAML: no `&id001` anchors where two fields happen to hold equal objects, and
+    scripts (multi-line strings) as literal blocks, as people write them."""
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
+
+
+def _string(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    # The emitter falls back to a quoted string where a block cannot hold the text.
+    style = "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_Dumper.add_representer(str, _string)
 
 
 def _one_line(text: object) -> str:

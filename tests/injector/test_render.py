@@ -212,6 +212,16 @@ def test_one_document_stays_one_document() -> None:
     assert yaml.safe_load(done.stdout) == webhook_pod(POD)
 
 
+def test_scripts_stay_readable() -> None:
+    script = "set -e\nwget https://example.org/a.tar\n"
+    with_script = copy.deepcopy(POD)
+    with_script["spec"]["containers"][0]["args"] = ["-c", script, "tail  \n"]
+    status, out, _ = render_in_process(stdin=json.dumps(with_script))
+    assert status == 0
+    assert "    - |\n      set -e\n      wget https://example.org/a.tar\n" in out
+    assert yaml.safe_load(out)["spec"]["containers"][0]["args"] == ["-c", script, "tail  \n"]
+
+
 def test_kinds_of_other_groups_and_skipped_pods_pass_unchanged() -> None:
     # A Volcano Job is not a batch Job: its pods are elsewhere, and it is left alone.
     volcano = {**workload("batch.volcano.sh/v1alpha1", "Job", {"tasks": []})}
