@@ -13,42 +13,29 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
 
-import yaml
-
-from injector import ready, review, server
-from injector.settings import ConfigError, InjectorSettings, load_file
+from injector import ready, server
+from injector.render import RenderError, render
+from injector.settings import ConfigError, load_file
 
 logger = logging.getLogger(__name__)
 
 
-class RenderError(ValueError):
-    """The input of `render` is not a single Pod."""
+RENDER_DESCRIPTION = """\
+Reads Kubernetes manifests, YAML or JSON, from each -f FILE in turn (`-` is stdin), or
+from stdin: one or several documents, of any kinds, `List`s included. Writes them to
+stdout as YAML, in the same order and form (as many documents; a List stays a List),
+with the pod template of every Pod, Deployment, StatefulSet, DaemonSet, ReplicaSet,
+ReplicationController, Job, CronJob and PodTemplate injected exactly as the webhook
+injects the pods made from it. It injects as if the namespace had opted in; a pod's own
+opt-out and the never-inject rules still apply. Other objects (Services, ConfigMaps,
+custom resources) are written unchanged.
 
-
-class _Dumper(yaml.SafeDumper):
-    """Plain YAML: no `&id001` anchors where two fields happen to hold equal objects."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
-
-def render(source: TextIO, out: TextIO, err: TextIO, settings: InjectorSettings, ns: str) -> None:
-    """Read a Pod (YAML or JSON), write the injected Pod as YAML; warnings go to `err`."""
-    try:
-        pod = yaml.safe_load(source)
-    except yaml.YAMLError as e:
-        raise RenderError(f"the input is not YAML or JSON: {e}") from None
-    if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
-        raise RenderError("the input must be one Pod")
-    injection = review.inject(pod, settings, review.describe(pod, ns))
-    if not injection.decision.inject:
-        for reason in injection.decision.reasons:
-            print(f"not injected: {reason.sentence}", file=err)
-    for warning in injection.warnings:
-        print(f"warning: {warning}", file=err)
-    yaml.dump(injection.pod, out, Dumper=_Dumper, sort_keys=False)
+On stderr, one line per object ("job/train: injected (capture proxy-env, buffer 1Gi
+Memory)", "pod/x: not injected: <why>", "service/web: unchanged (no pod template)"), and
+one per warning. Input that cannot be read, or an object that is not what its kind
+says, writes nothing but one line, "error: <where>: <what>", and exits with status 2.
+"""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,10 +53,24 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-key", type=Path, required=True, help="private key (PEM)")
     serve.add_argument("--config", type=Path, help=config_help)
 
-    render_command = commands.add_parser("render", help="inject a Pod read from stdin")
+    render_command = commands.add_parser(
+        "render",
+        help="inject the pods of manifests offline (like istioctl kube-inject)",
+        description=RENDER_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     render_command.add_argument("--config", type=Path, help=config_help)
     render_command.add_argument(
-        "--namespace", default="", help="the Pod's namespace, for messages (default: its own)"
+        "--namespace", default="", help="the objects' namespace in the log (default: their own)"
+    )
+    render_command.add_argument(
+        "-f",
+        "--filename",
+        dest="files",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a manifest file to read, `-` for stdin; repeatable (default: stdin)",
     )
 
     pod_ip = os.environ.get("POD_IP", "127.0.0.1")
@@ -100,14 +101,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             asyncio.run(server.serve(settings, args.host, args.port, tls))
         elif args.command == "render":
             settings = load_file(args.config)
-            render(sys.stdin, sys.stdout, sys.stderr, settings, args.namespace)
+            render(args.files, sys.stdin.buffer, sys.stdout, sys.stderr, settings, args.namespace)
         else:
             url = ready.healthz_url(args.host, args.port)
             if args.command == "wait":
                 return 0 if ready.wait_healthy(url, args.timeout) else 1
             return ready.prime(args.sidecar, url, args.timeout)
-    except (ConfigError, RenderError) as e:
+    except ConfigError as e:
         print(f"burstbuffer-injector: {e}", file=sys.stderr)
+        return 2
+    except RenderError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
         print(f"burstbuffer-injector: {e}", file=sys.stderr)

@@ -17,6 +17,7 @@ from typing import Any
 
 import jsonpatch
 
+from injector import shape
 from injector.decide import Decision, decide
 from injector.mutate import mutate
 from injector.settings import InjectorSettings
@@ -28,6 +29,7 @@ WARNING_PREFIX = "burstbuffer: "
 
 # Outcomes besides the decision's reason codes (metrics labels).
 IGNORED = "ignored"
+MALFORMED = "malformed"
 FAILED = "failed"
 
 
@@ -52,20 +54,30 @@ class Answer:
     outcome: str
 
 
-def describe(pod: Mapping[str, Any], namespace: str = "") -> str:
-    """`namespace/name` of a pod for logs; `generateName*` before the API server names it."""
-    metadata = pod.get("metadata")
+def name(obj: Mapping[str, Any]) -> str:
+    """An object's name for messages; `generateName*` before the API server names it."""
+    metadata = obj.get("metadata")
     if not isinstance(metadata, Mapping):
         metadata = {}
-    name = metadata.get("name") or (
-        f"{metadata['generateName']}*" if metadata.get("generateName") else "<unnamed>"
+    return str(
+        metadata.get("name")
+        or (f"{metadata['generateName']}*" if metadata.get("generateName") else "<unnamed>")
     )
-    namespace = namespace or metadata.get("namespace") or "<default>"
-    return f"{namespace}/{name}"
+
+
+def describe(pod: Mapping[str, Any], namespace: str = "") -> str:
+    """`namespace/name` of a pod for logs."""
+    metadata = pod.get("metadata")
+    own = metadata.get("namespace") if isinstance(metadata, Mapping) else None
+    return f"{namespace or own or '<default>'}/{name(pod)}"
 
 
 def inject(pod: Mapping[str, Any], settings: InjectorSettings, subject: str) -> Injection:
-    """Decide, then mutate if the decision says so; one log line either way."""
+    """Check the pod's shape, decide, then mutate if the decision says so; one log line
+    either way. Raises shape.Malformed, naming the field, for a pod it cannot read."""
+    problem = shape.problem(pod)
+    if problem is not None:
+        raise shape.Malformed(problem)
     decision = decide(pod)
     codes = ", ".join(reason.code for reason in decision.reasons)
     if not decision.inject:
@@ -122,6 +134,13 @@ def answer(review: object, settings: InjectorSettings) -> Answer:
     try:
         injection = inject(pod, settings, subject)
         operations = jsonpatch.make_patch(pod, injection.pod).patch
+    except shape.Malformed as e:
+        # The API server would refuse this pod after admission anyway (it validates after
+        # the webhooks); refused here, the user reads which field is wrong.
+        logger.warning("pod %s: refused, malformed: %s", subject, e)
+        response["allowed"] = False
+        response["status"] = {"code": 400, "message": f"burstbuffer injector: malformed pod: {e}"}
+        return Answer(result, MALFORMED)
     except Exception as e:  # noqa: BLE001 - any failure refuses the pod, it never breaks it
         logger.exception("pod %s: injection failed", subject)
         response["allowed"] = False

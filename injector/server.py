@@ -97,6 +97,11 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.malformed = Counter(
+            "burstbuffer_injector_malformed_total",
+            "Pods refused because a field the injector reads has the wrong type or is missing.",
+            registry=self.registry,
+        )
         self.failed = Counter(
             "burstbuffer_injector_failed_total",
             "Pods refused because the injection failed.",
@@ -119,6 +124,8 @@ class Metrics:
         self.reviews.inc()
         if outcome == INJECTED.code:
             self.injected.inc()
+        elif outcome == review.MALFORMED:
+            self.malformed.inc()
         elif outcome == review.FAILED:
             self.failed.inc()
         elif outcome != review.IGNORED:

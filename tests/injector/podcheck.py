@@ -23,7 +23,8 @@ SCHEMA_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
 def admission_review(
     pod: dict[str, Any], namespace: str = "default", operation: str = "CREATE"
 ) -> dict[str, Any]:
-    """An admission.k8s.io/v1 AdmissionReview for creating `pod`."""
+    """An admission.k8s.io/v1 AdmissionReview for creating `pod` (malformed ones too)."""
+    metadata = pod.get("metadata")
     return {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -33,7 +34,7 @@ def admission_review(
             "resource": {"group": "", "version": "v1", "resource": "pods"},
             "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
             "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-            "name": pod.get("metadata", {}).get("name", ""),
+            "name": metadata.get("name", "") if isinstance(metadata, dict) else "",
             "namespace": namespace,
             "operation": operation,
             "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},

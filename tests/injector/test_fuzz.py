@@ -4,16 +4,25 @@ For any pod the API server could send: the review is allowed, the patched pod is
 API server accepts (1.29 and newest schemas, plus the rules schemas cannot express), a
 second review changes nothing, `mutate` converges, and the CA volume stays the sidecar's.
 For any body at all: the server answers with a status it means, never a 500.
+For a pod with a wrong type or a missing required field at any depth, alone, in a
+Deployment or in a List: `render` exits 2 with one line naming the field from the top
+of its input, and the webhook refuses the pod naming it. For a pod with any node
+replaced by anything: `render` writes a manifest or one error line, never a traceback,
+and the webhook allows or refuses (400), never fails.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import trustme
+import yaml
+from cli import render_in_process
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from podcheck import admission_review, apply, check_pod, decoded_patch
@@ -298,3 +307,166 @@ def test_the_server_never_answers_500(
         assert isinstance(answer["allowed"], bool)
         if answer["allowed"] and "patch" in answer:
             assert isinstance(decoded_patch(answer), list)
+
+
+# -- malformed pods: render names the field, the webhook refuses them, nothing breaks -------
+
+# Objects whose keys are data, not field names: their paths read `labels[key]`.
+MAPS = {"labels", "annotations"}
+# What the injector copies but never reads (see injector/shape.py): inside an env var's
+# valueFrom and a volume's source, anything goes until the API server looks.
+UNREAD = re.compile(r"\.valueFrom\.|^spec\.volumes\[\d+\]\.(?!name$)")
+NOUNS = {
+    dict: "an object",
+    list: "a list",
+    str: "a string",
+    bool: "true or false",
+    int: "an integer",
+}
+# Values of every other JSON type, for a node of each type.
+WRONG: dict[type, list[Any]] = {
+    dict: [5, "x", [], True],
+    list: [5, "x", {}, False],
+    str: [5, 1.5, [], {}, True],
+    bool: ["true", 1, [], {}],
+    int: ["65532", 1.5, True, [], {}],
+}
+# Fields the API server requires, by the path of their object with the indices left out.
+REQUIRED = {
+    "": ("spec",),
+    "spec": ("containers",),
+    "spec.containers[]": ("name",),
+    "spec.initContainers[]": ("name",),
+    "spec.containers[].env[]": ("name",),
+    "spec.initContainers[].env[]": ("name",),
+    "spec.containers[].volumeMounts[]": ("name", "mountPath"),
+    "spec.initContainers[].volumeMounts[]": ("name", "mountPath"),
+    "spec.volumes[]": ("name",),
+    "spec.securityContext.sysctls[]": ("name", "value"),
+}
+Steps = tuple[str | int, ...]
+
+
+def nodes(value: Any, path: str = "", steps: Steps = ()) -> Iterator[tuple[Steps, str, Any]]:
+    """Every node below `value`: the keys and indices to it, its path as messages write
+    it, and its value; parents before their children."""
+    if isinstance(value, dict):
+        for key, child in value.items():
+            if steps and steps[-1] in MAPS:
+                where = f"{path}[{key}]"
+            else:
+                where = f"{path}.{key}" if path else key
+            yield (*steps, key), where, child
+            yield from nodes(child, where, (*steps, key))
+    elif isinstance(value, list):
+        for i, child in enumerate(value):
+            yield (*steps, i), f"{path}[{i}]", child
+            yield from nodes(child, f"{path}[{i}]", (*steps, i))
+
+
+def changed(pod: dict[str, Any], steps: Steps, value: Any = None) -> dict[str, Any]:
+    """A copy of `pod` with the node at `steps` replaced by `value`, or removed if None."""
+    copied = copy.deepcopy(pod)
+    parent: Any = copied
+    for step in steps[:-1]:
+        parent = parent[step]
+    if value is None:
+        del parent[steps[-1]]
+    else:
+        parent[steps[-1]] = value
+    return copied
+
+
+@st.composite
+def malformed(draw: st.DrawFn) -> tuple[dict[str, Any], Steps, str]:
+    """A generated pod with one field of a wrong type, or one required field missing, at
+    any depth; with the steps to it and the problem the injector must name."""
+    pod = draw(pods())
+    typed = [n for n in nodes(pod) if type(n[2]) in NOUNS and not UNREAD.search(n[1])]
+    missing = [
+        ((*steps, key), f"{path}.{key}" if path else key)
+        for steps, path, value in [((), "", pod), *nodes(pod)]
+        if isinstance(value, dict)
+        for key in REQUIRED.get(re.sub(r"\[\d+\]", "[]", path), ())
+        if key in value
+    ]
+    if missing and draw(st.integers(0, 4)) == 0:
+        steps, path = draw(st.sampled_from(missing))
+        return changed(pod, steps), steps, f"{path}: required"
+    # Every depth as likely as any other: deep nodes outnumber the shallow ones.
+    depth = draw(st.sampled_from(sorted({len(steps) for steps, _, _ in typed})))
+    steps, path, value = draw(st.sampled_from([n for n in typed if len(n[0]) == depth]))
+    wrong = draw(st.sampled_from(WRONG[type(value)]))
+    return changed(pod, steps, wrong), steps, f"{path}: expected {NOUNS[type(value)]}"
+
+
+SERVICE = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}, "spec": {}}
+
+
+def wrapped(pod: dict[str, Any], steps: Steps, wrapper: str) -> tuple[dict[str, Any], str]:
+    """The pod as a Pod, a Deployment's template or a List's item; and the prefix of its
+    paths in that document."""
+    if wrapper == "Deployment" and steps[0] in ("metadata", "spec"):
+        template = {key: pod[key] for key in ("metadata", "spec") if key in pod}
+        spec = {"selector": {"matchLabels": {"app": "a"}}, "template": template}
+        deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "spec": spec}
+        return deployment, "spec.template."
+    if wrapper == "List":
+        return {"apiVersion": "v1", "kind": "List", "items": [SERVICE, pod]}, "items[1]."
+    return pod, ""
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=malformed(), wrapper=st.sampled_from(["Pod", "Deployment", "List"]))
+def test_a_malformed_pod_is_named_by_render_and_refused_by_the_webhook(
+    case: tuple[dict[str, Any], Steps, str], wrapper: str
+) -> None:
+    pod, steps, problem = case
+    document, prefix = wrapped(pod, steps, wrapper)
+    assert render_in_process(stdin=json.dumps(document)) == (2, "", f"error: {prefix}{problem}\n")
+    answer = review.answer(admission_review(pod), InjectorSettings())
+    assert answer.outcome == review.MALFORMED
+    assert answer.review["response"]["allowed"] is False
+    assert answer.review["response"]["status"] == {
+        "code": 400,
+        "message": f"burstbuffer injector: malformed pod: {problem}",
+    }
+
+
+@st.composite
+def damaged(draw: st.DrawFn) -> dict[str, Any]:
+    """A generated pod with any one node, read by the injector or not, replaced by any
+    JSON value (of the same type or not)."""
+    pod = draw(pods())
+    steps = draw(st.sampled_from([steps for steps, _, _ in nodes(pod)]))
+    return changed(pod, steps, draw(json_values.filter(lambda v: v is not None)))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pod=damaged())
+def test_a_damaged_pod_is_rendered_or_named_never_a_crash(pod: dict[str, Any]) -> None:
+    status, out, err = render_in_process(stdin=json.dumps(pod))
+    if status == 2:
+        assert out == "" and err.startswith("error: ") and err.count("\n") == 1, err
+    else:
+        assert status == 0, err
+        assert isinstance(yaml.safe_load(out), dict)
+        assert all(": " in line for line in err.splitlines()), err
+    response = review.answer(admission_review(pod), InjectorSettings()).review["response"]
+    assert response["allowed"] is True or response["status"]["code"] == 400, response
+    if (pod.get("apiVersion"), pod.get("kind")) == ("v1", "Pod"):
+        # Still a Pod to render (a changed kind may make it something else): both agree.
+        assert (status == 2) == (response["allowed"] is False)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(case=malformed())
+def test_the_server_refuses_malformed_pods_with_the_field(
+    webhook: Webhook, ca: trustme.CA, case: tuple[dict[str, Any], Steps, str]
+) -> None:
+    pod, _, problem = case
+    response = webhook.review(ca, admission_review(pod))  # asserts a 200 and the uid
+    assert response["allowed"] is False
+    assert response["status"]["message"] == f"burstbuffer injector: malformed pod: {problem}"

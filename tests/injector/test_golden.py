@@ -20,8 +20,8 @@ import yaml
 from podcheck import admission_review, apply, check_pod, decoded_patch
 
 from injector import review, settings
-from injector.__main__ import render
 from injector.mutate import mutate
+from injector.render import render
 
 TESTDATA = Path(__file__).parent / "testdata"
 REGENERATE = os.environ.get("BURSTBUFFER_REGENERATE_GOLDEN") == "1"
@@ -60,7 +60,7 @@ def test_golden_patch(case: str) -> None:
 
     # `render` prints the pod the webhook's patch produces.
     out, err = io.StringIO(), io.StringIO()
-    render(io.StringIO(yaml.safe_dump(pod)), out, err, config, "default")
+    render([], io.BytesIO(yaml.safe_dump(pod).encode()), out, err, config, "default")
     assert yaml.safe_load(out.getvalue()) == patched
 
 

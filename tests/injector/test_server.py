@@ -73,12 +73,16 @@ def test_warnings_reach_the_user(webhook: Webhook, ca: trustme.CA) -> None:
     ]
 
 
-def test_a_failed_injection_refuses_the_pod(webhook: Webhook, ca: trustme.CA) -> None:
+def test_a_malformed_pod_is_refused_naming_the_field(webhook: Webhook, ca: trustme.CA) -> None:
     broken = {**POD, "spec": {"containers": "not a list"}}
     response = webhook.review(ca, admission_review(broken))
     assert response["allowed"] is False
-    assert response["status"]["message"].startswith("burstbuffer injector: ")
+    assert response["status"] == {
+        "code": 400,
+        "message": "burstbuffer injector: malformed pod: spec.containers: expected a list",
+    }
     assert "patch" not in response
+    assert "pod default/train-*: refused, malformed: spec.containers" in webhook.log.read_text()
 
 
 @pytest.mark.parametrize(
@@ -221,14 +225,22 @@ def test_render_takes_json_or_yaml_and_matches_the_webhook(
     assert apply(POD, decoded_patch(response)) == rendered
 
 
-def test_render_explains_skips_and_refuses_non_pods() -> None:
+def test_render_explains_skips_and_refuses_what_it_cannot_read() -> None:
     opted_out: dict[str, Any] = {
         **POD,
         "metadata": {"annotations": {"burstbuffer.io/inject": "false"}},
     }
     done = run("render", stdin=yaml.safe_dump(opted_out))
     assert done.returncode == 0 and yaml.safe_load(done.stdout) == opted_out
-    assert "not injected: the pod sets burstbuffer.io/inject=false" in done.stderr
-    for text in ("kind: Deployment\n", "- a\n- b\n", "a: [\n"):
+    assert done.stderr == (
+        "pod/<unnamed>: not injected: the pod sets burstbuffer.io/inject=false "
+        "(label or annotation)\n"
+    )
+    for text, error in (
+        ("kind: Deployment\napiVersion: apps/v1\nspec: {}\n", "spec.template: required"),
+        ("- a\n- b\n", "expected an object (a Kubernetes manifest)"),
+        ("a: [\n", "not YAML or JSON: line 2, column 1: expected the node content, but "
+                   "found '<stream end>'"),
+    ):  # fmt: skip
         done = run("render", stdin=text)
-        assert done.returncode == 2 and done.stderr.startswith("burstbuffer-injector: "), text
+        assert (done.returncode, done.stdout, done.stderr) == (2, "", f"error: {error}\n")
