@@ -21,7 +21,13 @@ from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
 from cryptography import x509
-from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
+from cryptography.x509.verification import (
+    Criticality,
+    ExtensionPolicy,
+    PolicyBuilder,
+    Store,
+    VerificationError,
+)
 
 from injector import names
 from injector.ops import output
@@ -36,6 +42,14 @@ DEFAULT_INJECTOR_NAME = "burstbuffer-injector"
 # The dry-run pod: a name prefix that says whose it is; nothing is ever stored or pulled.
 PROBE_PREFIX = "burstbuffer-check-"
 NAMESPACE_OPT_IN = "enabled"
+# A CA certificate must say it is one, a serving certificate must carry its names (as Go
+# requires: the name is matched against subjectAltName only); nothing else is demanded.
+_CA_POLICY = ExtensionPolicy.permit_all().require_present(
+    x509.BasicConstraints, Criticality.AGNOSTIC, None
+)
+_SERVING_POLICY = ExtensionPolicy.permit_all().require_present(
+    x509.SubjectAlternativeName, Criticality.AGNOSTIC, None
+)
 
 
 @dataclass(frozen=True)
@@ -147,6 +161,10 @@ def ca_bundle_trusts_certificate(
             roots = x509.load_pem_x509_certificates(base64.b64decode(bundle))
             verifier = (
                 PolicyBuilder()
+                # The API server (Go's crypto/x509) checks signatures, validity, the name
+                # and the key usage for serving; not the Web PKI's rules on which
+                # extensions are critical, which self-made CAs often break.
+                .extension_policies(ca_policy=_CA_POLICY, ee_policy=_SERVING_POLICY)
                 .store(Store(roots))
                 .time(now)
                 .build_server_verifier(x509.DNSName(injector.service_host))
