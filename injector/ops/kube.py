@@ -143,7 +143,11 @@ def connect(target: Target) -> Kube:
         else:
             if target.context is not None:
                 raise ConnectError(f"--context {target.context}: no kubeconfig to find it in")
-            config.load_incluster_config(client_configuration=configuration)
+            try:
+                config.load_incluster_config(client_configuration=configuration)
+            except ConfigException as e:
+                where = config.KUBE_CONFIG_DEFAULT_LOCATION
+                raise ConnectError(f"no kubeconfig ({where}) and not in a cluster: {e}") from None
             namespace = _SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
     except (ConfigException, OpenApiException, OSError) as e:
         where = target.kubeconfig or config.KUBE_CONFIG_DEFAULT_LOCATION

@@ -25,7 +25,7 @@ from injector.settings import InjectorSettings
 # look like a flood to the API server (each read is one proxied request).
 _PARALLEL_READS = 8
 # The `/stats` counters and gauges a row shows (DESIGN.md, the sidecar's /stats).
-_COUNTERS = (
+COUNTERS = (
     "hits",
     "misses",
     "coalesced",
@@ -124,7 +124,7 @@ def why_unreachable(pod: Mapping[str, Any]) -> str | None:
 def figures(stats: Mapping[str, Any]) -> Figures:
     """The figures of one /stats document; raises ValueError if it is not one."""
     try:
-        return Figures(**{name: int(stats[name]) for name in _COUNTERS})
+        return Figures(**{name: int(stats[name]) for name in COUNTERS})
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"the sidecar's /stats has no usable {e}") from None
 

@@ -32,7 +32,7 @@ def test_admin_port_is_the_sidecars_named_port(native: bool) -> None:
 
 def test_rows_say_what_is_wrong_with_a_sidecars_figures() -> None:
     pod = injected_pod("p", "ml", 3129)
-    stats: dict[str, Any] = {name: 1 for name in status._COUNTERS}
+    stats: dict[str, Any] = {name: 1 for name in status.COUNTERS}
     unavailable = status.row(pod, {**stats, "buffer": "unavailable: read-only"}, None)
     assert unavailable.state == "buffer unavailable: read-only"
     assert unavailable.figures == status.Figures(*[1] * 8)
@@ -43,9 +43,9 @@ def test_rows_say_what_is_wrong_with_a_sidecars_figures() -> None:
 
 
 def test_totals_add_up_reachable_pods_per_namespace() -> None:
-    a = status.row(injected_pod("a", "ml", 1), {n: 2 for n in status._COUNTERS}, None)
+    a = status.row(injected_pod("a", "ml", 1), {n: 2 for n in status.COUNTERS}, None)
     b = status.row(injected_pod("b", "ml", 1), None, "pod is Pending")
-    c = status.row(injected_pod("c", "cv", 1), {n: 1 for n in status._COUNTERS}, None)
+    c = status.row(injected_pod("c", "cv", 1), {n: 1 for n in status.COUNTERS}, None)
     totals = status.totals([a, b, c])
     assert [(t.namespace, t.pods, t.unreachable, t.figures.hits) for t in totals] == [
         ("cv", 1, 0, 1),

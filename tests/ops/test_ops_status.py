@@ -4,14 +4,15 @@ cannot be read listed with the reason, every output format, one namespace or all
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import yaml
 
-from bench.harness import OriginServer, Sidecar, free_port
-from tests.ops.conftest import NAMESPACE, Cluster, injected_pod, namespace, plain_pod
+from bench.harness import OriginServer, Sidecar, clean_env, free_port
+from tests.ops.conftest import CLI, NAMESPACE, Cluster, injected_pod, namespace, plain_pod
 from tests.sidecar.conftest import FILES, curl
 
 SMALL = FILES["small.bin"]
@@ -187,4 +188,15 @@ def test_status_fails_with_one_line(cluster: Cluster, problem: str) -> None:
     result = cluster.burstbuffer("status")
     assert result.returncode == 1
     assert result.stderr.startswith(expected), result.stderr
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_without_kubeconfig_nor_cluster() -> None:
+    result = subprocess.run(
+        [str(CLI), "status"], env=clean_env(), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith(
+        "burstbuffer: no kubeconfig (~/.kube/config) and not in a cluster"
+    )
     assert len(result.stderr.splitlines()) == 1
