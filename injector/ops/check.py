@@ -77,7 +77,8 @@ class Verdict:
 def deployment_ready(injector: Injector, deployment: Answer) -> Verdict:
     check = f"injector Deployment {injector.namespace}/{injector.name} is ready"
     if isinstance(deployment, ApiError):
-        return _missing(check, deployment, _install_fix(injector))
+        permission = f"get deployments in namespace {injector.namespace}"
+        return _failed(check, deployment, permission, _install_fix(injector))
     wanted = int(deployment.get("spec", {}).get("replicas", 1))
     ready = int(deployment.get("status", {}).get("readyReplicas") or 0)
     detail = f"{ready}/{wanted} replicas ready"
@@ -93,7 +94,8 @@ def deployment_ready(injector: Injector, deployment: Answer) -> Verdict:
 def webhook_configured(injector: Injector, configuration: Answer) -> Verdict:
     check = f"MutatingWebhookConfiguration {injector.name} calls the injector"
     if isinstance(configuration, ApiError):
-        return _missing(check, configuration, _install_fix(injector))
+        permission = "get mutatingwebhookconfigurations"
+        return _failed(check, configuration, permission, _install_fix(injector))
     hooks = configuration.get("webhooks") or []
     elsewhere = sorted(
         {_service(hook) for hook in hooks} - {f"{injector.namespace}/{injector.name}"}
@@ -140,8 +142,8 @@ def ca_bundle_trusts_certificate(
         return Verdict(check, False, detail, _install_fix(injector))
     where = f"Secret {injector.namespace}/{secret_name}"
     if isinstance(secret, ApiError):
-        fix = _rbac_fix("get secrets", injector.namespace) if secret.code == 403 else None
-        return _missing(check, secret, fix or _install_fix(injector))
+        permission = f"get secrets in namespace {injector.namespace}"
+        return _failed(check, secret, permission, _install_fix(injector))
     try:
         chain = x509.load_pem_x509_certificates(
             base64.b64decode((secret.get("data") or {})["tls.crt"])
@@ -182,7 +184,7 @@ def namespace_opted_in(namespace: str, found: Answer) -> Verdict:
     check = f"namespace {namespace} has the label {names.INJECT}={NAMESPACE_OPT_IN}"
     if isinstance(found, ApiError):
         fix = f"kubectl create namespace {namespace}" if found.code == 404 else None
-        return _missing(check, found, fix or _rbac_fix("get namespaces", None))
+        return _failed(check, found, "get namespaces", fix)
     label = (found.get("metadata", {}).get("labels") or {}).get(names.INJECT)
     if label == NAMESPACE_OPT_IN:
         return Verdict(check, True, "pods created here get the sidecar")
@@ -218,8 +220,7 @@ def dry_run_injected(injector: Injector, namespace: str, created: Answer) -> Ver
     check = f"a pod created in {namespace} is injected (server-side dry run)"
     logs = f"kubectl -n {injector.namespace} logs deployment/{injector.name}"
     if isinstance(created, ApiError):
-        fix = _rbac_fix("create pods", namespace) if created.code == 403 else f"see {logs}"
-        return _missing(check, created, fix)
+        return _failed(check, created, f"create pods in namespace {namespace}", f"see {logs}")
     spec = created.get("spec", {})
     containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
     sidecar = any(c.get("name") == names.CONTAINER for c in containers)
@@ -240,7 +241,10 @@ def _service(hook: Mapping[str, Any]) -> str:
     return f"{service.get('namespace')}/{service.get('name')}"
 
 
-def _missing(check: str, error: ApiError, fix: str | None) -> Verdict:
+def _failed(check: str, error: ApiError, permission: str, fix: str | None) -> Verdict:
+    """A check the API server answered with an error: refused (403) needs `permission`."""
+    if error.code == 403:
+        fix = f"the check needs RBAC permission to {permission}: ask your cluster admin"
     return Verdict(check, False, f"{error.code} {error.message}", fix)
 
 
@@ -258,11 +262,6 @@ def _renew_fix(injector: Injector) -> str:
         f"cert-manager check its cainjector; then kubectl -n {injector.namespace} "
         f"rollout restart deployment/{injector.name}"
     )
-
-
-def _rbac_fix(verb: str, namespace: str | None) -> str:
-    where = f" in namespace {namespace}" if namespace else ""
-    return f"the check needs RBAC permission to {verb}{where}: ask your cluster admin"
 
 
 def verdicts(

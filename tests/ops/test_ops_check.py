@@ -114,11 +114,13 @@ def _not_ready(cluster: Cluster) -> None:
     cluster.api.put(deployment)
 
 
-def _remove(kind: str) -> Callable[[Cluster], None]:
+def _remove(kind: str, name: str | None = None) -> Callable[[Cluster], None]:
     def remove(cluster: Cluster) -> None:
-        found = _stored(cluster, kind)
-        path = next(p for p, o in cluster.api.objects.items() if o["kind"] == kind)
-        assert found["metadata"]["name"] in path
+        (path,) = [
+            p
+            for p, o in cluster.api.objects.items()
+            if o["kind"] == kind and name in (None, o["metadata"]["name"])
+        ]
         del cluster.api.objects[path]
 
     return remove
@@ -193,6 +195,20 @@ FAILURES: dict[str, tuple[Callable[[Cluster], None], dict[str, tuple[str, str]]]
                 "kubectl label namespace ml burstbuffer.io/inject=enabled",
             ),
             "dry-run": ("came back without the sidecar", "fix the checks above"),
+        },
+    ),
+    "namespace missing": (
+        _remove("Namespace", NAMESPACE),
+        {
+            "namespace": ('404 namespaces "ml" not found', "kubectl create namespace ml"),
+            "dry-run": ('404 namespaces "ml" not found', "logs deployment/burstbuffer-injector"),
+        },
+    ),
+    "deployments forbidden": (
+        _forbid("get deployments"),
+        {
+            "deployment": ("403 deployments.apps", "permission to get deployments in namespace"),
+            "ca": ("cannot tell which Secret", "--injector-name"),
         },
     ),
     "injector unreachable": (
