@@ -200,3 +200,21 @@ def test_without_kubeconfig_nor_cluster() -> None:
         "burstbuffer: no kubeconfig (~/.kube/config) and not in a cluster"
     )
     assert len(result.stderr.splitlines()) == 1
+
+
+def test_context_chooses_the_cluster_and_its_namespace(cluster: Cluster) -> None:
+    config = json.loads(cluster.api.kubeconfig(NAMESPACE))
+    closed = f"http://127.0.0.1:{free_port()}"
+    config["clusters"].append({"name": "gone", "cluster": {"server": closed}})
+    config["contexts"].append(
+        {"name": "gone", "context": {"cluster": "gone", "user": "fake", "namespace": "x"}}
+    )
+    config["current-context"] = "gone"
+    cluster.kubeconfig.write_text(json.dumps(config))
+    cluster.api.put(injected_pod("p", NAMESPACE, free_port(), phase="Pending"))
+    result = cluster.burstbuffer("status", "-o", "json")
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"burstbuffer: the API server at {closed} did not answer")
+    result = cluster.burstbuffer("status", "--context", "fake", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    assert list(_by_pod(json.loads(result.stdout))) == [f"{NAMESPACE}/p"]
