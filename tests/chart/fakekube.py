@@ -10,8 +10,9 @@ the way the real API server does, with the same paths, JSON and status codes:
   BadRequest, 503 ServiceUnavailable, 500 InternalError;
 - POST of a Pod (with `dryRun=All` it is not stored): the mutating webhooks of the
   stored MutatingWebhookConfigurations are called as the API server calls them (their
-  selectors, an AdmissionReview over TLS verified with the caBundle for
-  `<service>.<namespace>.svc`, failurePolicy), and the pod comes back patched;
+  namespace and object selectors, an AdmissionReview over TLS verified with the caBundle
+  for `<service>.<namespace>.svc`, failurePolicy), and the pod comes back patched (their
+  `rules` are taken to match: the chart's select exactly pod creation);
 - the pod proxy, `pods/NAME:PORT/proxy/PATH`, forwarded to the pod's port.
 
 Addresses: a pod IP stands for 127.0.0.1 (the test's processes listen there; loopback
