@@ -202,7 +202,7 @@ def test_upgrade_keeps_the_certificate(default_documents: list[dict[str, Any]]) 
     installed = one(default_documents, "Secret")
     name = installed["metadata"]["name"]
     with fake_cluster() as (server, config):
-        server.secrets[(NAMESPACE, name)] = installed
+        server.put(installed)
         upgraded = render(config=config, upgrade=True)
         assert f"/api/v1/namespaces/{NAMESPACE}/secrets/{name}" in server.requests
     data, bundles = _tls(upgraded)
@@ -218,7 +218,7 @@ def test_upgrade_without_a_usable_secret_makes_a_new_pair(
     with fake_cluster() as (server, config):
         if existing == "incomplete":
             incomplete = {**installed, "data": {"tls.crt": installed["data"]["tls.crt"]}}
-            server.secrets[(NAMESPACE, installed["metadata"]["name"])] = incomplete
+            server.put(incomplete)
         data, bundles = _tls(render(config=config, upgrade=True))
     assert data["ca.crt"] != secret_data(installed)["ca.crt"]
     assert bundles == [data["ca.crt"], data["ca.crt"]]

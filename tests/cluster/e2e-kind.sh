@@ -5,7 +5,9 @@
 #   3. check through the webhook (server-side dry runs) who gets the sidecar: pods of the
 #      enabled namespace, not those labelled burstbuffer.io/inject=false, and pods
 #      labelled burstbuffer.io/inject=true elsewhere,
-#   4. run a Job whose stock-image container (python:3.12) downloads the same file twice,
+#   4. `burstbuffer check` of the enabled namespace, and `burstbuffer status` reading a
+#      running injected pod's /stats through the API server's pod proxy,
+#   5. run a Job whose stock-image container (python:3.12) downloads the same file twice,
 #      with GNU wget and then Python's urllib, and assert from the sidecar's /stats that
 #      the second download was a hit, and that the Job completes (the native sidecar
 #      must not keep it running).
@@ -27,6 +29,7 @@
 #   E2E_APP_IMAGE [python:3.12]   the Job's stock image (needs bash, GNU wget, python3)
 #   E2E_KEEP [0]                  1: leave the cluster / release / namespaces behind
 #   E2E_TIMEOUT [600]             seconds to wait for the Job
+#   BURSTBUFFER_CLI [burstbuffer] the operators' CLI (the test passes the checkout's)
 #
 # `e2e-kind.sh --print-job` prints the Job manifest and exits (the test suite checks it).
 set -euo pipefail
@@ -42,6 +45,7 @@ URL=${E2E_URL:-https://storage.googleapis.com/cvdf-datasets/mnist/train-labels-i
 APP_IMAGE=${E2E_APP_IMAGE:-python:3.12}
 KEEP=${E2E_KEEP:-0}
 TIMEOUT=${E2E_TIMEOUT:-600}
+CLI=${BURSTBUFFER_CLI:-burstbuffer}
 
 # A release of its own, so that an installation already on the cluster is left alone.
 RELEASE=burstbuffer-e2e
@@ -198,6 +202,28 @@ check_selection() {
   echo "selection as expected"
 }
 
+# The operators' CLI on the real API server: every check passes for the enabled
+# namespace, and a running injected pod's /stats is read through the pod proxy.
+operate() {
+  log "burstbuffer check -n $NAMESPACE"
+  "$CLI" check -n "$NAMESPACE" --injector-namespace "$RELEASE_NAMESPACE" \
+    --injector-name "$RELEASE-injector" || fail "burstbuffer check failed"
+  log "burstbuffer status -n $NAMESPACE"
+  kubectl delete pod status-probe -n "$NAMESPACE" --ignore-not-found --wait=true
+  kubectl run status-probe -n "$NAMESPACE" --image="$APP_IMAGE" --restart=Never -- sleep "$TIMEOUT"
+  kubectl wait pod/status-probe -n "$NAMESPACE" --for=condition=Ready --timeout=300s
+  local report
+  report=$("$CLI" status -n "$NAMESPACE" -o json) || fail "burstbuffer status failed"
+  "$CLI" status -n "$NAMESPACE"
+  python3 -c '
+import json, sys
+pods = {p["pod"]: p for p in json.load(sys.stdin)["pods"]}
+probe = pods.get("status-probe")
+assert probe and probe["reachable"] and probe["state"] == "ok", probe
+' <<<"$report" || fail "burstbuffer status did not read the probe pod's sidecar: $report"
+  kubectl delete pod status-probe -n "$NAMESPACE" --wait=false
+}
+
 run_job() {
   log "running Job $JOB ($APP_IMAGE downloads $URL twice)"
   kubectl delete job "$JOB" -n "$NAMESPACE" --ignore-not-found --wait=true
@@ -260,6 +286,7 @@ main() {
   setup_cluster
   install_chart
   check_selection
+  operate
   run_job
 }
 

@@ -1,5 +1,8 @@
 """The real-cluster end-to-end script (e2e-kind.sh), and the checks of it that run anywhere.
 
+On the cluster it also runs the operators' CLI of this checkout (`burstbuffer check` and
+`burstbuffer status`) against the real API server and pod proxy.
+
 The script needs kubectl, helm and either docker + kind (a throwaway kind cluster) or,
 with E2E_USE_CURRENT_CONTEXT=1, a reachable cluster; without them the end-to-end test
 is skipped with the reason. What can be checked without a cluster is checked always:
@@ -25,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "e2e-kind.sh"
 VALUES = HERE.parents[1] / "charts" / "burstbuffer" / "values.yaml"
 INJECTOR_COMMAND = Path(sys.executable).parent / "burstbuffer-injector"
+CLI = Path(sys.executable).parent / "burstbuffer"
 KUBE_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
 
 
@@ -105,5 +109,6 @@ def test_end_to_end_on_a_real_cluster() -> None:
     reason = _why_not_runnable()
     if reason:
         pytest.skip(reason)
-    result = subprocess.run(["bash", SCRIPT], timeout=3500, check=False)
+    env = {**os.environ, "BURSTBUFFER_CLI": str(CLI)}
+    result = subprocess.run(["bash", SCRIPT], env=env, timeout=3500, check=False)
     assert result.returncode == 0, "e2e-kind.sh failed; its output above says where"
