@@ -1,22 +1,33 @@
 # One image for both programs: `burstbuffer-sidecar` (the injected container) and
 # `burstbuffer-injector` (the webhook Deployment). The chart sets `command:`.
 # Build: docker build -t ghcr.io/burstbuffer/burstbuffer:0.1.0 .
+# BASE is any Debian-like image whose `python` is >= 3.12 with `venv` and apt, e.g.
+# one made without a registry by debootstrap + `docker import` (see the README).
 
-FROM python:3.12-slim-bookworm AS builder
+ARG BASE=python:3.12-slim-bookworm
+
+FROM ${BASE} AS builder
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m venv /opt/burstbuffer
+# Behind a private index or a TLS-inspecting proxy: --build-arg PIP_INDEX_URL=URL and
+# --build-arg PIP_CA="$(cat extra-ca.pem)" (certificates pip trusts on top of the base's
+# own roots). Arguments of this stage only, so neither reaches the final image.
+ARG PIP_INDEX_URL
+ARG PIP_CA
+RUN python -m venv /opt/burstbuffer \
+ && if [ -n "$PIP_CA" ]; then \
+      { cat /etc/ssl/certs/ca-certificates.crt; printf '%s\n' "$PIP_CA"; } > /tmp/pip-ca.pem; fi
 # Dependencies first, so that a source change does not reinstall them.
 COPY pyproject.toml README.md /src/
 RUN mkdir -p /src/sidecar /src/injector /src/certs \
  && touch /src/sidecar/__init__.py /src/injector/__init__.py /src/certs/__init__.py \
- && /opt/burstbuffer/bin/pip install /src \
+ && /opt/burstbuffer/bin/pip install ${PIP_CA:+--cert /tmp/pip-ca.pem} /src \
  && /opt/burstbuffer/bin/pip uninstall -y burstbuffer
 COPY sidecar /src/sidecar
 COPY injector /src/injector
 COPY certs /src/certs
-RUN /opt/burstbuffer/bin/pip install --no-deps /src
+RUN /opt/burstbuffer/bin/pip install ${PIP_CA:+--cert /tmp/pip-ca.pem} --no-deps /src
 
-FROM python:3.12-slim-bookworm
+FROM ${BASE}
 # iptables: the `transparent` capture's init container installs the pod's redirect
 # rules with this same image (as root with NET_ADMIN; everything else runs as 65532).
 RUN apt-get update \
