@@ -52,7 +52,4 @@ def images(docker: Docker) -> Images:
         "build", "--build-arg", f"BASE={base}", "-t", app, "-",
         stdin=APP_DOCKERFILE, timeout=BUILD_TIMEOUT,
     )  # fmt: skip
-    if docker.daemon is not None:
-        # Our own daemon's store: the images a rebuild replaced are of no further use.
-        docker.run("image", "prune", "-f")
     return Images(base, burstbuffer, app)

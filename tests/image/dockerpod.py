@@ -164,7 +164,7 @@ class DockerPod:
         if source.startswith("/"):
             return Path(source)
         inspected = json.loads(self.docker.run("volume", "inspect", source).stdout)
-        if inspected[0].get("Options", {}).get("type") == "tmpfs":
+        if (inspected[0].get("Options") or {}).get("type") == "tmpfs":
             raise PodFailed(f"volume {name}: a subPath of a memory-backed emptyDir")
         return Path(inspected[0]["Mountpoint"])
 
