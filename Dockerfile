@@ -16,12 +16,14 @@ ARG PIP_CA
 RUN python -m venv /opt/burstbuffer \
  && if [ -n "$PIP_CA" ]; then \
       { cat /etc/ssl/certs/ca-certificates.crt; printf '%s\n' "$PIP_CA"; } > /tmp/pip-ca.pem; fi
-# Dependencies first, so that a source change does not reinstall them.
-COPY pyproject.toml README.md /src/
+# Dependencies first, so that a change of the source or the README does not reinstall
+# them (the README is the package's long description: a placeholder until then).
+COPY pyproject.toml /src/
 RUN mkdir -p /src/sidecar /src/injector /src/certs \
- && touch /src/sidecar/__init__.py /src/injector/__init__.py /src/certs/__init__.py \
+ && touch /src/README.md /src/sidecar/__init__.py /src/injector/__init__.py /src/certs/__init__.py \
  && /opt/burstbuffer/bin/pip install ${PIP_CA:+--cert /tmp/pip-ca.pem} /src \
  && /opt/burstbuffer/bin/pip uninstall -y burstbuffer
+COPY README.md /src/
 COPY sidecar /src/sidecar
 COPY injector /src/injector
 COPY certs /src/certs

@@ -29,6 +29,7 @@ from tests.injector.podrun import debian_rootfs
 
 START_TIMEOUT = 60.0  # seconds for a started dockerd to answer
 STOP_GRACE = 30.0
+RUN_DIR = Path("/run/burstbuffer-test")  # the socket and runtime state of a started dockerd
 # The base: a Debian whose own Python is >= 3.12, laid out as the Dockerfile expects of
 # any BASE (`python` with venv, the public roots for pip, apt for the runtime stage).
 BASE_SUITE = "trixie"
@@ -60,6 +61,10 @@ class Docker:
         ambient = cls(dict(os.environ))
         if ambient.answers():
             return ambient
+        # One a test run that was killed left running: it is ours, so it is reused.
+        left = cls({**os.environ, "DOCKER_HOST": f"unix://{RUN_DIR}/docker.sock"})
+        if left.answers():
+            return left
         dockerd = shutil.which("dockerd") or shutil.which("/usr/sbin/dockerd")
         if dockerd is None:
             raise DockerUnavailable("no Docker daemon answers and dockerd is not installed")
@@ -70,13 +75,12 @@ class Docker:
     @classmethod
     def _start(cls, dockerd: str) -> Docker:
         state = cache_dir() / "docker"
-        run = Path("/run/burstbuffer-test")
         state.mkdir(parents=True, exist_ok=True)
-        run.mkdir(parents=True, exist_ok=True)
+        RUN_DIR.mkdir(parents=True, exist_ok=True)
         log = state / "dockerd.log"
-        socket = f"unix://{run}/docker.sock"
-        argv = [dockerd, "--data-root", str(state / "data"), "--exec-root", str(run / "exec")]
-        argv += ["--pidfile", str(run / "dockerd.pid"), "--host", socket]
+        socket = f"unix://{RUN_DIR}/docker.sock"
+        argv = [dockerd, "--data-root", str(state / "data"), "--exec-root", str(RUN_DIR / "exec")]
+        argv += ["--pidfile", str(RUN_DIR / "dockerd.pid"), "--host", socket]
         with open(log, "wb") as output:
             daemon = subprocess.Popen(
                 argv, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
