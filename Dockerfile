@@ -6,11 +6,11 @@
 
 ARG BASE=python:3.12-slim-bookworm
 
-FROM ${BASE} AS builder
+FROM ${BASE} AS deps
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # Behind a private index or a TLS-inspecting proxy: --build-arg PIP_INDEX_URL=URL and
 # --build-arg PIP_CA="$(cat extra-ca.pem)" (certificates pip trusts on top of the base's
-# own roots). Arguments of this stage only, so neither reaches the final image.
+# own roots). Arguments of the build stages only, so neither reaches the final image.
 ARG PIP_INDEX_URL
 ARG PIP_CA
 RUN python -m venv /opt/burstbuffer \
@@ -23,11 +23,19 @@ RUN mkdir -p /src/sidecar /src/injector /src/certs \
  && touch /src/README.md /src/sidecar/__init__.py /src/injector/__init__.py /src/certs/__init__.py \
  && /opt/burstbuffer/bin/pip install ${PIP_CA:+--cert /tmp/pip-ca.pem} /src \
  && /opt/burstbuffer/bin/pip uninstall -y burstbuffer
+
+FROM deps AS builder
+ARG PIP_INDEX_URL
+ARG PIP_CA
 COPY README.md /src/
 COPY sidecar /src/sidecar
 COPY injector /src/injector
 COPY certs /src/certs
-RUN /opt/burstbuffer/bin/pip install ${PIP_CA:+--cert /tmp/pip-ca.pem} --no-deps /src
+# The project alone, staged under /staging as it will lie in the venv: the final stage
+# copies the dependencies and the project as two layers, and only the small one changes
+# with the source.
+RUN /opt/burstbuffer/bin/pip install ${PIP_CA:+--cert /tmp/pip-ca.pem} --no-deps \
+      --root /staging /src
 
 FROM ${BASE}
 # iptables: the `transparent` capture's init container installs the pod's redirect
@@ -35,7 +43,8 @@ FROM ${BASE}
 RUN apt-get update \
  && apt-get install -y --no-install-recommends iptables \
  && rm -rf /var/lib/apt/lists/*
-COPY --from=builder /opt/burstbuffer /opt/burstbuffer
+COPY --from=deps /opt/burstbuffer /opt/burstbuffer
+COPY --from=builder /staging/ /
 ENV PATH=/opt/burstbuffer/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
