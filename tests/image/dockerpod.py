@@ -27,7 +27,6 @@ and `hosts` (names the cluster's DNS would answer) in the sandbox's /etc/hosts.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import time
 import uuid
@@ -65,9 +64,9 @@ class DockerPod:
     # The image the sandbox runs `sleep infinity` in (any image with coreutils).
     sandbox_image: str
     workdir: Path
+    network: str
     config_maps: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     hosts: Mapping[str, str] = field(default_factory=dict)
-    network: str = "bridge"
     prefix: str = field(default_factory=lambda: f"bbpod-{uuid.uuid4().hex[:10]}")
     pod_ip: str = ""
     _containers: list[str] = field(default_factory=list)
@@ -113,11 +112,12 @@ class DockerPod:
         argv += [f"--add-host={host}:{ip}" for host, ip in self.hosts.items()]
         argv += ["--read-only", "--cap-drop", "ALL", "--user", "65534:65534"]
         argv += [self.sandbox_image, "sleep", "infinity"]
-        self.docker.run(*argv)
         self._containers.append(sandbox)
+        self.docker.run(*argv)
         inspected = json.loads(self.docker.run("inspect", sandbox).stdout)
         self.pod_ip = inspected[0]["NetworkSettings"]["Networks"][self.network]["IPAddress"]
-        assert ipaddress.ip_address(self.pod_ip)
+        if not self.pod_ip:
+            raise PodFailed(f"the pod's sandbox got no address on {self.network}")
 
     # -- volumes -----------------------------------------------------------------------
 
@@ -286,8 +286,8 @@ class DockerPod:
         if container.get("workingDir"):
             argv += ["--workdir", container["workingDir"]]
         argv += ["--entrypoint", command[0], image, *command[1:], *args]
-        self.docker.run(*argv)
         self._containers.append(name)
+        self.docker.run(*argv)
         return name
 
     def _await_startup(self, container: dict[str, Any], deadline: float) -> None:
