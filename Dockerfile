@@ -1,28 +1,50 @@
 # One image for both programs: `burstbuffer-sidecar` (the injected container) and
 # `burstbuffer-injector` (the webhook Deployment). The chart sets `command:`.
 # Build: docker build -t ghcr.io/burstbuffer/burstbuffer:0.1.0 .
+# BASE is any Debian-like image whose `python` is >= 3.12 with `venv` and apt, e.g.
+# one made without a registry by debootstrap + `docker import` (see the README).
 
-FROM python:3.12-slim-bookworm AS builder
+ARG BASE=python:3.12-slim-bookworm
+
+FROM ${BASE} AS deps
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m venv /opt/burstbuffer
-# Dependencies first, so that a source change does not reinstall them.
-COPY pyproject.toml README.md /src/
+# Behind a private index or a TLS-inspecting proxy: --build-arg PIP_INDEX_URL=URL and
+# --build-arg PIP_CA="$(cat extra-ca.pem)" (certificates pip trusts on top of the base's
+# own roots). Arguments of the build stages only, so neither reaches the final image.
+ARG PIP_INDEX_URL
+ARG PIP_CA
+RUN python -m venv /opt/burstbuffer \
+ && if [ -n "$PIP_CA" ]; then \
+      { cat /etc/ssl/certs/ca-certificates.crt; printf '%s\n' "$PIP_CA"; } > /tmp/pip-ca.pem; fi
+# Dependencies first, so that a change of the source or the README does not reinstall
+# them (the README is the package's long description: a placeholder until then).
+COPY pyproject.toml /src/
 RUN mkdir -p /src/sidecar /src/injector /src/certs \
- && touch /src/sidecar/__init__.py /src/injector/__init__.py /src/certs/__init__.py \
- && /opt/burstbuffer/bin/pip install /src \
+ && touch /src/README.md /src/sidecar/__init__.py /src/injector/__init__.py /src/certs/__init__.py \
+ && /opt/burstbuffer/bin/pip install ${PIP_CA:+--cert /tmp/pip-ca.pem} /src \
  && /opt/burstbuffer/bin/pip uninstall -y burstbuffer
+
+FROM deps AS builder
+ARG PIP_INDEX_URL
+ARG PIP_CA
+COPY README.md /src/
 COPY sidecar /src/sidecar
 COPY injector /src/injector
 COPY certs /src/certs
-RUN /opt/burstbuffer/bin/pip install --no-deps /src
+# The project alone, staged under /staging as it will lie in the venv: the final stage
+# copies the dependencies and the project as two layers, and only the small one changes
+# with the source.
+RUN /opt/burstbuffer/bin/pip install ${PIP_CA:+--cert /tmp/pip-ca.pem} --no-deps \
+      --root /staging /src
 
-FROM python:3.12-slim-bookworm
+FROM ${BASE}
 # iptables: the `transparent` capture's init container installs the pod's redirect
 # rules with this same image (as root with NET_ADMIN; everything else runs as 65532).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends iptables \
  && rm -rf /var/lib/apt/lists/*
-COPY --from=builder /opt/burstbuffer /opt/burstbuffer
+COPY --from=deps /opt/burstbuffer /opt/burstbuffer
+COPY --from=builder /staging/ /
 ENV PATH=/opt/burstbuffer/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

@@ -97,24 +97,26 @@ def expand(text: str, variables: Mapping[str, str]) -> str:
     return _REFERENCE.sub(replace, text)
 
 
-def debian_rootfs(cache: Path) -> Path:
-    """A Debian bookworm root with DEBIAN_PACKAGES: made once (per package list), under a lock."""
-    key = hashlib.sha256(",".join(DEBIAN_PACKAGES).encode()).hexdigest()[:12]
-    root = cache / f"rootfs-bookworm-{key}"
+def debian_rootfs(
+    cache: Path, suite: str = "bookworm", packages: tuple[str, ...] = DEBIAN_PACKAGES
+) -> Path:
+    """A Debian root of `suite` with `packages`: made once (per package list), under a lock."""
+    key = hashlib.sha256(",".join(packages).encode()).hexdigest()[:12]
+    root = cache / f"rootfs-{suite}-{key}"
     if root.is_dir():
         return root
     cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / "rootfs-bookworm.lock", "w") as lock:
+    with open(cache / f"rootfs-{suite}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not root.is_dir():
-            partial = cache / f"rootfs-bookworm-{key}.tmp"
+            partial = cache / f"rootfs-{suite}-{key}.tmp"
             subprocess.run(["rm", "-rf", str(partial)], check=True)
             subprocess.run(
                 [
                     "debootstrap",
                     "--variant=minbase",
-                    f"--include={','.join(DEBIAN_PACKAGES)}",
-                    "bookworm",
+                    f"--include={','.join(packages)}",
+                    suite,
                     str(partial),
                     "http://deb.debian.org/debian",
                 ],
