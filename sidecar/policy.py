@@ -668,11 +668,15 @@ def preconditions_hold(
         if "*" in members:
             return True
         stored = _entity_tag(etag) if etag else None
-        return stored is not None and not stored.weak and any(
-            (tag := _entity_tag(member)) is not None
-            and not tag.weak
-            and tag.opaque == stored.opaque
-            for member in members
+        return (
+            stored is not None
+            and not stored.weak
+            and any(
+                (tag := _entity_tag(member)) is not None
+                and not tag.weak
+                and tag.opaque == stored.opaque
+                for member in members
+            )
         )
     if_unmodified_since = header(request_headers, "If-Unmodified-Since")
     if if_unmodified_since is None or last_modified is None:
