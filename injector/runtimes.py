@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from injector.capture import env_entries
+
 FSSPEC_HTTP = "FSSPEC_HTTP"
 NODE_USE_ENV_PROXY = "NODE_USE_ENV_PROXY"
 JAVA_TOOL_OPTIONS = "JAVA_TOOL_OPTIONS"
@@ -96,7 +98,7 @@ def variables(
     `proxy_url` is the sidecar's proxy when the container gets the proxy variables (then
     `no_proxy` is their no_proxy list), else None.
     """
-    env = {e.get("name"): e for e in container.get("env") or [] if isinstance(e, Mapping)}
+    env = {e.get("name"): e for e in env_entries(container)}
     cname = container.get("name", "?")
     found: dict[str, str] = {}
     warnings: list[str] = []
