@@ -156,6 +156,12 @@ class OriginServer:
         """Requests seen for this URL, ranged ones included."""
         return self.requests()["requests"].get(self.target(name, **query), 0)
 
+    def gets(self, name: str, **query: object) -> int:
+        """GET requests for this URL (every request but HEAD), ranged ones included."""
+        seen = self.requests()
+        target = self.target(name, **query)
+        return seen["requests"].get(target, 0) - seen["heads"].get(target, 0)
+
     def full_fetches(self, name: str, **query: object) -> int:
         """Requests for this URL without a Range header: fetches of the whole object."""
         target = self.target(name, **query)

@@ -1,7 +1,8 @@
 """A local HTTPS origin for the demo, the benchmarks and the tests.
 
 It serves the files of one directory under `/files/<name>` like a dataset host:
-ETag, Last-Modified, single Range requests, If-Range, If-None-Match, HEAD. Query
+ETag, Last-Modified, single Range requests, If-Range, If-None-Match, If-Match, HEAD;
+as an S3-compatible endpoint with path-style addressing, `files` is a bucket. Query
 parameters turn on the behaviours a cache must survive:
 
     rate=N        throttle this response to N bytes/s (a far host's per-connection cap)
@@ -19,7 +20,8 @@ parameters turn on the behaviours a cache must survive:
     badrange      answer a Range request with the bytes one past those asked for
 
 `GET /__requests` returns JSON counts of the requests seen, by request target
-(`/files/a?x=1`), with `ranges` counting those that carried a Range header.
+(`/files/a?x=1`), with `ranges` counting those that carried a Range header and `heads`
+the HEAD requests.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class Origin:
         self.default_rate = default_rate
         self.requests: collections.Counter[str] = collections.Counter()
         self.ranges: collections.Counter[str] = collections.Counter()
+        self.heads: collections.Counter[str] = collections.Counter()
         self._dropped: set[str] = set()
 
     def app(self) -> web.Application:
@@ -58,13 +61,17 @@ class Origin:
         return app
 
     async def counts(self, _: web.Request) -> web.Response:
-        return web.json_response({"requests": self.requests, "ranges": self.ranges})
+        return web.json_response(
+            {"requests": self.requests, "ranges": self.ranges, "heads": self.heads}
+        )
 
     async def serve(self, request: web.Request) -> web.StreamResponse:
         target = request.path_qs
         self.requests[target] += 1
         if "Range" in request.headers:
             self.ranges[target] += 1
+        if request.method == "HEAD":
+            self.heads[target] += 1
         q = request.query
         if "status" in q:
             return web.Response(status=int(q["status"]), text=f"status {q['status']}\n")
@@ -87,6 +94,9 @@ class Origin:
             headers["Content-Encoding"] = "gzip"
         if "nostore" in q:
             headers["Cache-Control"] = "no-store"
+        if_match = request.headers.get("If-Match")
+        if if_match not in (None, "*") and ("novalidators" in q or if_match != etag):
+            return web.Response(status=412)
         if "novalidators" not in q and request.headers.get("If-None-Match") == etag:
             return web.Response(status=304, headers={"ETag": etag})
 

@@ -1,11 +1,12 @@
 """Trust files: the pod's (public roots + pod CA) and the sidecar's own (public roots).
 
-The app containers trust two files the sidecar writes into `--trust-dir`:
+The app containers trust files the sidecar writes into `--trust-dir`:
 
 | file | mode | content |
 | --- | --- | --- |
 | `ca.crt` | 0644 | the pod CA certificate |
 | `ca-bundle.crt` | 0644 | certifi's public roots, the pod CA, the `--upstream-ca` certificates |
+| `ca-bundle.p12` | 0644 | the same certificates as a password-less PKCS12 trust store (the JVM) |
 
 The bundle keeps the public roots and the `--upstream-ca` certificates because a client
 pointed at it (`SSL_CERT_FILE`, `REQUESTS_CA_BUNDLE`, ...) uses it for every host, and
@@ -15,8 +16,9 @@ parsed form, are ever written.
 
 The files are written once. App containers mount them by `subPath`, which pins the inode
 they saw at start, so a restarted sidecar that finds both files for its own CA leaves them
-untouched (same inode, same mtime). `ca-bundle.crt` is written before `ca.crt`, so
-`ca.crt` present means the bundle is complete.
+untouched (same inode, same mtime). The bundles are written before `ca.crt`, so
+`ca.crt` present means they are complete; a trust store missing beside them (a sidecar
+of an older version wrote the directory) is made from the bundle that is there.
 
 If `ca.crt` holds *another* CA, the CA directory was lost while the trust directory
 survived (both should live and die with the pod). The running app containers trust only
@@ -28,11 +30,14 @@ with `TrustError`, and the pod has to be replaced.
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 
 import certifi
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.serialization import pkcs12
+from cryptography.utils import CryptographyDeprecationWarning
 
 from certs.ca import write_atomically
 
@@ -40,7 +45,8 @@ logger = logging.getLogger(__name__)
 
 CA_CERT_FILE = "ca.crt"
 BUNDLE_FILE = "ca-bundle.crt"
-TRUST_FILES = (CA_CERT_FILE, BUNDLE_FILE)
+TRUST_STORE_FILE = "ca-bundle.p12"
+TRUST_FILES = (CA_CERT_FILE, BUNDLE_FILE, TRUST_STORE_FILE)
 # In the sidecar's private CA directory: what origins are verified against (public
 # roots + --upstream-ca), written by the main process for every worker.
 UPSTREAM_TRUST_FILE = "upstream-trust.pem"
@@ -95,6 +101,25 @@ def upstream_trust_pem(extra_ca_pem: bytes | None) -> bytes:
     return public_roots_pem() + _bundle(("--upstream-ca", extra))
 
 
+def trust_store(bundle_pem: bytes) -> bytes:
+    """The certificates of a PEM bundle as a password-less PKCS12 trust store.
+
+    What the JVM reads with `-Djavax.net.ssl.trustStore=... -Djavax.net.ssl.trustStoreType=
+    PKCS12` and no password: each certificate is a trusted entry (Java's own attribute,
+    which `serialize_java_truststore` writes), named by its place in the bundle.
+    """
+    with warnings.catch_warnings():
+        # certifi's roots include one with serial number 0, which cryptography still
+        # parses (with a deprecation warning) and which the JVM's own cacerts trust too.
+        warnings.simplefilter("ignore", CryptographyDeprecationWarning)
+        certs = x509.load_pem_x509_certificates(bundle_pem)
+    entries = [
+        pkcs12.PKCS12Certificate(cert, f"burstbuffer-{number}".encode())
+        for number, cert in enumerate(certs, 1)
+    ]
+    return pkcs12.serialize_java_truststore(entries, serialization.NoEncryption())
+
+
 def write_private(path: Path, data: bytes) -> None:
     """Write a sidecar-private file (mode 0600) atomically, replacing any older one."""
     write_atomically(path, data, 0o600)
@@ -114,7 +139,7 @@ def _certificate_in(path: Path) -> x509.Certificate | None:
 
 
 def write_trust_files(trust_dir: Path, ca_cert_pem: bytes, extra_ca_pem: bytes | None) -> None:
-    """Write `ca.crt` and `ca-bundle.crt` into `trust_dir`, once (see the module docstring).
+    """Write the trust files into `trust_dir`, once (see the module docstring).
 
     Raises TrustError when the directory holds another CA's certificate, when a file
     cannot be read or written, or when `extra_ca_pem` holds no certificates.
@@ -123,6 +148,7 @@ def write_trust_files(trust_dir: Path, ca_cert_pem: bytes, extra_ca_pem: bytes |
     ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
     extra = certificates_pem(extra_ca_pem, "--upstream-ca") if extra_ca_pem is not None else b""
     ca_file, bundle_file = trust_dir / CA_CERT_FILE, trust_dir / BUNDLE_FILE
+    store_file = trust_dir / TRUST_STORE_FILE
     present = _certificate_in(ca_file)
     if present is not None and present != ca_cert:
         raise TrustError(
@@ -132,18 +158,25 @@ def write_trust_files(trust_dir: Path, ca_cert_pem: bytes, extra_ca_pem: bytes |
             "trust directory survived. The app containers trust the old CA, whose key is "
             "gone, and replacing the file would not reach them: delete the pod."
         )
-    if present is not None and bundle_file.exists():
+    if present is not None and bundle_file.exists() and store_file.exists():
         logger.info("trust files in %s: present for this CA, left untouched", trust_dir)
         return
-    bundle = public_roots_pem() + _bundle(
-        (f"burstbuffer pod CA: {ca_cert.subject.rfc4514_string()}", ca_pem),
-        ("--upstream-ca", extra),
-    )
     try:
+        if present is not None and bundle_file.exists():
+            write_atomically(store_file, trust_store(bundle_file.read_bytes()), 0o644)
+            logger.info("trust files in %s: %s added", trust_dir, store_file.name)
+            return
+        bundle = public_roots_pem() + _bundle(
+            (f"burstbuffer pod CA: {ca_cert.subject.rfc4514_string()}", ca_pem),
+            ("--upstream-ca", extra),
+        )
         trust_dir.mkdir(parents=True, exist_ok=True)
         write_atomically(bundle_file, bundle, 0o644)
+        write_atomically(store_file, trust_store(bundle), 0o644)
         if present is None:
             write_atomically(ca_file, ca_pem, 0o644)
     except OSError as e:
         raise TrustError(f"cannot write the trust files into {trust_dir}: {e}") from e
+    except ValueError as e:  # a bundle left by an earlier sidecar that is not PEM
+        raise TrustError(f"{bundle_file} holds no readable certificates ({e})") from e
     logger.info("trust files in %s: written for %s", trust_dir, ca_cert.subject.rfc4514_string())

@@ -67,7 +67,8 @@ def redact(url: str) -> str:
     return f"{parts.scheme}://{host}{port}"
 
 
-def _env(container: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def env_entries(container: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The container's env entries; anything malformed is skipped (not validated yet)."""
     env = container.get("env")
     return [e for e in env if isinstance(e, Mapping)] if isinstance(env, list) else []
 
@@ -76,7 +77,7 @@ def names_a_proxy(container: Mapping[str, Any]) -> bool:
     """Whether the container sets a proxy variable (a value, or one from valueFrom)."""
     return any(
         e.get("name") in PROXY_VARIABLES and ("valueFrom" in e or str(e.get("value", "")).strip())
-        for e in _env(container)
+        for e in env_entries(container)
     )
 
 
@@ -98,7 +99,7 @@ def find_upstream_proxy(containers: Iterable[Mapping[str, Any]], own_url: str) -
     warnings: list[str] = []
     for container in containers:
         cname = container.get("name", "?")
-        entries = {e.get("name"): e for e in _env(container)}
+        entries = {e.get("name"): e for e in env_entries(container)}
         for variable in PROXY_VARIABLES:
             entry = entries.get(variable)
             if entry is None:
@@ -134,7 +135,7 @@ def find_upstream_proxy(containers: Iterable[Mapping[str, Any]], own_url: str) -
 def no_proxy_value(container: Mapping[str, Any], extra: Iterable[str]) -> str:
     """The container's no_proxy: the built-in entries, `extra`, then what it already had."""
     entries: list[str] = [*BUILTIN_NO_PROXY, *extra]
-    for e in _env(container):
+    for e in env_entries(container):
         if e.get("name") in NO_PROXY_VARIABLES and "value" in e:
             entries += [item.strip() for item in str(e["value"]).split(",")]
     return ",".join(dict.fromkeys(item for item in entries if item))

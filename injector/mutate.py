@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from injector import aliases, capture, names, redirect
+from injector import aliases, capture, names, redirect, runtimes
 from injector.overrides import PodOptions, pod_options
 from injector.quantity import format_bytes, parse_bytes, parse_quantity
 from injector.settings import BufferSettings, InjectorSettings, UpstreamCASettings
@@ -538,14 +538,22 @@ def mutate(original: Mapping[str, Any], settings: InjectorSettings) -> Mutation:
 
     trust_volume = volume_names[names.TRUST_VOLUME]
     bundle = f"{settings.trust.mount_path}/{names.BUNDLE_FILE}"
+    trust_store = f"{settings.trust.mount_path}/{names.TRUST_STORE_FILE}"
     trust_variables = {name: bundle for name in TRUST_VARIABLES}
 
     def wired(container: dict[str, Any], proxied: bool) -> dict[str, Any]:
         variables = dict(trust_variables)
+        proxy_url: str | None = None
         # With hostAliases or transparent, a container that names a proxy would send its
         # traffic there, past the capture: it is pointed at the sidecar as with proxy-env.
         if proxied and (mode == "proxy-env" or capture.names_a_proxy(container)):
             variables.update(capture.proxy_variables(container, own_url, settings.no_proxy))
+            proxy_url = own_url
+        # Clients that ignore the variables above: fsspec, Node, the JVM.
+        no_proxy = variables.get(capture.NO_PROXY_VARIABLES[0], "")
+        found, notes = runtimes.variables(container, trust_store, proxy_url, no_proxy)
+        variables.update(found)
+        warnings.extend(notes)
         return _wire_container(container, trust_volume, variables, settings, warnings)
 
     sidecar = _sidecar(settings, options, volume_names, upstream_proxy)

@@ -49,6 +49,7 @@ UPSTREAM_CA_DIR = "/var/lib/burstbuffer/upstream-ca"
 # The trust files the sidecar writes into TRUST_DIR (DESIGN.md, --trust-dir).
 CA_FILE = "ca.crt"
 BUNDLE_FILE = "ca-bundle.crt"
+TRUST_STORE_FILE = "ca-bundle.p12"
 
 # Downward-API variables of the sidecar container.
 POD_IP = "POD_IP"

@@ -5,7 +5,7 @@ mitmproxy terminates the rest: plain-HTTP proxy requests and the hostAliases and
 transparent listeners (TLS with the pod CA's leaf certificates, request parsing,
 tunnels for hosts that are not intercepted). For a GET or HEAD to an intercepted host
 this addon hands the request to the router in the `request` hook itself; everything
-else (other methods, `If-Match`, hosts that are not intercepted) is left to mitmproxy,
+else (other methods, hosts that are not intercepted) is left to mitmproxy,
 which streams it through without buffering bodies, and is counted here as a pass with
 its reason. Connections mitmproxy tunnels untouched (hosts that are not intercepted)
 are counted with their bytes, and each such host is named once in the log, so that a

@@ -17,10 +17,17 @@ unless the sidecar runs with `--revalidate` (see `needs_revalidation()`).
 
 How a stored object answers a GET or HEAD (RFC 9110 §13.2.2, with RFC 9111 §4.3.2):
 
-1. `request_may_hit()`: requests carrying `If-Match`/`If-Unmodified-Since` go upstream.
-2. `not_modified()`: 304 (If-None-Match, else If-Modified-Since).
-3. GET with `Range`: if `if_range_allows()`, `parse_range()` picks 206, 416 or 200.
-4. Otherwise 200 with the whole object.
+1. `request_may_hit()`: GET and HEAD only.
+2. `answers_preconditions()`: a request carrying `If-Match`/`If-Unmodified-Since` is
+   answered here only when the object has a strong ETag; otherwise it goes upstream.
+3. `preconditions_hold()`: 412 when they do not (If-Match, else If-Unmodified-Since).
+4. `not_modified()`: 304 (If-None-Match, else If-Modified-Since).
+5. GET with `Range`: if `if_range_allows()`, `parse_range()` picks 206, 416 or 200.
+6. Otherwise 200 with the whole object.
+
+The same steps answer a request that started or joined a fill, against the response
+the fill received: that response is the origin's current representation, the very one
+the origin would have evaluated the preconditions against.
 
 ## Cache keys
 
@@ -272,7 +279,10 @@ class Reason(enum.StrEnum):
 _SENTENCES = {
     Reason.OK: "cacheable",
     Reason.METHOD: "only GET fills the buffer (HEAD is answered from stored objects)",
-    Reason.ORIGIN_PRECONDITION: "If-Match or If-Unmodified-Since is for the origin to evaluate",
+    Reason.ORIGIN_PRECONDITION: (
+        "If-Match or If-Unmodified-Since on an object without a strong ETag is for the"
+        " origin to evaluate"
+    ),
     Reason.REQUEST_NO_STORE: "the request says Cache-Control: no-store",
     Reason.STATUS: "only 200 responses are stored",
     Reason.NO_LENGTH: "the response has no Content-Length (or is chunked)",
@@ -297,17 +307,14 @@ _YES = Verdict(True, Reason.OK)
 def request_may_hit(method: str, headers: Headers) -> Verdict:
     """May this request be answered from a stored object (if there is one)?
 
-    GET and HEAD only (method names are case-sensitive, RFC 9110 §9.1). A request with
-    `If-Match` or `If-Unmodified-Since` goes upstream untouched: RFC 9111 §4.3.2, "the
-    If-Match and If-Unmodified-Since conditional header fields are not applicable to a
-    cache". `Cache-Control: no-store` in a request does not prevent a hit: it forbids
-    storing (RFC 9111 §5.2.1.5), not reusing. Whether the hit must first be revalidated
-    is `needs_revalidation()`'s question.
+    GET and HEAD only (method names are case-sensitive, RFC 9110 §9.1). Preconditions
+    (`If-Match`, `If-Unmodified-Since`) are decided once the object is known, by
+    `answers_preconditions()`. `Cache-Control: no-store` in a request does not prevent a
+    hit: it forbids storing (RFC 9111 §5.2.1.5), not reusing. Whether the hit must first
+    be revalidated is `needs_revalidation()`'s question.
     """
     if method not in ("GET", "HEAD"):
         return Verdict(False, Reason.METHOD)
-    if any(header(headers, name) is not None for name in ("If-Match", "If-Unmodified-Since")):
-        return Verdict(False, Reason.ORIGIN_PRECONDITION)
     return _YES
 
 
@@ -611,6 +618,71 @@ def if_range_allows(if_range: str | None, etag: str | None, last_modified: str |
         and value == last_modified.strip()
         and _http_date(value) is not None
     )
+
+
+_PRECONDITIONS = ("If-Match", "If-Unmodified-Since")
+
+
+def has_precondition(request_headers: Headers) -> bool:
+    """Does the request carry `If-Match` or `If-Unmodified-Since`?"""
+    return any(header(request_headers, name) is not None for name in _PRECONDITIONS)
+
+
+def answers_preconditions(request_headers: Headers, etag: str | None) -> Verdict:
+    """May an object with this ETag evaluate the request's preconditions itself?
+
+    RFC 9111 §4.3.2 leaves If-Match and If-Unmodified-Since to the origin ("not
+    applicable to a cache"), because a cache cannot tell whether its copy is the origin's
+    current representation. Here it can: an intercepted host serves immutable objects (the
+    module docstring), and an object with a *strong* ETag names exactly its bytes (RFC 9110
+    §8.8.1), so comparing with it is what the origin would do. Without a strong ETag,
+    If-Match could never match (§13.1.1 compares strongly) and If-Unmodified-Since would
+    rest on a one-second date: such requests go upstream (`ORIGIN_PRECONDITION`).
+    Requests without either field are always answered here.
+    """
+    if not has_precondition(request_headers):
+        return _YES
+    stored = _entity_tag(etag) if etag else None
+    if stored is None or stored.weak:
+        return Verdict(False, Reason.ORIGIN_PRECONDITION)
+    return _YES
+
+
+def preconditions_hold(
+    request_headers: Headers, etag: str | None, last_modified: str | None
+) -> bool:
+    """Steps 1 and 2 of RFC 9110 §13.2.2 for a GET or HEAD: False means 412.
+
+    If-Match first (§13.1.1): `*` holds for any stored object; otherwise some listed
+    tag must match the ETag by strong comparison ("An origin server MUST use the strong
+    comparison function when comparing entity tags for If-Match"). Only without
+    If-Match, If-Unmodified-Since (§13.1.4): it holds when the object's Last-Modified is
+    "earlier than or equal to the date provided", and is ignored when it is not a valid
+    HTTP-date or the object has no Last-Modified ("A recipient MUST ignore the
+    If-Unmodified-Since header field if the resource does not have a modification date
+    available").
+    """
+    if_match = header(request_headers, "If-Match")
+    if if_match is not None:
+        members = _split_list(if_match)
+        if "*" in members:
+            return True
+        stored = _entity_tag(etag) if etag else None
+        return (
+            stored is not None
+            and not stored.weak
+            and any(
+                (tag := _entity_tag(member)) is not None
+                and not tag.weak
+                and tag.opaque == stored.opaque
+                for member in members
+            )
+        )
+    if_unmodified_since = header(request_headers, "If-Unmodified-Since")
+    if if_unmodified_since is None or last_modified is None:
+        return True
+    since, modified = _http_date(if_unmodified_since), _http_date(last_modified)
+    return since is None or modified is None or modified <= since
 
 
 def not_modified(request_headers: Headers, etag: str | None, last_modified: str | None) -> bool:

@@ -5,10 +5,11 @@
 - coalesced: a fill for the object is running -> the client joins it;
 - pass: not cacheable, or no room -> relayed from upstream, nothing stored.
 
-Requests that may not be answered from the buffer at all (other methods, `If-Match`)
-are forwarded with their bodies and relayed. A failing buffer never fails a
-download: every buffer error falls back to upstream. The front ends (`sidecar.http1`,
-`sidecar.addon`) parse requests; everything decided here is the same for both.
+Requests that may not be answered from the buffer at all (other methods, preconditions
+on an object without a strong ETag) are forwarded with their bodies and relayed. A
+failing buffer never fails a download: every buffer error falls back to upstream. The
+front ends (`sidecar.http1`, `sidecar.addon`) parse requests; everything decided here is
+the same for both.
 """
 
 from __future__ import annotations
@@ -91,12 +92,14 @@ class Immediate:
 
 
 def answer(request: Request, representation: Representation) -> Answer:
-    """The response to `request` from a complete representation: 304 for a matching
-    conditional (RFC 9110 §13.1.2), 416 for an unsatisfiable range, 206 for a range
-    that If-Range allows (§14.2, §13.1.5), else 200."""
+    """The response to `request` from a complete representation: 412 for a failed
+    precondition, 304 for a matching conditional (RFC 9110 §13.2.2), 416 for an
+    unsatisfiable range, 206 for a range that If-Range allows (§14.2, §13.1.5), else 200."""
     size = representation.size
     etag, last_modified = representation.etag, representation.last_modified
     base = representation.replayed
+    if not policy.preconditions_hold(request.fields, etag, last_modified):
+        return Answer(412, [("Content-Length", "0")])
     if policy.not_modified(request.fields, etag, last_modified):
         return Answer(304, [(k, v) for k, v in base if k.lower() != "content-type"])
     wanted = policy.parse_range(request.header("Range"), size)
@@ -138,10 +141,11 @@ class Router:
         """
         with channel.keep_alive():
             try:
-                if policy.request_may_hit(request.method, request.fields).cacheable:
+                verdict = policy.request_may_hit(request.method, request.fields)
+                if verdict.cacheable:
                     await self._serve(request, channel)
                 else:
-                    await self._pass(request, channel, "method", body)
+                    await self._pass(request, channel, verdict.reason, body)
             except ClientGone:
                 self.metrics.counters.client_aborts += 1
                 channel.abort()
@@ -168,7 +172,12 @@ class Router:
         ):
             entry = await self._revalidate(request, key, entry)
         if entry is not None:
-            await self._serve_stored(request, channel, key, entry)
+            etag = self._representation(entry).etag
+            verdict = policy.answers_preconditions(request.fields, etag)
+            if verdict.cacheable:
+                await self._serve_stored(request, channel, key, entry)
+            else:
+                await self._pass(request, channel, verdict.reason)
             return
         verdict = policy.request_is_cacheable(request.method, request.fields)
         if not verdict.cacheable:
@@ -189,7 +198,8 @@ class Router:
             return
         if acquired.fill is None:
             assert acquired.response is not None
-            if request.header("Range") is not None:
+            # The unconditional full response answers neither a Range nor a precondition.
+            if request.header("Range") is not None or policy.has_precondition(request.fields):
                 acquired.response.release()
                 await self._pass(request, channel, acquired.reason)
             else:
@@ -212,6 +222,10 @@ class Router:
             await self._error(channel, 502, f"burstbuffer: upstream request failed: {e}")
             return
         representation = Representation(head.size, head.headers)
+        verdict = policy.answers_preconditions(request.fields, representation.etag)
+        if not verdict.cacheable:
+            await self._pass(request, channel, verdict.reason)
+            return
         wanted = policy.parse_range(request.header("Range"), head.size)
         if isinstance(wanted, policy.ByteRange) and wanted.start > fill.written + RANGE_WAIT_WINDOW:
             await self._pass(request, channel, "range-ahead-of-fill")
@@ -325,7 +339,10 @@ class Router:
             return None
         if entry is None:
             return None
-        plan = answer(request, self._representation(entry))
+        representation = self._representation(entry)
+        if not policy.answers_preconditions(request.fields, representation.etag).cacheable:
+            return None
+        plan = answer(request, representation)
         if plan.end - plan.start > IMMEDIATE_LIMIT:
             return None
         body = b""

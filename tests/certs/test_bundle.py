@@ -1,16 +1,21 @@
 import os
 import ssl
 import stat
+import warnings
 from pathlib import Path
 
 import certifi
 import pytest
 import trustme
 from cryptography import x509
+from cryptography.hazmat.primitives.serialization import pkcs12
+from cryptography.utils import CryptographyDeprecationWarning
 
 from certs.bundle import (
     BUNDLE_FILE,
     CA_CERT_FILE,
+    TRUST_FILES,
+    TRUST_STORE_FILE,
     TrustError,
     public_roots_pem,
     read_upstream_ca,
@@ -60,7 +65,7 @@ def test_trust_files_hold_the_pod_ca_and_the_public_roots(
     trust = tmp_path / "trust"
     write_trust_files(trust, pod_ca.cert_pem, origin_ca.cert_pem.bytes())
 
-    assert sorted(p.name for p in trust.iterdir()) == [BUNDLE_FILE, CA_CERT_FILE]
+    assert sorted(p.name for p in trust.iterdir()) == sorted(TRUST_FILES)
     assert mode(trust / CA_CERT_FILE) == mode(trust / BUNDLE_FILE) == 0o644
     assert (trust / CA_CERT_FILE).read_bytes() == pod_ca.cert_pem
     bundle = (trust / BUNDLE_FILE).read_bytes()
@@ -70,6 +75,49 @@ def test_trust_files_hold_the_pod_ca_and_the_public_roots(
     assert last_certificates(bundle, 2) == [pod_ca.cert, origin_cert]
     for path in trust.iterdir():
         assert b"PRIVATE KEY" not in path.read_bytes()
+
+
+def test_the_trust_store_holds_the_bundle_as_trusted_entries_without_a_password(
+    tmp_path: Path, pod_ca: PodCA, origin_ca: trustme.CA
+) -> None:
+    trust = tmp_path / "trust"
+    write_trust_files(trust, pod_ca.cert_pem, origin_ca.cert_pem.bytes())
+    assert mode(trust / TRUST_STORE_FILE) == 0o644
+
+    store = trust_store_of(trust / TRUST_STORE_FILE)
+    assert store.key is None and store.cert is None
+    bundle = parsed((trust / BUNDLE_FILE).read_bytes())
+    assert [entry.certificate for entry in store.additional_certs] == bundle
+    names = {entry.friendly_name for entry in store.additional_certs}
+    assert len(names) == len(bundle)  # JVM aliases are unique
+
+
+def parsed(pem: bytes) -> list[x509.Certificate]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CryptographyDeprecationWarning)  # a certifi root
+        return x509.load_pem_x509_certificates(pem)
+
+
+def trust_store_of(path: Path) -> pkcs12.PKCS12KeyAndCertificates:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CryptographyDeprecationWarning)
+        return pkcs12.load_pkcs12(path.read_bytes(), None)
+
+
+def test_a_missing_trust_store_is_added_from_the_bundle_left_in_place(
+    tmp_path: Path, pod_ca: PodCA
+) -> None:
+    trust = tmp_path / "trust"
+    write_trust_files(trust, pod_ca.cert_pem, None)
+    (trust / TRUST_STORE_FILE).unlink()  # what a sidecar of an earlier version left
+    before = {name: identity(trust / name) for name in (CA_CERT_FILE, BUNDLE_FILE)}
+
+    write_trust_files(trust, pod_ca.cert_pem, None)
+
+    assert {name: identity(trust / name) for name in (CA_CERT_FILE, BUNDLE_FILE)} == before
+    store = trust_store_of(trust / TRUST_STORE_FILE)
+    expected = parsed((trust / BUNDLE_FILE).read_bytes())
+    assert [entry.certificate for entry in store.additional_certs] == expected
 
 
 def test_a_leaf_mitmproxy_signs_verifies_against_the_trust_files(
@@ -117,22 +165,22 @@ def test_a_restart_leaves_the_trust_files_untouched(
 ) -> None:
     trust = tmp_path / "trust"
     write_trust_files(trust, pod_ca.cert_pem, None)
-    before = {name: identity(trust / name) for name in (CA_CERT_FILE, BUNDLE_FILE)}
+    before = {name: identity(trust / name) for name in TRUST_FILES}
 
     restarted = load_or_create_ca(tmp_path / "ca")
     write_trust_files(trust, restarted.cert_pem, None)
     # Written once: even a changed --upstream-ca does not rewrite them (a new pod does).
     write_trust_files(trust, restarted.cert_pem, origin_ca.cert_pem.bytes())
 
-    assert {name: identity(trust / name) for name in (CA_CERT_FILE, BUNDLE_FILE)} == before
-    assert sorted(p.name for p in trust.iterdir()) == [BUNDLE_FILE, CA_CERT_FILE]
+    assert {name: identity(trust / name) for name in TRUST_FILES} == before
+    assert sorted(p.name for p in trust.iterdir()) == sorted(TRUST_FILES)
 
 
 def test_trust_files_of_another_ca_are_refused_and_kept(tmp_path: Path, pod_ca: PodCA) -> None:
     trust = tmp_path / "trust"
     lost = load_or_create_ca(tmp_path / "lost-ca")
     write_trust_files(trust, lost.cert_pem, None)
-    before = {name: identity(trust / name) for name in (CA_CERT_FILE, BUNDLE_FILE)}
+    before = {name: identity(trust / name) for name in TRUST_FILES}
 
     with pytest.raises(TrustError) as error:
         write_trust_files(trust, pod_ca.cert_pem, None)
@@ -141,7 +189,7 @@ def test_trust_files_of_another_ca_are_refused_and_kept(tmp_path: Path, pod_ca: 
     assert str(trust / CA_CERT_FILE) in message
     assert lost.fingerprint in message and pod_ca.name in message
     assert "CA directory was lost" in message and "delete the pod" in message
-    assert {name: identity(trust / name) for name in (CA_CERT_FILE, BUNDLE_FILE)} == before
+    assert {name: identity(trust / name) for name in TRUST_FILES} == before
 
 
 def test_a_missing_bundle_is_written_beside_the_ca_file(tmp_path: Path, pod_ca: PodCA) -> None:

