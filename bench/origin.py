@@ -18,6 +18,10 @@ parameters turn on the behaviours a cache must survive:
     wrong206      answer a plain GET with 206 and a Content-Range for the whole body
     badrange      answer a Range request with the bytes one past those asked for
 
+A file `<name>.headers` beside a file holds a JSON list of [name, value] pairs: extra
+response fields sent with its 200s and 304s (read on every request, so a test can
+change them between requests).
+
 `GET /__requests` returns JSON counts of the requests seen, by request target
 (`/files/a?x=1`), with `ranges` counting those that carried a Range header.
 """
@@ -87,8 +91,9 @@ class Origin:
             headers["Content-Encoding"] = "gzip"
         if "nostore" in q:
             headers["Cache-Control"] = "no-store"
+        extra = _extra_headers(path)
         if "novalidators" not in q and request.headers.get("If-None-Match") == etag:
-            return web.Response(status=304, headers={"ETag": etag})
+            return web.Response(status=304, headers=[("ETag", etag), *extra])
 
         start, end, status = 0, size, 200
         wanted = _RANGE_RE.match(request.headers.get("Range", ""))
@@ -111,7 +116,7 @@ class Origin:
 
         announced = end - start + int(q.get("lie", 0))
         headers["Content-Length"] = str(announced)
-        response = web.StreamResponse(status=status, headers=headers)
+        response = web.StreamResponse(status=status, headers=[*headers.items(), *extra])
         await response.prepare(request)
         if request.method == "HEAD":
             return response
@@ -169,6 +174,11 @@ class Origin:
                         await asyncio.sleep(ahead)
         finally:
             os.close(fd)
+
+
+def _extra_headers(path: Path) -> list[tuple[str, str]]:
+    extra = path.with_name(path.name + ".headers")
+    return [(k, v) for k, v in json.loads(extra.read_text())] if extra.is_file() else []
 
 
 def _abort(request: web.Request) -> None:

@@ -71,16 +71,19 @@ class StoredMeanwhile(Exception):
 
 @dataclass(frozen=True)
 class Head:
-    """The response every reader of a fill sends: 200 with the stored headers."""
+    """The response the readers of a fill send: 200 with the stored headers (the one
+    whose request started the fill gets the origin's own, `Acquired.relayed`)."""
 
     size: int
     headers: tuple[tuple[str, str], ...]
     validators: Validators
     request_headers: list[tuple[str, str]]  # as sent upstream, for resuming
+    generated_at: float  # see policy.generated_at
 
     def to_message(self) -> dict[str, object]:
         return {
             "headers": [list(h) for h in self.headers],
+            "generated_at": self.generated_at,
             "etag": self.validators.etag,
             "last_modified": self.validators.last_modified,
             "request_headers": [list(h) for h in self.request_headers],
@@ -93,6 +96,7 @@ class Head:
             tuple((k, v) for k, v in message["headers"]),
             Validators(message["etag"], message["last_modified"]),
             [(k, v) for k, v in message["request_headers"]],
+            message["generated_at"],
         )
 
 
@@ -249,6 +253,7 @@ class Acquired:
     kind: str  # "miss" (this request started it) or "coalesced" (it joined one)
     response: aiohttp.ClientResponse | None = None
     reason: str = ""
+    relayed: tuple[tuple[str, str], ...] = ()  # a miss: the origin's fields for its client
 
 
 class Fills:
@@ -317,17 +322,22 @@ class Fills:
     async def _decide(self, fill: Fill, request_headers: list[tuple[str, str]]) -> Acquired:
         headers = forwarded_headers(request_headers, for_fill=True)
         self._metrics.counters.upstream_requests += 1
+        requested = time.time()
         try:
             response = await self._upstream.get(fill.url, headers)
         except UpstreamError:
             self._metrics.counters.upstream_errors += 1
             raise
+        generated = policy.generated_at(
+            requested, time.time(), response.headers.get("Date"), response.headers.get("Age")
+        )
         verdict = policy.response_is_cacheable(response.status, response.headers)
         size = policy.content_length(response.headers)
         if not verdict.cacheable or size is None:
             return self._decline(fill, response, verdict.reason)
         validators = Validators(response.headers.get("ETag"), response.headers.get("Last-Modified"))
-        head = Head(size, tuple(policy.stored_headers(response.headers)), validators, headers)
+        stored = tuple(policy.stored_headers(response.headers))
+        head = Head(size, stored, validators, headers, generated)
         try:
             answer = await self._buffer.start_fill(fill.key, size, head.to_message())
         except StoreError as e:
@@ -353,7 +363,7 @@ class Fills:
         if not task.done():
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        return Acquired(fill, "miss")
+        return Acquired(fill, "miss", relayed=tuple(policy.relayed_headers(response.headers)))
 
     def _decline(self, fill: Fill, response: aiohttp.ClientResponse, reason: str) -> Acquired:
         self._buffer.decline(fill.key, reason)
@@ -410,7 +420,7 @@ class Fills:
         committed = False
         try:
             sha256 = await self._copy(fill, head, response, out)
-            await self._buffer.commit(rid, fill.key, sha256, head.headers)
+            await self._buffer.commit(rid, fill.key, sha256, head.headers, head.generated_at)
             committed = True
             elapsed = time.monotonic() - started
             logger.info(

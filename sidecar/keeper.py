@@ -19,7 +19,7 @@ Calls and their replies (`sidecar.ipc`):
 | --- | --- |
 | `claim {key}` | `{begin}` (fetch it), `{join: fill}`, `{stored}` or `{declined: reason}` |
 | `start_fill {key, size, head}` | `{rid, path}` or `{refused: reason}` |
-| `commit {rid, key, sha256, headers}` | `{}` or `{error}` |
+| `commit {rid, key, sha256, headers, generated_at}` | `{}` or `{error}` |
 
 Notifications: `decline {key, reason}`, `abort {rid}`, `remove {key}`, `failure {}`,
 `touch {keys}`.
@@ -161,7 +161,7 @@ class Keeper:
         self._forget_claim(key, rid)
         headers = tuple((name, value) for name, value in message["headers"])
         try:
-            self.store.commit(reservation, key, message["sha256"], headers)
+            self.store.commit(reservation, key, message["sha256"], headers, message["generated_at"])
         except StoreError as e:
             return {"error": str(e)}
         return {}
@@ -256,11 +256,21 @@ class Buffer:
         return await self._call("start_fill", key=key, size=size, head=head)
 
     async def commit(
-        self, rid: str, key: str, sha256: str, headers: tuple[tuple[str, str], ...]
+        self,
+        rid: str,
+        key: str,
+        sha256: str,
+        headers: tuple[tuple[str, str], ...],
+        generated_at: float,
     ) -> None:
         """Make a complete body servable; StoreError if the keeper could not."""
         reply = await self._call(
-            "commit", rid=rid, key=key, sha256=sha256, headers=[list(h) for h in headers]
+            "commit",
+            rid=rid,
+            key=key,
+            sha256=sha256,
+            headers=[list(h) for h in headers],
+            generated_at=generated_at,
         )
         if "error" in reply:
             raise StoreError(reply["error"])

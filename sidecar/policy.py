@@ -64,7 +64,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
+from email.utils import formatdate, parsedate_to_datetime
 from typing import NamedTuple
 from urllib.parse import unquote_plus, urlsplit
 
@@ -414,6 +414,24 @@ _NOT_REPLAYED = HOP_BY_HOP | frozenset(
 )
 
 
+# Fields every answer frames itself (`router.answer()` sets them for its status and range).
+_FRAMING = frozenset(("content-length", "content-range"))
+
+
+def relayed_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The response fields sent to the client whose request started a fill, in order.
+
+    That client gets what the origin sent (RFC 9110 §7.6.1: a proxy forwards every
+    end-to-end field), `Date`, `Age` and `Set-Cookie` included, minus the hop-by-hop
+    fields and those `Connection` names, and minus the framing that each answer sets for
+    itself. `Alt-Svc` is dropped too: it would send the client around the proxy.
+    """
+    dropped = set(HOP_BY_HOP | _FRAMING)
+    dropped.add("alt-svc")
+    dropped.update(name.lower() for name in _split_list(header(headers, "Connection") or ""))
+    return [(name, value) for name, value in headers.items() if name.lower() not in dropped]
+
+
 def stored_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
     """The response fields to store and replay on every hit, in their order.
 
@@ -659,6 +677,57 @@ def conditional_headers(etag: str | None, last_modified: str | None) -> dict[str
     if last_modified:
         fields["If-Modified-Since"] = last_modified
     return fields
+
+
+# --- age ---------------------------------------------------------------------------------
+
+
+def generated_at(
+    request_time: float, response_time: float, date: str | None, age: str | None
+) -> float:
+    """When the origin generated (or validated) a response, on this machine's clock.
+
+    RFC 9111 §4.2.3 computes a stored response's current age as
+
+        apparent_age = max(0, response_time - date_value)
+        corrected_age_value = age_value + (response_time - request_time)
+        corrected_initial_age = max(apparent_age, corrected_age_value)
+        current_age = corrected_initial_age + (now - response_time)
+
+    so `current_age = now - (response_time - corrected_initial_age)`: this returns that
+    bracket, and `current_age()` is one subtraction per hit. Times are `time.time()`
+    seconds; a missing or invalid `Date` or `Age` counts as zero age.
+    """
+    moment = _http_date(date) if date is not None else None
+    apparent = max(0.0, response_time - moment.timestamp()) if moment is not None else 0.0
+    corrected = _delta_seconds(age) + (response_time - request_time)
+    return response_time - max(apparent, corrected)
+
+
+def current_age(generated: float, now: float) -> int:
+    """The Age of a stored response (RFC 9111 §5.1), whole seconds, never negative."""
+    return max(0, int(now - generated))
+
+
+def _delta_seconds(value: str | None) -> int:
+    """A delta-seconds value (RFC 9111 §1.2.2); 0 when absent or invalid, saturated at
+    2**31 ("a cache receiving a delta-seconds value greater than the greatest integer it
+    can represent ... MUST consider the value to be 2147483648")."""
+    digits = (value or "").strip()
+    if not digits.isascii() or not digits.isdigit():
+        return 0
+    significant = digits.lstrip("0")
+    return min(int(significant or "0"), 2**31) if len(significant) <= 10 else 2**31
+
+
+@functools.lru_cache(maxsize=4)
+def _formatted_date(second: int) -> str:
+    return formatdate(second, usegmt=True)
+
+
+def http_date(now: float) -> str:
+    """`now` as an IMF-fixdate (RFC 9110 §5.6.7), formatted once per second."""
+    return _formatted_date(int(now))
 
 
 # --- freshness -------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import aiohttp
 
 from sidecar import policy
 from sidecar.exchange import Body, Channel, ClientGone, Request
-from sidecar.fill import AnyFill, Declined, FillFailed, Fills, StoredMeanwhile, read_file
+from sidecar.fill import Acquired, AnyFill, Declined, FillFailed, Fills, StoredMeanwhile, read_file
 from sidecar.keeper import BUFFER_UNAVAILABLE, Buffer
 from sidecar.metrics import Metrics
 from sidecar.settings import Settings
@@ -50,10 +50,16 @@ REMEMBERED = 100_000
 
 @dataclass(frozen=True)
 class Representation:
-    """A complete 200 response that can be served in whole or in part."""
+    """A complete 200 response that can be served in whole or in part.
+
+    `generated_at` (see `policy.generated_at`) for a stored response, which is answered
+    with a `Date` of its own and the `Age` it has; None for the origin's response to the
+    request that started a fill, whose `Date` and `Age` are the origin's.
+    """
 
     size: int
     headers: tuple[tuple[str, str], ...]
+    generated_at: float | None
 
     @functools.cached_property
     def etag(self) -> str | None:
@@ -90,13 +96,18 @@ class Immediate:
     body: bytes
 
 
-def answer(request: Request, representation: Representation) -> Answer:
-    """The response to `request` from a complete representation: 304 for a matching
-    conditional (RFC 9110 §13.1.2), 416 for an unsatisfiable range, 206 for a range
-    that If-Range allows (§14.2, §13.1.5), else 200."""
+def answer(request: Request, representation: Representation, now: float) -> Answer:
+    """The response to `request` from a complete representation at time `now`: 304 for
+    a matching conditional (RFC 9110 §13.1.2), 416 for an unsatisfiable range, 206 for
+    a range that If-Range allows (§14.2, §13.1.5), else 200."""
     size = representation.size
     etag, last_modified = representation.etag, representation.last_modified
     base = representation.replayed
+    if representation.generated_at is not None:
+        # RFC 9110 §6.6.1 (a response carries Date) and RFC 9111 §5.1 (Age, when served
+        # from a cache): computed per answer, nothing else is.
+        age = policy.current_age(representation.generated_at, now)
+        base = (*base, ("Date", policy.http_date(now)), ("Age", str(age)))
     if policy.not_modified(request.fields, etag, last_modified):
         return Answer(304, [(k, v) for k, v in base if k.lower() != "content-type"])
     wanted = policy.parse_range(request.header("Range"), size)
@@ -196,13 +207,14 @@ class Router:
                 await self._relay(request, channel, acquired.response, acquired.reason)
             return
         try:
-            await self._serve_fill(request, channel, acquired.fill, acquired.kind)
+            await self._serve_fill(request, channel, acquired.fill, acquired)
         finally:
             acquired.fill.detach()
 
     async def _serve_fill(
-        self, request: Request, channel: Channel, fill: AnyFill, kind: str
+        self, request: Request, channel: Channel, fill: AnyFill, acquired: Acquired
     ) -> None:
+        kind = acquired.kind
         try:
             head = await fill.head
         except Declined as e:
@@ -211,7 +223,10 @@ class Router:
         except (FillFailed, UpstreamError) as e:
             await self._error(channel, 502, f"burstbuffer: upstream request failed: {e}")
             return
-        representation = Representation(head.size, head.headers)
+        if kind == "miss":
+            representation = Representation(head.size, acquired.relayed, None)
+        else:
+            representation = Representation(head.size, head.headers, head.generated_at)
         wanted = policy.parse_range(request.header("Range"), head.size)
         if isinstance(wanted, policy.ByteRange) and wanted.start > fill.written + RANGE_WAIT_WINDOW:
             await self._pass(request, channel, "range-ahead-of-fill")
@@ -297,7 +312,7 @@ class Router:
     ) -> None:
         """Answer from a complete representation: 200, 206, 304, 416 or HEAD."""
         started = time.monotonic()
-        plan = answer(request, representation)
+        plan = answer(request, representation, time.time())
         await channel.start(plan.status, plan.headers)
         if plan.end > plan.start:
             async for chunk in chunks(plan.start, plan.end):
@@ -325,7 +340,7 @@ class Router:
             return None
         if entry is None:
             return None
-        plan = answer(request, self._representation(entry))
+        plan = answer(request, self._representation(entry), time.time())
         if plan.end - plan.start > IMMEDIATE_LIMIT:
             return None
         body = b""
@@ -352,7 +367,9 @@ class Router:
         if known is None:
             if len(self._representations) >= REMEMBERED:
                 self._representations.clear()
-            known = self._representations[entry.file] = Representation(entry.size, entry.headers)
+            known = self._representations[entry.file] = Representation(
+                entry.size, entry.headers, entry.born
+            )
         return known
 
     async def _pass(

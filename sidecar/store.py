@@ -110,6 +110,13 @@ class StoredObject:
     sha256: str  # hex digest of the body, computed while filling
     headers: tuple[tuple[str, str], ...]  # end-to-end response headers to replay
     stored_at: float  # time.time() of the commit
+    # time.time() the origin generated or last validated it (`policy.generated_at`);
+    # objects stored by an earlier version count from their commit.
+    generated_at: float = 0.0
+
+    @property
+    def born(self) -> float:
+        return self.generated_at or self.stored_at
 
 
 class Reservation:
@@ -282,7 +289,12 @@ class Store:
             self.remove(victim)
 
     def commit(
-        self, reservation: Reservation, key: str, sha256: str, headers: tuple[tuple[str, str], ...]
+        self,
+        reservation: Reservation,
+        key: str,
+        sha256: str,
+        headers: tuple[tuple[str, str], ...],
+        generated_at: float,
     ) -> StoredObject:
         """Make a complete fill servable: move its body into objects/ and index it."""
         if reservation.settled:
@@ -290,7 +302,7 @@ class Store:
         reservation.settled = True
         self.reserved -= reservation.size
         name = reservation.path.name
-        entry = StoredObject(name, reservation.size, sha256, headers, time.time())
+        entry = StoredObject(name, reservation.size, sha256, headers, time.time(), generated_at)
         try:
             size_on_disk = reservation.path.stat().st_size
             if size_on_disk != reservation.size:

@@ -1,4 +1,5 @@
 import string
+from email.utils import parsedate_to_datetime
 
 import pytest
 from hypothesis import given
@@ -533,3 +534,42 @@ def test_conditional_headers() -> None:
 )
 def test_needs_revalidation(revalidate: bool, request_headers, expected: bool) -> None:
     assert policy.needs_revalidation(revalidate, request_headers) is expected
+
+
+# --- age -------------------------------------------------------------------------------
+
+
+def test_generated_at_follows_the_age_calculation_of_rfc_9111() -> None:
+    date = "Sun, 06 Nov 1994 08:49:37 GMT"
+    at = parsedate_to_datetime(date).timestamp()
+    # The larger of apparent age (clock skew) and Age plus the response delay wins.
+    assert policy.generated_at(at + 9, at + 10, date, "3") == at
+    assert policy.generated_at(at + 9, at + 10, date, "30") == at + 10 - 31
+    assert policy.generated_at(at - 60, at - 50, date, None) == at - 60  # a Date ahead of us
+    assert policy.generated_at(at, at, None, "junk") == at
+    assert policy.current_age(at - 100.5, at) == 100
+    assert policy.current_age(at + 5, at) == 0
+
+
+def test_relayed_headers_keep_end_to_end_fields_and_drop_hop_by_hop_and_framing() -> None:
+    relayed = policy.relayed_headers(
+        aiohttp_headers(
+            ("Date", "x"),
+            ("Age", "5"),
+            ("Set-Cookie", "a=b"),
+            ("Set-Cookie", "c=d"),
+            ("Connection", "close, X-Hop"),
+            ("X-Hop", "1"),
+            ("Keep-Alive", "timeout=5"),
+            ("Content-Length", "3"),
+            ("Alt-Svc", 'h3=":443"'),
+            ("ETag", '"e"'),
+        )
+    )
+    assert relayed == [
+        ("Date", "x"),
+        ("Age", "5"),
+        ("Set-Cookie", "a=b"),
+        ("Set-Cookie", "c=d"),
+        ("ETag", '"e"'),
+    ]

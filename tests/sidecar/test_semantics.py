@@ -1,0 +1,66 @@
+"""HTTP semantics a caching proxy keeps (RFC 9110, RFC 9111), end to end: real origins,
+the real sidecar, real clients."""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.harness import OriginServer, Sidecar
+from tests.sidecar.conftest import curl
+
+pytestmark = pytest.mark.e2e
+
+
+def served_file(dataset: Path, name: str, body: bytes, *headers: tuple[str, str]) -> Path:
+    """A file of the origin, with extra response fields (see bench.origin)."""
+    path = dataset / name
+    path.write_bytes(body)
+    path.with_name(name + ".headers").write_text(json.dumps([list(h) for h in headers]))
+    return path
+
+
+def response_fields(stdout: str) -> dict[str, list[str]]:
+    """The fields of the last response head `curl -D -` printed, by lower-case name."""
+    heads = [head for head in stdout.replace("\r\n", "\n").split("\n\n") if head.strip()]
+    fields: dict[str, list[str]] = {}
+    for line in heads[-1].splitlines()[1:]:
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip().lower(), []).append(value.strip())
+    return fields
+
+
+def fetch(sidecar: Sidecar, url: str, *args: str) -> tuple[bytes, dict[str, list[str]]]:
+    download = curl(sidecar, url, "-D", "-", *args)
+    assert download.returncode == 0, download.stderr
+    return download.body, response_fields(download.stdout)
+
+
+def test_a_miss_relays_date_age_and_cookies_and_a_hit_gets_its_own_date_and_age(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    body = b"cookie-protected\n" * 100
+    served_file(dataset, "cookie.bin", body, ("Age", "100"), ("Set-Cookie", "session=abc"))
+    url = origin.url("cookie.bin")
+    got, miss = fetch(sidecar, url)
+    assert got == body
+    assert miss["set-cookie"] == ["session=abc"]
+    assert miss["age"] == ["100"]
+    assert len(miss["date"]) == 1
+    sidecar.wait_for_entries(1)
+    time.sleep(1.1)  # the hit's Age must have grown by a second
+    got, hit = fetch(sidecar, url)
+    assert got == body
+    assert "set-cookie" not in hit
+    assert len(hit["date"]) == 1 and len(hit["age"]) == 1
+    served_at = email.utils.parsedate_to_datetime(hit["date"][0]).timestamp()
+    assert abs(served_at - time.time()) < 5
+    assert 101 <= int(hit["age"][0]) < 110
+    assert sidecar.stats()["hits"] == 1
+    # A 304 from the buffer carries them too (RFC 9110 §15.4.5).
+    _, not_modified = fetch(sidecar, url, "-H", f"If-None-Match: {hit['etag'][0]}")
+    assert "date" in not_modified and "age" in not_modified
