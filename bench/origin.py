@@ -18,6 +18,9 @@ parameters turn on the behaviours a cache must survive:
     wrong206      answer a plain GET with 206 and a Content-Range for the whole body
     badrange      answer a Range request with the bytes one past those asked for
 
+Writes: `PUT` replaces the file with the request body (204), `DELETE` removes it (204),
+`POST` answers 201 with `Location: <location>` when asked with `location=<target>`.
+
 A file `<name>.headers` beside a file holds a JSON list of [name, value] pairs: extra
 response fields sent with its 200s and 304s (read on every request, so a test can
 change them between requests).
@@ -75,6 +78,8 @@ class Origin:
         if "loop" in q:
             raise web.HTTPFound(location=target)
         path = self.directory / request.match_info["name"]
+        if request.method not in ("GET", "HEAD"):
+            return await _write(request, path)
         if not path.is_file():
             raise web.HTTPNotFound(text="no such file\n")
         stat = path.stat()
@@ -174,6 +179,19 @@ class Origin:
                         await asyncio.sleep(ahead)
         finally:
             os.close(fd)
+
+
+async def _write(request: web.Request, path: Path) -> web.Response:
+    if request.method == "PUT":
+        partial = path.with_name(path.name + ".partial")
+        partial.write_bytes(await request.read())
+        partial.replace(path)  # readers of the old file keep reading the old bytes
+        return web.Response(status=204)
+    if request.method == "DELETE":
+        path.unlink(missing_ok=True)
+        return web.Response(status=204)
+    location = request.query.get("location")
+    return web.Response(status=201, headers={"Location": location} if location else None)
 
 
 def _extra_headers(path: Path) -> list[tuple[str, str]]:

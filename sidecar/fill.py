@@ -103,9 +103,11 @@ class Head:
 class Fill:
     """One object being copied from its origin into the buffer, by this worker."""
 
-    def __init__(self, key: str, url: str) -> None:
+    def __init__(self, key: str, url: str, invalidations: int) -> None:
+        """`invalidations`: the count of invalidations when it began (`sidecar.shared`)."""
         self.key = key
         self.url = url
+        self.invalidations = invalidations
         self.head: asyncio.Future[Head] = asyncio.get_running_loop().create_future()
         self.written = 0
         self.failure: BaseException | None = None
@@ -287,15 +289,16 @@ class Fills:
         while (pending := self._claiming.get(key)) is not None:
             await asyncio.shield(pending)  # another client of this worker is asking
         local = self._active.get(key)
-        if local is not None:
+        if local is not None and local.invalidations == self._buffer.invalidations:
             local.attach()
             return Acquired(local, "coalesced")
+        # After a write anywhere, the keeper says whether this fill may still be joined.
         claimed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._claiming[key] = claimed
         try:
             answer = await self._buffer.claim(key)
             if "begin" in answer:
-                fill = self._active[key] = Fill(key, url)
+                fill = self._active[key] = Fill(key, url, self._buffer.invalidations)
         except StoreError as e:
             self._metrics.buffer_trouble("claiming a fill", e)
             raise Declined(BUFFER_UNAVAILABLE) from e
@@ -420,16 +423,23 @@ class Fills:
         committed = False
         try:
             sha256 = await self._copy(fill, head, response, out)
-            await self._buffer.commit(rid, fill.key, sha256, head.headers, head.generated_at)
-            committed = True
-            elapsed = time.monotonic() - started
-            logger.info(
-                "stored %s: %d bytes in %.2fs (%.1f MB/s)",
-                loggable_url(fill.url),
-                head.size,
-                elapsed,
-                head.size / max(elapsed, 1e-6) / 1e6,
+            committed = await self._buffer.commit(
+                rid, fill.key, sha256, head.headers, head.generated_at
             )
+            elapsed = time.monotonic() - started
+            if committed:
+                logger.info(
+                    "stored %s: %d bytes in %.2fs (%.1f MB/s)",
+                    loggable_url(fill.url),
+                    head.size,
+                    elapsed,
+                    head.size / max(elapsed, 1e-6) / 1e6,
+                )
+            else:
+                # Its readers finish it; what a later request gets comes from the origin.
+                logger.info(
+                    "not stored %s: written to while it was fetched", loggable_url(fill.url)
+                )
         except OSError as e:
             failure = e
             self._buffer.report_failure(f"cannot write a body: {e}")

@@ -19,7 +19,8 @@ Calls and their replies (`sidecar.ipc`):
 | --- | --- |
 | `claim {key}` | `{begin}` (fetch it), `{join: fill}`, `{stored}` or `{declined: reason}` |
 | `start_fill {key, size, head}` | `{rid, path}` or `{refused: reason}` |
-| `commit {rid, key, sha256, headers, generated_at}` | `{}` or `{error}` |
+| `commit {rid, key, sha256, headers, generated_at}` | `{}`, `{error}` or `{invalidated}` |
+| `invalidate {keys}` | `{}` once the objects are gone and their fills will not commit |
 
 Notifications: `decline {key, reason}`, `abort {rid}`, `remove {key}`, `failure {}`,
 `touch {keys}`.
@@ -30,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sidecar import ipc
@@ -40,6 +42,8 @@ from sidecar.store import Index, Reservation, Store, StoredObject, StoreError
 
 # The pass reason of objects not stored because the buffer does not work (see /stats).
 BUFFER_UNAVAILABLE = "buffer-unavailable"
+# The pass reason of requests for a URL written to while its fill was running.
+INVALIDATED = "invalidated"
 # Served keys are reported to the keeper (for `lru`) at most this often.
 TOUCH_INTERVAL = 0.5  # seconds
 # Stored objects a worker remembers (each a few hundred bytes: its headers).
@@ -54,13 +58,18 @@ class _Claim:
     waiters: list[asyncio.Future[Message]] = field(default_factory=list)
     fill: Message | None = None  # what joiners need, once the body is being stored
     rid: str | None = None
+    # A write made what this fill fetches stale: it gets no new readers and is not
+    # committed; requests for the key pass until it ends.
+    invalidated: bool = False
 
 
 class Keeper:
     """The registry of fills and the buffer's accounting, for every worker."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, invalidated: Callable[[], None] = lambda: None) -> None:
+        """`invalidated()` is called after each invalidation (`Shared.bump_invalidations`)."""
         self.store = store
+        self._invalidated = invalidated
         # The buffer trouble met here (a worker counts its own in its Metrics).
         self.metrics = Metrics()
         self._claims: dict[str, _Claim] = {}
@@ -90,6 +99,8 @@ class Keeper:
             return self._start_fill(worker, message["key"], message["size"], message["head"])
         if op == "commit":
             return self._commit(message)
+        if op == "invalidate":
+            return self._invalidate(message["keys"])
         if op == "decline":
             self._settle(message["key"], worker, {"declined": message["reason"]})
         elif op == "abort":
@@ -123,6 +134,8 @@ class Keeper:
                 return {"stored": True}
             self._claims[key] = _Claim(worker)
             return {"begin": True}
+        if claim.invalidated:
+            return {"declined": INVALIDATED}
         if claim.fill is not None:
             return {"join": claim.fill}
         waiter: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
@@ -130,6 +143,9 @@ class Keeper:
         return await waiter
 
     def _start_fill(self, worker: int, key: str, size: int, head: Message) -> Message:
+        claimed = self._claims.get(key)
+        if claimed is not None and claimed.invalidated:
+            return {"refused": INVALIDATED}  # the worker's decline settles the claim
         reservation, reason = None, BUFFER_UNAVAILABLE
         if self.store.unavailable is None:
             try:
@@ -154,6 +170,10 @@ class Keeper:
 
     def _commit(self, message: Message) -> Message:
         rid = message["rid"]
+        claim = self._claims.get(self._reservations[rid][1]) if rid in self._reservations else None
+        if claim is not None and claim.rid == rid and claim.invalidated:
+            # The worker aborts it once its readers have every byte.
+            return {"invalidated": True}
         found = self._reservations.pop(rid, None)
         if found is None:
             return {"error": "the fill was cancelled"}
@@ -173,6 +193,15 @@ class Keeper:
         _, key, reservation = found
         self._forget_claim(key, rid)
         self.store.abort(reservation)
+
+    def _invalidate(self, keys: list[str]) -> Message:
+        for key in keys:
+            self._remove(key)
+            claim = self._claims.get(key)
+            if claim is not None:
+                claim.invalidated = True
+        self._invalidated()
+        return {}
 
     def _remove(self, key: str) -> None:
         try:
@@ -262,8 +291,9 @@ class Buffer:
         sha256: str,
         headers: tuple[tuple[str, str], ...],
         generated_at: float,
-    ) -> None:
-        """Make a complete body servable; StoreError if the keeper could not."""
+    ) -> bool:
+        """Make a complete body servable: False if a write invalidated it meanwhile (the
+        caller aborts it), StoreError if the keeper could not."""
         reply = await self._call(
             "commit",
             rid=rid,
@@ -274,6 +304,18 @@ class Buffer:
         )
         if "error" in reply:
             raise StoreError(reply["error"])
+        return "invalidated" not in reply
+
+    async def invalidate(self, keys: list[str]) -> None:
+        """Remove the objects of `keys` and keep their running fills from committing;
+        returns once that is done in every worker's view. StoreError if the keeper
+        cannot be asked."""
+        await self._call("invalidate", keys=keys)
+
+    @property
+    def invalidations(self) -> int:
+        """How many invalidations happened (see `sidecar.shared`)."""
+        return self._shared.invalidations
 
     async def _call(self, op: str, **fields: object) -> Message:
         try:

@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import formatdate, parsedate_to_datetime
 from typing import NamedTuple
-from urllib.parse import unquote_plus, urlsplit
+from urllib.parse import unquote_plus, urljoin, urlsplit
 
 from sidecar.settings import host_matches
 
@@ -677,6 +677,46 @@ def conditional_headers(etag: str | None, last_modified: str | None) -> dict[str
     if last_modified:
         fields["If-Modified-Since"] = last_modified
     return fields
+
+
+# --- invalidation ----------------------------------------------------------------------
+
+# RFC 9110 §9.2.1; every other method, known or not, is unsafe.
+_SAFE_METHODS = frozenset(("GET", "HEAD", "OPTIONS", "TRACE"))
+
+
+def invalidated_keys(method: str, status: int, url: str, headers: Headers) -> list[str]:
+    """The cache keys a response to `method` on `url` makes stale (RFC 9111 §4.4).
+
+    "A cache MUST invalidate the target URI ... when it receives a non-error status code
+    in response to an unsafe request method (including methods whose safety is
+    unknown)"; non-error is 2xx and 3xx. The URIs in `Location` and `Content-Location`
+    are invalidated too, resolved against the target, but only on the target's origin:
+    "a cache MUST NOT trigger an invalidation under these conditions if the origin ...
+    of the URI to be invalidated differs from that of the target URI".
+    """
+    if method in _SAFE_METHODS or not 200 <= status < 400:
+        return []
+    target = cache_key(url)
+    origin = _origin_of(target)
+    keys = [target]
+    for name in ("Location", "Content-Location"):
+        value = header(headers, name)
+        if not value:
+            continue
+        try:
+            key = cache_key(urljoin(url, value.strip()))
+        except ValueError:
+            continue  # not an http(s) URL: nothing of ours
+        if _origin_of(key) == origin and key not in keys:
+            keys.append(key)
+    return keys
+
+
+def _origin_of(key: str) -> str:
+    """`scheme://host[:port]` of a cache key (keys are normalised, see `cache_key()`)."""
+    scheme, _, rest = key.partition("://")
+    return f"{scheme}://{rest.split('/', 1)[0]}"
 
 
 # --- age ---------------------------------------------------------------------------------

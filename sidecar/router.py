@@ -386,7 +386,28 @@ class Router:
             self.metrics.counters.upstream_errors += 1
             await self._error(channel, 502, f"burstbuffer: upstream request failed: {e}")
             return
+        try:
+            await self.invalidate(request.method, request.url, response.status, response.headers)
+        except BaseException:
+            response.release()
+            raise
         await self._relay(request, channel, response, reason)
+
+    async def invalidate(self, method: str, url: str, status: int, headers: policy.Headers) -> None:
+        """After a write, forget what it made stale (RFC 9111 §4.4), in every worker,
+        before the client sees the response: a read that follows it never gets the old
+        object."""
+        keys = policy.invalidated_keys(method, status, url, headers)
+        if not keys:
+            return
+        try:
+            await self.buffer.invalidate(keys)
+        except StoreError as e:
+            self.metrics.buffer_trouble("invalidating written objects", e)
+            return
+        logger.info(
+            "%s %s -> %d: invalidated %d URLs", method, loggable_url(url), status, len(keys)
+        )
 
     async def _relay(
         self,

@@ -573,3 +573,24 @@ def test_relayed_headers_keep_end_to_end_fields_and_drop_hop_by_hop_and_framing(
         ("Set-Cookie", "c=d"),
         ("ETag", '"e"'),
     ]
+
+
+# --- invalidation ----------------------------------------------------------------------
+
+
+def test_writes_invalidate_the_target_and_same_origin_locations() -> None:
+    url = "https://Data.Example:443/a/b?v=1"
+    assert policy.invalidated_keys("GET", 200, url, {}) == []
+    assert policy.invalidated_keys("OPTIONS", 200, url, {}) == []
+    assert policy.invalidated_keys("PUT", 404, url, {}) == []
+    assert policy.invalidated_keys("PUT", 500, url, {}) == []
+    assert policy.invalidated_keys("PUT", 204, url, {}) == ["https://data.example/a/b?v=1"]
+    assert policy.invalidated_keys("FROB", 302, url, {}) == ["https://data.example/a/b?v=1"]
+    headers = {"Location": "../c", "Content-Location": "https://other.example/a/b"}
+    assert policy.invalidated_keys("POST", 201, url, headers) == [
+        "https://data.example/a/b?v=1",
+        "https://data.example/c",
+    ]
+    assert policy.invalidated_keys("DELETE", 200, url, {"Location": "mailto:x@y"}) == [
+        "https://data.example/a/b?v=1"
+    ]

@@ -6,11 +6,12 @@ from __future__ import annotations
 import email.utils
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from bench.harness import OriginServer, Sidecar
+from bench.harness import OriginServer, Sidecar, wait_until
 from tests.sidecar.conftest import curl
 
 pytestmark = pytest.mark.e2e
@@ -64,3 +65,50 @@ def test_a_miss_relays_date_age_and_cookies_and_a_hit_gets_its_own_date_and_age(
     # A 304 from the buffer carries them too (RFC 9110 §15.4.5).
     _, not_modified = fetch(sidecar, url, "-H", f"If-None-Match: {hit['etag'][0]}")
     assert "date" in not_modified and "age" in not_modified
+
+
+def test_a_write_invalidates_the_stored_object_and_its_location(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    checkpoint = dataset / "checkpoint.bin"
+    checkpoint.write_bytes(b"epoch 1\n" * 1000)
+    other = dataset / "latest.bin"
+    other.write_bytes(b"points at epoch 1\n")
+    url, latest = origin.url("checkpoint.bin"), origin.url("latest.bin")
+    assert curl(sidecar, url).body == b"epoch 1\n" * 1000
+    assert curl(sidecar, latest).body == b"points at epoch 1\n"
+    sidecar.wait_for_entries(2)
+    put = curl(sidecar, url, "-X", "PUT", "--data-binary", "epoch 2\n")
+    assert put.returncode == 0, put.stderr
+    assert curl(sidecar, url).body == b"epoch 2\n"
+    # A POST whose response names another URL of the same origin invalidates that one.
+    other.write_bytes(b"points at epoch 2\n")
+    assert curl(sidecar, latest).body == b"points at epoch 1\n"  # still stored
+    posted = curl(sidecar, origin.url("checkpoint.bin", location="/files/latest.bin"), "-d", "x")
+    assert posted.returncode == 0, posted.stderr
+    assert curl(sidecar, latest).body == b"points at epoch 2\n"
+    # An error answer to a write invalidates nothing.
+    assert curl(sidecar, url).body == b"epoch 2\n"
+    sidecar.wait_for_entries(2)
+    refused = curl(sidecar, origin.url("checkpoint.bin", status=403), "-X", "DELETE")
+    assert refused.returncode != 0
+    assert sidecar.stats()["entries"] == 2
+
+
+def test_a_write_keeps_a_running_fill_from_being_stored_or_joined(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    slow = dataset / "slow.bin"
+    slow.write_bytes(b"old" * 400_000)
+    url = origin.url("slow.bin", rate=600_000)  # two seconds of body
+    with ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(curl, sidecar, url)
+        wait_until(lambda: origin.count("slow.bin", rate=600_000) == 1, "the fill to start")
+        put = curl(sidecar, url, "-X", "PUT", "--data-binary", "new")
+        assert put.returncode == 0, put.stderr
+        assert curl(sidecar, url).body == b"new"  # not the running fill of the old body
+        assert reading.result().body == b"old" * 400_000  # began before the write
+    assert curl(sidecar, url).body == b"new"
+    sidecar.wait_for_entries(1)
+    assert curl(sidecar, url).body == b"new"
+    assert "not stored" in sidecar.log()
