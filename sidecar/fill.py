@@ -248,6 +248,22 @@ AnyFill = Fill | RemoteFill
 
 
 @dataclass(frozen=True)
+class Fetched:
+    """An origin's answer to a GET, and when it was asked for and came (for its age)."""
+
+    response: aiohttp.ClientResponse
+    requested: float  # time.time()
+    received: float  # time.time()
+
+    @property
+    def generated_at(self) -> float:
+        headers = self.response.headers
+        return policy.generated_at(
+            self.requested, self.received, headers.get("Date"), headers.get("Age")
+        )
+
+
+@dataclass(frozen=True)
 class Acquired:
     """What `Fills.acquire` found: a fill to follow, or a response to relay unstored."""
 
@@ -276,7 +292,25 @@ class Fills:
     def __len__(self) -> int:
         return len(self._active)
 
-    async def acquire(self, key: str, url: str, request_headers: list[tuple[str, str]]) -> Acquired:
+    async def fetch(self, url: str, headers: list[tuple[str, str]]) -> Fetched:
+        """GET `url` with `headers` as they are; UpstreamError if the origin cannot be
+        reached. The caller releases the response, or hands it to `acquire()`."""
+        self._metrics.counters.upstream_requests += 1
+        requested = time.time()
+        try:
+            response = await self._upstream.get(url, headers)
+        except UpstreamError:
+            self._metrics.counters.upstream_errors += 1
+            raise
+        return Fetched(response, requested, time.time())
+
+    async def acquire(
+        self,
+        key: str,
+        url: str,
+        request_headers: list[tuple[str, str]],
+        fetched: Fetched | None = None,
+    ) -> Acquired:
         """Follow the fill of `key`, wherever it runs, or start one.
 
         The fill in the result is attached for the caller, who must `detach()` it.
@@ -285,11 +319,33 @@ class Fills:
         request joined is not storing the object (the caller fetches it itself),
         StoredMeanwhile when another worker committed it since the caller's lookup, and
         UpstreamError when the origin cannot be reached.
+
+        `fetched`: the origin's full answer to this request, already in hand (a
+        revalidation that found the object changed): a new fill starts from it, and
+        when it is not stored it is the `response` to relay.
         """
+        try:
+            return await self._acquire(key, url, request_headers, fetched)
+        except Declined as e:
+            if fetched is None:
+                raise
+            return Acquired(None, "miss", fetched.response, e.reason)
+        except StoredMeanwhile:
+            _release(fetched)
+            raise
+
+    async def _acquire(
+        self,
+        key: str,
+        url: str,
+        request_headers: list[tuple[str, str]],
+        fetched: Fetched | None,
+    ) -> Acquired:
         while (pending := self._claiming.get(key)) is not None:
             await asyncio.shield(pending)  # another client of this worker is asking
         local = self._active.get(key)
         if local is not None and local.invalidations == self._buffer.invalidations:
+            _release(fetched)
             local.attach()
             return Acquired(local, "coalesced")
         # After a write anywhere, the keeper says whether this fill may still be joined.
@@ -311,36 +367,33 @@ class Fills:
             raise StoredMeanwhile(key)
         if "join" in answer:
             try:
-                return Acquired(RemoteFill(key, url, answer["join"]), "coalesced")
+                joined = RemoteFill(key, url, answer["join"])
             except OSError:
                 raise Declined("fill-ended") from None
+            _release(fetched)
+            return Acquired(joined, "coalesced")
         try:
-            return await self._decide(fill, request_headers)
+            return await self._decide(fill, request_headers, fetched)
         except BaseException as e:
             if not fill.head.done():
                 self._buffer.decline(key, "upstream-error")
                 self._end(fill, e if isinstance(e, Exception) else FillFailed("cancelled"))
             raise
 
-    async def _decide(self, fill: Fill, request_headers: list[tuple[str, str]]) -> Acquired:
+    async def _decide(
+        self, fill: Fill, request_headers: list[tuple[str, str]], fetched: Fetched | None
+    ) -> Acquired:
         headers = forwarded_headers(request_headers, for_fill=True)
-        self._metrics.counters.upstream_requests += 1
-        requested = time.time()
-        try:
-            response = await self._upstream.get(fill.url, headers)
-        except UpstreamError:
-            self._metrics.counters.upstream_errors += 1
-            raise
-        generated = policy.generated_at(
-            requested, time.time(), response.headers.get("Date"), response.headers.get("Age")
-        )
+        if fetched is None:
+            fetched = await self.fetch(fill.url, headers)
+        response = fetched.response
         verdict = policy.response_is_cacheable(response.status, response.headers)
         size = policy.content_length(response.headers)
         if not verdict.cacheable or size is None:
             return self._decline(fill, response, verdict.reason)
         validators = Validators(response.headers.get("ETag"), response.headers.get("Last-Modified"))
         stored = tuple(policy.stored_headers(response.headers))
-        head = Head(size, stored, validators, headers, generated)
+        head = Head(size, stored, validators, headers, fetched.generated_at)
         try:
             answer = await self._buffer.start_fill(fill.key, size, head.to_message())
         except StoreError as e:
@@ -481,6 +534,11 @@ class Fills:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _release(fetched: Fetched | None) -> None:
+    if fetched is not None:
+        fetched.response.release()
 
 
 def read_file(fd: int, start: int, end: int) -> Iterator[bytes]:

@@ -24,7 +24,16 @@ import aiohttp
 
 from sidecar import policy
 from sidecar.exchange import Body, Channel, ClientGone, Request
-from sidecar.fill import Acquired, AnyFill, Declined, FillFailed, Fills, StoredMeanwhile, read_file
+from sidecar.fill import (
+    Acquired,
+    AnyFill,
+    Declined,
+    Fetched,
+    FillFailed,
+    Fills,
+    StoredMeanwhile,
+    read_file,
+)
 from sidecar.keeper import BUFFER_UNAVAILABLE, Buffer
 from sidecar.metrics import Metrics
 from sidecar.settings import Settings
@@ -174,20 +183,24 @@ class Router:
     async def _serve(self, request: Request, channel: Channel) -> None:
         key = policy.cache_key(request.url)
         entry = self._lookup(key)
+        fetched: Fetched | None = None
         if entry is not None and policy.needs_revalidation(
             self.settings.revalidate, request.fields
         ):
-            entry = await self._revalidate(request, key, entry)
+            entry, fetched = await self._revalidate(request, key, entry)
         if entry is not None:
             await self._serve_stored(request, channel, key, entry)
             return
         verdict = policy.request_is_cacheable(request.method, request.fields)
         if not verdict.cacheable:
             # A HEAD miss or a no-store request never fills: relay an unstored exchange.
-            await self._pass(request, channel, verdict.reason)
+            if fetched is not None:
+                await self._relay(request, channel, fetched.response, verdict.reason)
+            else:
+                await self._pass(request, channel, verdict.reason)
             return
         try:
-            acquired = await self.fills.acquire(key, request.url, list(request.headers))
+            acquired = await self.fills.acquire(key, request.url, list(request.headers), fetched)
         except Declined as e:
             await self._pass(request, channel, e.reason)
             return
@@ -252,31 +265,42 @@ class Router:
 
     async def _revalidate(
         self, request: Request, key: str, entry: StoredObject
-    ) -> StoredObject | None:
-        """Ask the origin whether a stored object is still current (RFC 9111 §4.3)."""
+    ) -> tuple[StoredObject | None, Fetched | None]:
+        """Ask the origin whether a stored object is still current (RFC 9111 §4.3), in
+        one request: the stored object to serve (it is), or the origin's full answer (it
+        is not), which becomes the new fill or is relayed (RFC 9111 §4.3.3: "the cache
+        MUST use the full response to satisfy the request"). An object without
+        validators is asked for with a plain GET, whose answer serves the same way.
+        """
         headers = forwarded_headers(request.headers, for_fill=True)
         headers += list(
             policy.conditional_headers(
                 policy.header(entry.headers, "ETag"), policy.header(entry.headers, "Last-Modified")
             ).items()
         )
-        self.metrics.counters.upstream_requests += 1
         try:
-            response = await self.upstream.get(request.url, headers)
+            fetched = await self.fills.fetch(request.url, headers)
         except UpstreamError as e:
             # The origin is unreachable: serving the stored copy beats failing (RFC 9111 §4.2.4).
             logger.warning(
                 "revalidation of %s failed, serving stored: %s", loggable_url(request.url), e
             )
-            return entry
-        response.release()
-        if response.status == 304:
-            return entry
-        logger.info(
-            "%s changed upstream (%d); refetching", loggable_url(request.url), response.status
-        )
+            return entry, None
+        status = fetched.response.status
+        if status == 304:
+            fetched.response.release()
+            return entry, None
+        if status >= 500:
+            # RFC 9111 §4.3.3: on a 5xx the cache "can ... act as if the server failed to
+            # respond", as for an unreachable origin.
+            fetched.response.release()
+            logger.warning(
+                "revalidation of %s answered %d, serving stored", loggable_url(request.url), status
+            )
+            return entry, None
+        logger.info("%s changed upstream (%d)", loggable_url(request.url), status)
         self._forget(key)
-        return None
+        return None, fetched
 
     # -- responses --------------------------------------------------------------------
 

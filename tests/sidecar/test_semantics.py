@@ -6,6 +6,7 @@ from __future__ import annotations
 import email.utils
 import json
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -112,3 +113,27 @@ def test_a_write_keeps_a_running_fill_from_being_stored_or_joined(
     sidecar.wait_for_entries(1)
     assert curl(sidecar, url).body == b"new"
     assert "not stored" in sidecar.log()
+
+
+def test_revalidation_takes_one_round_trip_and_a_changed_answer_is_the_new_fill(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    sidecar = start_sidecar("--revalidate")
+    path = dataset / "revalidated.bin"
+    path.write_bytes(b"version 1\n" * 100)
+    url = origin.url("revalidated.bin")
+    assert curl(sidecar, url).body == b"version 1\n" * 100
+    sidecar.wait_for_entries(1)
+    path.write_bytes(b"version 2\n" * 100)
+    assert curl(sidecar, url).body == b"version 2\n" * 100  # the 200 of the revalidation
+    assert origin.count("revalidated.bin") == 2
+    sidecar.wait_for_entries(1)
+    assert curl(sidecar, url).body == b"version 2\n" * 100  # a 304: the new object stored
+    assert origin.count("revalidated.bin") == 3
+    assert sidecar.stats()["hits"] == 1
+    # Without validators, each revalidation is one plain GET, and its answer the new fill.
+    bare = origin.url("revalidated.bin", novalidators=1)
+    for round_trips in (1, 2, 3):
+        assert curl(sidecar, bare).body == b"version 2\n" * 100
+        assert origin.count("revalidated.bin", novalidators=1) == round_trips
+        sidecar.wait_for_entries(2)
