@@ -23,7 +23,7 @@ Calls and their replies (`sidecar.ipc`):
 | `invalidate {keys}` | `{}` once the objects are gone and their fills will not commit |
 
 Notifications: `decline {key, reason}`, `abort {rid}`, `remove {key}`, `failure {}`,
-`touch {keys}`.
+`touch {keys}`, `update {key, file, headers, generated_at}` (after a 304).
 """
 
 from __future__ import annotations
@@ -107,6 +107,8 @@ class Keeper:
             self._abort(message["rid"])
         elif op == "remove":
             self._remove(message["key"])
+        elif op == "update":
+            self._update(message)
         elif op == "failure":
             self.store.report_failure(message["why"])
         elif op == "touch":
@@ -202,6 +204,13 @@ class Keeper:
                 claim.invalidated = True
         self._invalidated()
         return {}
+
+    def _update(self, message: Message) -> None:
+        headers = tuple((name, value) for name, value in message["headers"])
+        try:
+            self.store.update(message["key"], message["file"], headers, message["generated_at"])
+        except StoreError as e:
+            self.metrics.buffer_trouble("updating an object", e)
 
     def _remove(self, key: str) -> None:
         try:
@@ -331,6 +340,17 @@ class Buffer:
 
     def remove(self, key: str) -> None:
         self._keeper.notify("remove", key=key)
+
+    def update(self, key: str, entry: StoredObject) -> None:
+        """Record the fields and age of an object a 304 validated (in this worker at once)."""
+        self._known[key] = entry
+        self._keeper.notify(
+            "update",
+            key=key,
+            file=entry.file,
+            headers=[list(h) for h in entry.headers],
+            generated_at=entry.generated_at,
+        )
 
     def report_failure(self, why: str) -> None:
         """A write into the buffer failed: the keeper admits nothing for a while."""

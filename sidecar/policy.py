@@ -458,6 +458,21 @@ def stored_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
     ]
 
 
+def updated_headers(
+    stored: Sequence[tuple[str, str]], headers: Mapping[str, str]
+) -> list[tuple[str, str]]:
+    """A stored object's fields updated from a 304 that validated it (RFC 9111 §4.3.4).
+
+    RFC 9111 §3.2: the cache "MUST add each header field in the provided response to the
+    stored response, replacing field values that are already present", except the fields
+    that are not stored and `Content-Length`: every field `stored_headers()` keeps from
+    the 304 replaces all lines of that name; the others stay as they were.
+    """
+    fresh = stored_headers(headers)
+    replaced = {name.lower() for name, _ in fresh}
+    return [(name, value) for name, value in stored if name.lower() not in replaced] + fresh
+
+
 # --- ranges ----------------------------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ download: every buffer error falls back to upstream. The front ends (`sidecar.ht
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -289,7 +290,7 @@ class Router:
         status = fetched.response.status
         if status == 304:
             fetched.response.release()
-            return entry, None
+            return self._refreshed(key, entry, fetched), None
         if status >= 500:
             # RFC 9111 §4.3.3: on a 5xx the cache "can ... act as if the server failed to
             # respond", as for an unreachable origin.
@@ -301,6 +302,16 @@ class Router:
         logger.info("%s changed upstream (%d)", loggable_url(request.url), status)
         self._forget(key)
         return None, fetched
+
+    def _refreshed(self, key: str, entry: StoredObject, fetched: Fetched) -> StoredObject:
+        """The stored object with the fields of the 304 that validated it (RFC 9111
+        §4.3.4), and an age that starts again from the 304."""
+        headers = policy.updated_headers(entry.headers, fetched.response.headers)
+        refreshed = dataclasses.replace(
+            entry, headers=tuple(headers), generated_at=fetched.generated_at
+        )
+        self.buffer.update(key, refreshed)
+        return refreshed
 
     # -- responses --------------------------------------------------------------------
 
@@ -388,7 +399,7 @@ class Router:
 
     def _representation(self, entry: StoredObject) -> Representation:
         known = self._representations.get(entry.file)
-        if known is None:
+        if known is None or known.headers is not entry.headers:  # new, or updated by a 304
             if len(self._representations) >= REMEMBERED:
                 self._representations.clear()
             known = self._representations[entry.file] = Representation(

@@ -37,6 +37,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
@@ -137,11 +138,12 @@ class Store:
         directory: Path,
         capacity: int,
         eviction: Eviction,
-        removed: Callable[[], None] = lambda: None,
+        changed: Callable[[], None] = lambda: None,
     ) -> None:
-        """`removed()` is called after each object is removed from the index."""
+        """`changed()` is called after each object is removed from the index or has its
+        fields changed."""
         self.directory = directory
-        self._removed = removed
+        self._changed = changed
         self.capacity = capacity
         self.eviction = eviction
         self.objects_dir = directory / "objects"
@@ -350,11 +352,24 @@ class Store:
         except (sqlite3.Error, diskcache.Timeout) as e:
             raise StoreError(f"cannot remove an object: {_describe(e)}") from e
         finally:
-            self._removed()
+            self._changed()
         if entry is not None:
             # Unlinking a large tmpfs file takes tens of milliseconds: not on the event
             # loop. Readers that still have it open keep reading it.
             _JANITOR.submit(_unlink_quietly, self.objects_dir / entry.file)
+
+    def update(
+        self, key: str, file: str, headers: tuple[tuple[str, str], ...], generated_at: float
+    ) -> None:
+        """Record a stored object's fields and age after a 304 validated it; nothing if
+        the object was replaced or removed meanwhile."""
+        entry = self._get(key)
+        if entry is None or entry.file != file or key in self._unverified:
+            return
+        self._set(key, dataclasses.replace(entry, headers=headers, generated_at=generated_at))
+        if headers != entry.headers:
+            # Workers forget what they remember; an age alone they may overestimate.
+            self._changed()
 
     def close(self) -> None:
         if self._index is not None:

@@ -594,3 +594,19 @@ def test_writes_invalidate_the_target_and_same_origin_locations() -> None:
     assert policy.invalidated_keys("DELETE", 200, url, {"Location": "mailto:x@y"}) == [
         "https://data.example/a/b?v=1"
     ]
+
+
+def test_a_304_replaces_the_stored_fields_it_names_but_not_the_framing() -> None:
+    stored = [("ETag", '"a"'), ("Cache-Control", "max-age=1"), ("X-Meta", "1"), ("X-Meta", "2")]
+    answer = aiohttp_headers(
+        ("Cache-Control", "max-age=3600"),
+        ("X-Meta", "3"),
+        ("Content-Length", "0"),
+        ("Date", "now"),
+        ("Set-Cookie", "a=b"),
+    )
+    assert policy.updated_headers(stored, answer) == [
+        ("ETag", '"a"'),
+        ("Cache-Control", "max-age=3600"),
+        ("X-Meta", "3"),
+    ]

@@ -22,8 +22,13 @@ def served_file(dataset: Path, name: str, body: bytes, *headers: tuple[str, str]
     """A file of the origin, with extra response fields (see bench.origin)."""
     path = dataset / name
     path.write_bytes(body)
-    path.with_name(name + ".headers").write_text(json.dumps([list(h) for h in headers]))
+    set_fields(path, *headers)
     return path
+
+
+def set_fields(path: Path, *headers: tuple[str, str]) -> None:
+    """The extra response fields of an origin's file (its body, and so its ETag, stay)."""
+    path.with_name(path.name + ".headers").write_text(json.dumps([list(h) for h in headers]))
 
 
 def response_fields(stdout: str) -> dict[str, list[str]]:
@@ -137,3 +142,23 @@ def test_revalidation_takes_one_round_trip_and_a_changed_answer_is_the_new_fill(
         assert curl(sidecar, bare).body == b"version 2\n" * 100
         assert origin.count("revalidated.bin", novalidators=1) == round_trips
         sidecar.wait_for_entries(2)
+
+
+def test_a_304_updates_the_stored_fields(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    sidecar = start_sidecar("--revalidate")
+    body = b"manifest\n" * 100
+    path = served_file(dataset, "manifest.bin", body, ("Cache-Control", "max-age=60"))
+    url = origin.url("manifest.bin")
+    assert fetch(sidecar, url)[1]["cache-control"] == ["max-age=60"]
+    sidecar.wait_for_entries(1)
+    set_fields(path, ("Cache-Control", "max-age=3600"), ("X-Revision", "7"))
+    for _ in range(3):  # the updated copy is what every worker serves from then on
+        got, fields = fetch(sidecar, url)
+        assert got == body
+        assert fields["cache-control"] == ["max-age=3600"]
+        assert fields["x-revision"] == ["7"]
+        assert fields["content-length"] == [str(len(body))]
+    assert origin.full_fetches("manifest.bin") == 4  # one fill, three 304s
+    assert sidecar.stats()["hits"] == 3
