@@ -12,7 +12,11 @@ slow client never slows the fill and nothing is held in memory. Time to first by
 is the origin's: a reader is handed bytes as soon as they are on the buffer.
 
 When the body is complete and its length matches Content-Length the partial file is
-renamed into the buffer (commit); any failure deletes it. If the origin drops the
+renamed into the buffer (commit); any failure deletes it. The body's last byte is
+handed to readers only after the commit: a request that starts after a response
+ended then always finds the object stored, and is answered as a hit (revalidated
+with `--revalidate`), never as a late joiner of the fill. That costs a miss the
+commit's round trip to the keeper, once, at its end. If the origin drops the
 connection mid-body, the pump resumes from the byte it had with a Range request
 validated by If-Range, a few times with backoff; if it cannot, every reader's
 connection is aborted, so no client ever sees a short body with a success status.
@@ -109,7 +113,9 @@ class Fill:
         self.url = url
         self.invalidations = invalidations
         self.head: asyncio.Future[Head] = asyncio.get_running_loop().create_future()
-        self.written = 0
+        self.written = 0  # the prefix readers may read
+        self._complete = 0  # the prefix the pump has written
+        self._last = 0  # the largest prefix published before the fill ends
         self.failure: BaseException | None = None
         self.ended = asyncio.Event()
         self._progress_event = asyncio.Event()
@@ -134,12 +140,17 @@ class Fill:
             self._fd = None
 
     def _advance_to(self, prefix: int) -> None:
+        self._complete = prefix
+        # The last byte waits for the commit (see the module docstring).
+        prefix = min(prefix, self._last)
         self.written = prefix
         if self._shared is not None:
             self._shared.advance(prefix)
         self._wake()
 
     def _finish(self, failure: BaseException | None) -> None:
+        self._last = self._complete
+        self._advance_to(self._complete)
         self.failure = failure
         self.ended.set()
         self._ended = True
@@ -414,6 +425,7 @@ class Fills:
             self._end(fill, Declined(BUFFER_UNAVAILABLE))
             return Acquired(None, "miss", response, BUFFER_UNAVAILABLE)
         fill.attach()
+        fill._last = max(size - 1, 0)
         fill.head.set_result(head)
         task = asyncio.get_running_loop().create_task(self._pump(fill, response, rid, out))
         if not task.done():

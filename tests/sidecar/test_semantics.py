@@ -162,3 +162,20 @@ def test_a_304_updates_the_stored_fields(
         assert fields["content-length"] == [str(len(body))]
     assert origin.full_fetches("manifest.bin") == 4  # one fill, three 304s
     assert sidecar.stats()["hits"] == 3
+
+
+def test_a_request_after_a_response_ended_is_a_hit_of_the_committed_object(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    # The second request of each pair follows the first on the same connection at once:
+    # it must find the object stored (and so revalidate it), never join the fill.
+    sidecar = start_sidecar("--revalidate")
+    for number in range(5):
+        name = f"ordered-{number}.bin"
+        (dataset / name).write_bytes(b"%d\n" % number * 300_000)
+        url = origin.url(name)
+        out = sidecar.directory / f"first-{number}"
+        both = curl(sidecar, url, "-o", str(out), url)
+        assert both.returncode == 0, both.stderr
+        assert both.body == out.read_bytes() == b"%d\n" % number * 300_000
+        assert origin.count(name) == 2, f"request {number} was not revalidated"
