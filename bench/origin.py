@@ -13,6 +13,7 @@ parameters turn on the behaviours a cache must survive:
     lie=N         announce N more bytes in Content-Length than are sent, then close
     gzip          claim Content-Encoding: gzip whatever the client asked
     nostore       Cache-Control: no-store
+    hints         send a 103 (Early Hints) with a Link field before the response
     status=N      answer N with a short text body
     loop          redirect (302) to this very URL, forever
     wrong206      answer a plain GET with 206 and a Content-Range for the whole body
@@ -96,6 +97,11 @@ class Origin:
             headers["Content-Encoding"] = "gzip"
         if "nostore" in q:
             headers["Cache-Control"] = "no-store"
+        if "hints" in q and request.transport is not None:
+            # aiohttp has no API for interim responses: written ahead of the response.
+            request.transport.write(
+                b"HTTP/1.1 103 Early Hints\r\nLink: </files/style.css>; rel=preload\r\n\r\n"
+            )
         extra = _extra_headers(path)
         if "novalidators" not in q and request.headers.get("If-None-Match") == etag:
             return web.Response(status=304, headers=[("ETag", etag), *extra])

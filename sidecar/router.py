@@ -40,9 +40,11 @@ from sidecar.metrics import Metrics
 from sidecar.settings import Settings
 from sidecar.store import StoredObject, StoreError
 from sidecar.upstream import (
+    Interim,
     Upstream,
     UpstreamError,
     forwarded_headers,
+    interim_sink,
     loggable_url,
     response_headers,
 )
@@ -157,6 +159,13 @@ class Router:
 
         `body` is the request's body for methods that have one (forwarded upstream).
         """
+        token = interim_sink.set(_interim_forwarder(request, channel))
+        try:
+            await self._handle(request, channel, body)
+        finally:
+            interim_sink.reset(token)
+
+    async def _handle(self, request: Request, channel: Channel, body: Body | None) -> None:
         with channel.keep_alive():
             try:
                 if policy.request_may_hit(request.method, request.fields).cacheable:
@@ -494,6 +503,19 @@ class Router:
         await channel.write(body)
         channel.finish()
         logger.warning("%d: %s", status, message)
+
+
+def _interim_forwarder(request: Request, channel: Channel) -> Interim | None:
+    """Where the origin's 1xx responses to `request` go: to its client, unless that
+    speaks HTTP/1.0 (RFC 9110 §15.2), and only before the final answer begins."""
+    if request.http_version == "HTTP/1.0":
+        return None
+
+    async def forward(status: int, headers: list[tuple[str, str]]) -> None:
+        if not channel.started:
+            await channel.interim(status, response_headers(headers))
+
+    return forward
 
 
 async def _file_chunks(fd: int, start: int, end: int) -> AsyncIterator[bytes]:

@@ -179,3 +179,19 @@ def test_a_request_after_a_response_ended_is_a_hit_of_the_committed_object(
         assert both.returncode == 0, both.stderr
         assert both.body == out.read_bytes() == b"%d\n" % number * 300_000
         assert origin.count(name) == 2, f"request {number} was not revalidated"
+
+
+def test_early_hints_reach_http_1_1_clients_only(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    # A miss (the fill's request), then a pass (a response that is not stored).
+    for url in (origin.url("small.bin", hints=1), origin.url("small.bin", hints=1, nostore=1)):
+        download = curl(sidecar, url, "-D", "-")
+        assert download.returncode == 0, download.stderr
+        hints = download.stdout.find("HTTP/1.1 103 Early Hints\r\n")
+        assert 0 < hints < download.stdout.find("HTTP/1.1 200 OK\r\n"), download.stdout
+        assert "Link: </files/style.css>; rel=preload\r\n" in download.stdout
+        assert download.body == (dataset / "small.bin").read_bytes()
+    old = curl(sidecar, origin.url("small.bin", hints=1, cold=1), "-D", "-", "--http1.0")
+    assert old.returncode == 0, old.stderr
+    assert " 103 " not in old.stdout and "Link:" not in old.stdout
