@@ -28,7 +28,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,11 +83,13 @@ class Head:
     validators: Validators
     request_headers: list[tuple[str, str]]  # as sent upstream, for resuming
     generated_at: float  # see policy.generated_at
+    lifetime: float  # see policy.freshness_lifetime
 
     def to_message(self) -> dict[str, object]:
         return {
             "headers": [list(h) for h in self.headers],
             "generated_at": self.generated_at,
+            "lifetime": self.lifetime,
             "etag": self.validators.etag,
             "last_modified": self.validators.last_modified,
             "request_headers": [list(h) for h in self.request_headers],
@@ -101,6 +103,7 @@ class Head:
             Validators(message["etag"], message["last_modified"]),
             [(k, v) for k, v in message["request_headers"]],
             message["generated_at"],
+            message["lifetime"],
         )
 
 
@@ -273,6 +276,10 @@ class Fetched:
             self.requested, self.received, headers.get("Date"), headers.get("Age")
         )
 
+    def lifetime(self, stored: Sequence[tuple[str, str]]) -> float:
+        """The freshness lifetime of `stored` fields that came with this response."""
+        return policy.freshness_lifetime(stored, self.response.headers.get("Date"), self.received)
+
 
 @dataclass(frozen=True)
 class Acquired:
@@ -404,7 +411,9 @@ class Fills:
             return self._decline(fill, response, verdict.reason)
         validators = Validators(response.headers.get("ETag"), response.headers.get("Last-Modified"))
         stored = tuple(policy.stored_headers(response.headers))
-        head = Head(size, stored, validators, headers, fetched.generated_at)
+        head = Head(
+            size, stored, validators, headers, fetched.generated_at, fetched.lifetime(stored)
+        )
         try:
             answer = await self._buffer.start_fill(fill.key, size, head.to_message())
         except StoreError as e:
@@ -489,7 +498,7 @@ class Fills:
         try:
             sha256 = await self._copy(fill, head, response, out)
             committed = await self._buffer.commit(
-                rid, fill.key, sha256, head.headers, head.generated_at
+                rid, fill.key, sha256, head.headers, head.generated_at, head.lifetime
             )
             elapsed = time.monotonic() - started
             if committed:

@@ -19,11 +19,11 @@ Calls and their replies (`sidecar.ipc`):
 | --- | --- |
 | `claim {key}` | `{begin}` (fetch it), `{join: fill}`, `{stored}` or `{declined: reason}` |
 | `start_fill {key, size, head}` | `{rid, path}` or `{refused: reason}` |
-| `commit {rid, key, sha256, headers, generated_at}` | `{}`, `{error}` or `{invalidated}` |
+| `commit {rid, key, sha256, headers, generated_at, lifetime}` | `{}`, `{error}`, `{invalidated}` |
 | `invalidate {keys}` | `{}` once the objects are gone and their fills will not commit |
 
 Notifications: `decline {key, reason}`, `abort {rid}`, `remove {key}`, `failure {}`,
-`touch {keys}`, `update {key, file, headers, generated_at}` (after a 304).
+`touch {keys}`, `update {key, file, headers, generated_at, lifetime}` (after a 304).
 """
 
 from __future__ import annotations
@@ -183,7 +183,14 @@ class Keeper:
         self._forget_claim(key, rid)
         headers = tuple((name, value) for name, value in message["headers"])
         try:
-            self.store.commit(reservation, key, message["sha256"], headers, message["generated_at"])
+            self.store.commit(
+                reservation,
+                key,
+                message["sha256"],
+                headers,
+                message["generated_at"],
+                message["lifetime"],
+            )
         except StoreError as e:
             return {"error": str(e)}
         return {}
@@ -208,7 +215,13 @@ class Keeper:
     def _update(self, message: Message) -> None:
         headers = tuple((name, value) for name, value in message["headers"])
         try:
-            self.store.update(message["key"], message["file"], headers, message["generated_at"])
+            self.store.update(
+                message["key"],
+                message["file"],
+                headers,
+                message["generated_at"],
+                message["lifetime"],
+            )
         except StoreError as e:
             self.metrics.buffer_trouble("updating an object", e)
 
@@ -300,6 +313,7 @@ class Buffer:
         sha256: str,
         headers: tuple[tuple[str, str], ...],
         generated_at: float,
+        lifetime: float,
     ) -> bool:
         """Make a complete body servable: False if a write invalidated it meanwhile (the
         caller aborts it), StoreError if the keeper could not."""
@@ -310,6 +324,7 @@ class Buffer:
             sha256=sha256,
             headers=[list(h) for h in headers],
             generated_at=generated_at,
+            lifetime=lifetime,
         )
         if "error" in reply:
             raise StoreError(reply["error"])
@@ -350,6 +365,7 @@ class Buffer:
             file=entry.file,
             headers=[list(h) for h in entry.headers],
             generated_at=entry.generated_at,
+            lifetime=entry.lifetime,
         )
 
     def report_failure(self, why: str) -> None:

@@ -787,6 +787,67 @@ def http_date(now: float) -> str:
 
 # --- freshness -------------------------------------------------------------------------
 
+# For hosts named by `--http-freshness`, stored objects follow RFC 9111's expiration
+# model as a private cache (§4.2): `freshness_lifetime()` is computed once when a
+# response is stored or validated, and `is_fresh()` decides each request.
+
+
+def freshness_lifetime(headers: Headers, date: str | None, received: float) -> float:
+    """How long a response stays fresh, in seconds (RFC 9111 §4.2.1, private cache).
+
+    `max-age` first (`s-maxage` is for shared caches); else `Expires` minus `Date`
+    (an invalid `Expires` means already expired, §5.3); else, since a 200 is
+    heuristically cacheable, a tenth of the time since `Last-Modified` (§4.2.2: "a
+    typical setting of this fraction might be 10%"); else 0. `date` is the response's
+    `Date` (not stored), `received` when it came, standing in for a missing one.
+    """
+    directives = _cache_directives(headers)
+    if "max-age" in directives:
+        return float(_delta_seconds(directives["max-age"]))
+    moment = _http_date(date) if date is not None else None
+    date_value = moment.timestamp() if moment is not None else received
+    expires = header(headers, "Expires")
+    if expires is not None:
+        until = _http_date(expires)
+        return max(0.0, until.timestamp() - date_value) if until is not None else 0.0
+    modified_value = header(headers, "Last-Modified")
+    modified = _http_date(modified_value) if modified_value is not None else None
+    if modified is not None:
+        return max(0.0, (date_value - modified.timestamp()) / 10)
+    return 0.0
+
+
+def is_fresh(
+    headers: Headers, lifetime: float, generated: float, request_headers: Headers, now: float
+) -> bool:
+    """May a stored response answer this request without validation (RFC 9111 §4.2)?
+
+    Not when it says `no-cache` (§5.2.2.4: "MUST NOT be used to satisfy any other
+    request without forwarding it for validation"; a `no-cache="field"` only withholds
+    fields, see `stored_headers()`), nor when the request's `max-age` is below its age
+    (§5.2.1.1); otherwise while its age is below its freshness lifetime.
+    """
+    directives = _cache_directives(headers)
+    if "no-cache" in directives and directives["no-cache"] is None:
+        return False
+    age = now - generated
+    wanted = _cache_directives(request_headers).get("max-age")
+    if wanted and age > _delta_seconds(wanted):
+        return False
+    return age < lifetime
+
+
+def may_serve_stale(headers: Headers) -> bool:
+    """May a stale response be served when the origin cannot be reached (§4.2.4)?
+
+    "A cache MUST NOT generate a stale response if it is prohibited by an explicit
+    in-protocol directive (e.g., by a no-cache response directive, a must-revalidate
+    response directive ...)"; with must-revalidate "the cache MUST generate an error
+    response rather than reuse the stale response" (§5.2.2.2).
+    """
+    directives = _cache_directives(headers)
+    return "must-revalidate" not in directives and directives.get("no-cache", "") is not None
+
 
 def client_asks_no_cache(request_headers: Headers) -> bool:
     """Does the client ask for validation with the origin (`no-cache`)?

@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -37,7 +38,7 @@ from sidecar.fill import (
 )
 from sidecar.keeper import BUFFER_UNAVAILABLE, Buffer
 from sidecar.metrics import Metrics
-from sidecar.settings import Settings
+from sidecar.settings import Settings, host_matches
 from sidecar.store import StoredObject, StoreError
 from sidecar.upstream import (
     Interim,
@@ -153,6 +154,7 @@ class Router:
         self.upstream = upstream
         self.metrics = metrics
         self._representations: dict[str, Representation] = {}
+        self._freshness_hosts: dict[str, bool] = {}  # by host[:port]
 
     async def handle(self, request: Request, channel: Channel, body: Body | None = None) -> None:
         """Answer one request; whatever goes wrong, the client never sees a short success.
@@ -194,10 +196,13 @@ class Router:
         key = policy.cache_key(request.url)
         entry = self._lookup(key)
         fetched: Fetched | None = None
-        if entry is not None and policy.needs_revalidation(
-            self.settings.revalidate, request.fields
-        ):
+        if entry is not None and self._must_validate(request, key, entry):
             entry, fetched = await self._revalidate(request, key, entry)
+            if entry is None and fetched is None:
+                await self._error(
+                    channel, 504, "burstbuffer: the origin cannot validate a stored response"
+                )
+                return
         if entry is not None:
             await self._serve_stored(request, channel, key, entry)
             return
@@ -288,21 +293,27 @@ class Router:
                 policy.header(entry.headers, "ETag"), policy.header(entry.headers, "Last-Modified")
             ).items()
         )
+        stale_allowed = not self._by_freshness(key) or policy.may_serve_stale(entry.headers)
         try:
             fetched = await self.fills.fetch(request.url, headers)
         except UpstreamError as e:
             # The origin is unreachable: serving the stored copy beats failing (RFC 9111 §4.2.4).
             logger.warning(
-                "revalidation of %s failed, serving stored: %s", loggable_url(request.url), e
+                "revalidation of %s failed, %s: %s",
+                loggable_url(request.url),
+                "serving stored" if stale_allowed else "must not serve stored",
+                e,
             )
-            return entry, None
+            return (entry if stale_allowed else None), None
         status = fetched.response.status
         if status == 304:
             fetched.response.release()
             return self._refreshed(key, entry, fetched), None
         if status >= 500:
             # RFC 9111 §4.3.3: on a 5xx the cache "can ... act as if the server failed to
-            # respond", as for an unreachable origin.
+            # respond", as for an unreachable origin, or relay it.
+            if not stale_allowed:
+                return None, fetched
             fetched.response.release()
             logger.warning(
                 "revalidation of %s answered %d, serving stored", loggable_url(request.url), status
@@ -312,12 +323,37 @@ class Router:
         self._forget(key)
         return None, fetched
 
+    def _must_validate(self, request: Request, key: str, entry: StoredObject) -> bool:
+        """Must the origin be asked before `entry` answers `request`?"""
+        if policy.needs_revalidation(self.settings.revalidate, request.fields):
+            return True
+        return self._by_freshness(key) and not policy.is_fresh(
+            entry.headers, entry.lifetime, entry.born, request.fields, time.time()
+        )
+
+    def _by_freshness(self, key: str) -> bool:
+        """Do objects of this key's host follow RFC 9111 freshness (--http-freshness)?"""
+        if not self.settings.http_freshness:
+            return False
+        netloc = key.split("/", 3)[2]
+        known = self._freshness_hosts.get(netloc)
+        if known is None:
+            if len(self._freshness_hosts) >= REMEMBERED:
+                self._freshness_hosts.clear()
+            host = urlsplit(key).hostname or ""
+            known = host_matches(host, self.settings.http_freshness)
+            self._freshness_hosts[netloc] = known
+        return known
+
     def _refreshed(self, key: str, entry: StoredObject, fetched: Fetched) -> StoredObject:
         """The stored object with the fields of the 304 that validated it (RFC 9111
         §4.3.4), and an age that starts again from the 304."""
         headers = policy.updated_headers(entry.headers, fetched.response.headers)
         refreshed = dataclasses.replace(
-            entry, headers=tuple(headers), generated_at=fetched.generated_at
+            entry,
+            headers=tuple(headers),
+            generated_at=fetched.generated_at,
+            lifetime=fetched.lifetime(headers),
         )
         self.buffer.update(key, refreshed)
         return refreshed
@@ -383,6 +419,8 @@ class Router:
         except (ValueError, StoreError):
             return None
         if entry is None:
+            return None
+        if self.settings.http_freshness and self._must_validate(request, key, entry):
             return None
         plan = answer(request, self._representation(entry), time.time())
         if plan.end - plan.start > IMMEDIATE_LIMIT:

@@ -114,6 +114,8 @@ class StoredObject:
     # time.time() the origin generated or last validated it (`policy.generated_at`);
     # objects stored by an earlier version count from their commit.
     generated_at: float = 0.0
+    # Seconds it stays fresh (`policy.freshness_lifetime`), for --http-freshness hosts.
+    lifetime: float = 0.0
 
     @property
     def born(self) -> float:
@@ -297,6 +299,7 @@ class Store:
         sha256: str,
         headers: tuple[tuple[str, str], ...],
         generated_at: float,
+        lifetime: float,
     ) -> StoredObject:
         """Make a complete fill servable: move its body into objects/ and index it."""
         if reservation.settled:
@@ -304,7 +307,9 @@ class Store:
         reservation.settled = True
         self.reserved -= reservation.size
         name = reservation.path.name
-        entry = StoredObject(name, reservation.size, sha256, headers, time.time(), generated_at)
+        entry = StoredObject(
+            name, reservation.size, sha256, headers, time.time(), generated_at, lifetime
+        )
         try:
             size_on_disk = reservation.path.stat().st_size
             if size_on_disk != reservation.size:
@@ -359,14 +364,24 @@ class Store:
             _JANITOR.submit(_unlink_quietly, self.objects_dir / entry.file)
 
     def update(
-        self, key: str, file: str, headers: tuple[tuple[str, str], ...], generated_at: float
+        self,
+        key: str,
+        file: str,
+        headers: tuple[tuple[str, str], ...],
+        generated_at: float,
+        lifetime: float,
     ) -> None:
         """Record a stored object's fields and age after a 304 validated it; nothing if
         the object was replaced or removed meanwhile."""
         entry = self._get(key)
         if entry is None or entry.file != file or key in self._unverified:
             return
-        self._set(key, dataclasses.replace(entry, headers=headers, generated_at=generated_at))
+        self._set(
+            key,
+            dataclasses.replace(
+                entry, headers=headers, generated_at=generated_at, lifetime=lifetime
+            ),
+        )
         if headers != entry.headers:
             # Workers forget what they remember; an age alone they may overestimate.
             self._changed()

@@ -610,3 +610,34 @@ def test_a_304_replaces_the_stored_fields_it_names_but_not_the_framing() -> None
         ("Cache-Control", "max-age=3600"),
         ("X-Meta", "3"),
     ]
+
+
+# --- freshness (--http-freshness) ---------------------------------------------------------
+
+
+def test_freshness_lifetime_prefers_max_age_then_expires_then_the_heuristic() -> None:
+    date = "Sun, 06 Nov 1994 08:49:37 GMT"
+    at = parsedate_to_datetime(date).timestamp()
+    expires = ("Expires", "Sun, 06 Nov 1994 09:49:37 GMT")
+    modified = ("Last-Modified", "Sun, 06 Nov 1994 06:49:37 GMT")
+    lifetime = policy.freshness_lifetime
+    assert lifetime([("Cache-Control", "max-age=60"), expires], date, at) == 60
+    assert lifetime([("Cache-Control", "max-age=bogus")], date, at) == 0
+    assert lifetime([("Cache-Control", "s-maxage=60"), expires], date, at) == 3600
+    assert lifetime([("Expires", "0"), modified], date, at) == 0
+    assert lifetime([expires], None, at - 600) == 3600 + 600  # received stands in for Date
+    assert lifetime([modified], date, at) == 720  # a tenth of two hours
+    assert lifetime([], date, at) == 0
+
+
+def test_freshness_honours_no_cache_request_max_age_and_stale_prohibitions() -> None:
+    fresh = policy.is_fresh
+    assert fresh([], 60, 1000, {}, 1059)
+    assert not fresh([], 60, 1000, {}, 1060)
+    assert not fresh([("Cache-Control", "no-cache")], 60, 1000, {}, 1001)
+    assert fresh([("Cache-Control", 'no-cache="Set-Cookie2"')], 60, 1000, {}, 1001)
+    assert not fresh([], 60, 1000, {"Cache-Control": "max-age=0"}, 1001)
+    assert fresh([], 60, 1000, {"Cache-Control": "max-age=5"}, 1001)
+    assert policy.may_serve_stale([("Cache-Control", "max-age=0")])
+    assert not policy.may_serve_stale([("Cache-Control", "max-age=0, must-revalidate")])
+    assert not policy.may_serve_stale([("Cache-Control", "no-cache")])

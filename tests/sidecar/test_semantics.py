@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import email.utils
 import json
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import trustme
 
-from bench.harness import OriginServer, Sidecar, wait_until
+from bench.harness import OriginServer, Sidecar, start_origin, wait_until
 from tests.sidecar.conftest import curl
 
 pytestmark = pytest.mark.e2e
@@ -195,3 +197,49 @@ def test_early_hints_reach_http_1_1_clients_only(
     old = curl(sidecar, origin.url("small.bin", hints=1, cold=1), "-D", "-", "--http1.0")
     assert old.returncode == 0, old.stderr
     assert " 103 " not in old.stdout and "Link:" not in old.stdout
+
+
+def test_http_freshness_hosts_follow_max_age_no_cache_and_heuristic_freshness(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    sidecar = start_sidecar("--http-freshness", "origin.test")
+    served_file(dataset, "fresh.bin", b"fresh\n" * 100, ("Cache-Control", "max-age=2"))
+    served_file(dataset, "always.bin", b"always\n" * 100, ("Cache-Control", "no-cache"))
+    old = served_file(dataset, "old.bin", b"old\n" * 100)
+    os.utime(old, (time.time() - 100_000, time.time() - 100_000))  # fresh for 10,000 s
+    served_file(dataset, "bare.bin", b"bare\n" * 100)  # without validators: never fresh
+    names = {"fresh.bin": {}, "always.bin": {}, "old.bin": {}, "bare.bin": {"novalidators": 1}}
+    for name, query in names.items():
+        assert curl(sidecar, origin.url(name, **query)).body == (dataset / name).read_bytes()
+    sidecar.wait_for_entries(4)
+    for name, query in names.items():
+        assert curl(sidecar, origin.url(name, **query)).body == (dataset / name).read_bytes()
+    seen = {name: origin.count(name, **query) for name, query in names.items()}
+    assert seen == {"fresh.bin": 1, "always.bin": 2, "old.bin": 1, "bare.bin": 2}
+    # A client's max-age=0 asks for validation; then the validated object is fresh again.
+    assert curl(sidecar, origin.url("old.bin"), "-H", "Cache-Control: max-age=0").returncode == 0
+    assert origin.count("old.bin") == 2
+    time.sleep(2.1)  # fresh.bin is stale now: one conditional request, then fresh again
+    for expected in (2, 2):
+        assert curl(sidecar, origin.url("fresh.bin")).body == b"fresh\n" * 100
+        assert origin.count("fresh.bin") == expected
+
+
+def test_a_stale_object_is_served_when_the_origin_is_down_unless_it_must_revalidate(
+    start_sidecar: Callable[..., Sidecar],
+    origin_ca: trustme.CA,
+    dataset: Path,
+    tmp_path: Path,
+) -> None:
+    sidecar = start_sidecar("--http-freshness", "origin.test")
+    served_file(dataset, "lenient.bin", b"lenient\n", ("Cache-Control", "max-age=0"))
+    strict = ("Cache-Control", "max-age=0, must-revalidate")
+    served_file(dataset, "strict.bin", b"strict\n", strict)
+    down = start_origin(dataset, origin_ca, ["origin.test"], tmp_path)
+    for name in ("lenient.bin", "strict.bin"):
+        assert curl(sidecar, down.url(name)).body == (dataset / name).read_bytes()
+    sidecar.wait_for_entries(2)
+    down.process.stop()
+    assert curl(sidecar, down.url("lenient.bin")).body == b"lenient\n"
+    refused = curl(sidecar, down.url("strict.bin"), "-w", "%{http_code}")
+    assert refused.returncode != 0 and refused.stdout.endswith("504")
