@@ -88,6 +88,19 @@ class Representation:
         fields = [(k, v) for k, v in self.headers if k.lower() != "accept-ranges"]
         return (*fields, ("Accept-Ranges", "bytes"))
 
+    def stamped(self, now: float) -> tuple[tuple[str, str], ...]:
+        """`replayed` with the `Date` and `Age` of an answer at `now` (RFC 9110 §6.6.1,
+        RFC 9111 §5.1), made once per second: hits only compare a number. The Age is
+        the one at the second's end, so it is never younger than the truth."""
+        assert self.generated_at is not None
+        second = int(now)
+        stamp: tuple[int, tuple[tuple[str, str], ...]] | None = self.__dict__.get("_stamp")
+        if stamp is None or stamp[0] != second:
+            age = policy.current_age(self.generated_at, second + 1)
+            fields = (*self.replayed, ("Date", policy.http_date(second)), ("Age", str(age)))
+            stamp = self.__dict__["_stamp"] = (second, fields)
+        return stamp[1]
+
 
 @dataclass(frozen=True)
 class Answer:
@@ -115,12 +128,10 @@ def answer(request: Request, representation: Representation, now: float) -> Answ
     a range that If-Range allows (§14.2, §13.1.5), else 200."""
     size = representation.size
     etag, last_modified = representation.etag, representation.last_modified
-    base = representation.replayed
-    if representation.generated_at is not None:
-        # RFC 9110 §6.6.1 (a response carries Date) and RFC 9111 §5.1 (Age, when served
-        # from a cache): computed per answer, nothing else is.
-        age = policy.current_age(representation.generated_at, now)
-        base = (*base, ("Date", policy.http_date(now)), ("Age", str(age)))
+    if representation.generated_at is None:
+        base = representation.replayed
+    else:
+        base = representation.stamped(now)
     if policy.not_modified(request.fields, etag, last_modified):
         return Answer(304, [(k, v) for k, v in base if k.lower() != "content-type"])
     wanted = policy.parse_range(request.header("Range"), size)
