@@ -14,10 +14,18 @@ parameters turn on the behaviours a cache must survive:
     lie=N         announce N more bytes in Content-Length than are sent, then close
     gzip          claim Content-Encoding: gzip whatever the client asked
     nostore       Cache-Control: no-store
+    hints         send a 103 (Early Hints) with a Link field before the response
     status=N      answer N with a short text body
     loop          redirect (302) to this very URL, forever
     wrong206      answer a plain GET with 206 and a Content-Range for the whole body
     badrange      answer a Range request with the bytes one past those asked for
+
+Writes: `PUT` replaces the file with the request body (204), `DELETE` removes it (204),
+`POST` answers 201 with `Location: <location>` when asked with `location=<target>`.
+
+A file `<name>.headers` beside a file holds a JSON list of [name, value] pairs: extra
+response fields sent with its 200s and 304s (read on every request, so a test can
+change them between requests).
 
 `GET /__requests` returns JSON counts of the requests seen, by request target
 (`/files/a?x=1`), with `ranges` counting those that carried a Range header and `heads`
@@ -78,6 +86,8 @@ class Origin:
         if "loop" in q:
             raise web.HTTPFound(location=target)
         path = self.directory / request.match_info["name"]
+        if request.method not in ("GET", "HEAD"):
+            return await _write(request, path)
         if not path.is_file():
             raise web.HTTPNotFound(text="no such file\n")
         stat = path.stat()
@@ -97,8 +107,14 @@ class Origin:
         if_match = request.headers.get("If-Match")
         if if_match not in (None, "*") and ("novalidators" in q or if_match != etag):
             return web.Response(status=412)
+        if "hints" in q and request.transport is not None:
+            # aiohttp has no API for interim responses: written ahead of the response.
+            request.transport.write(
+                b"HTTP/1.1 103 Early Hints\r\nLink: </files/style.css>; rel=preload\r\n\r\n"
+            )
+        extra = _extra_headers(path)
         if "novalidators" not in q and request.headers.get("If-None-Match") == etag:
-            return web.Response(status=304, headers={"ETag": etag})
+            return web.Response(status=304, headers=[("ETag", etag), *extra])
 
         start, end, status = 0, size, 200
         wanted = _RANGE_RE.match(request.headers.get("Range", ""))
@@ -121,7 +137,7 @@ class Origin:
 
         announced = end - start + int(q.get("lie", 0))
         headers["Content-Length"] = str(announced)
-        response = web.StreamResponse(status=status, headers=headers)
+        response = web.StreamResponse(status=status, headers=[*headers.items(), *extra])
         await response.prepare(request)
         if request.method == "HEAD":
             return response
@@ -179,6 +195,24 @@ class Origin:
                         await asyncio.sleep(ahead)
         finally:
             os.close(fd)
+
+
+async def _write(request: web.Request, path: Path) -> web.Response:
+    if request.method == "PUT":
+        partial = path.with_name(path.name + ".partial")
+        partial.write_bytes(await request.read())
+        partial.replace(path)  # readers of the old file keep reading the old bytes
+        return web.Response(status=204)
+    if request.method == "DELETE":
+        path.unlink(missing_ok=True)
+        return web.Response(status=204)
+    location = request.query.get("location")
+    return web.Response(status=201, headers={"Location": location} if location else None)
+
+
+def _extra_headers(path: Path) -> list[tuple[str, str]]:
+    extra = path.with_name(path.name + ".headers")
+    return [(k, v) for k, v in json.loads(extra.read_text())] if extra.is_file() else []
 
 
 def _abort(request: web.Request) -> None:

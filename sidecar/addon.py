@@ -66,11 +66,19 @@ class BurstBuffer:
             self._named_hosts.add(host)
             logger.info("not intercepted: %s; add it to --intercept to cache it", host)
 
-    def responseheaders(self, flow: http.HTTPFlow) -> None:
+    async def responseheaders(self, flow: http.HTTPFlow) -> None:
         # Only what mitmproxy relays itself gets here. It streams, no body is ever
         # held whole, and its bytes are counted as they pass.
-        if flow.response is not None:
-            flow.response.stream = self._from_upstream
+        response = flow.response
+        if response is None:
+            return
+        response.stream = self._from_upstream
+        request = flow.request
+        if host_matches(request.pretty_host, self.settings.intercept):
+            # A write: what it made stale is forgotten before the client sees the answer.
+            await self.router.invalidate(
+                request.method, request.url, response.status_code, response.headers
+            )
 
     def _from_upstream(self, chunk: bytes) -> bytes:
         self.router.metrics.counters.bytes_from_upstream += len(chunk)

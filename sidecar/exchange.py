@@ -58,6 +58,10 @@ class Channel(Protocol):
         """Write the status line and headers (framing set by the caller)."""
         ...
 
+    async def interim(self, status: int, headers: list[tuple[str, str]]) -> None:
+        """Write a 1xx interim response (before `start()`, to HTTP/1.1 clients only)."""
+        ...
+
     async def write(self, data: bytes) -> None:
         """Write body bytes, waiting while the client is slow; ClientGone if it left."""
         ...

@@ -12,7 +12,11 @@ slow client never slows the fill and nothing is held in memory. Time to first by
 is the origin's: a reader is handed bytes as soon as they are on the buffer.
 
 When the body is complete and its length matches Content-Length the partial file is
-renamed into the buffer (commit); any failure deletes it. If the origin drops the
+renamed into the buffer (commit); any failure deletes it. The body's last byte is
+handed to readers only after the commit: a request that starts after a response
+ended then always finds the object stored, and is answered as a hit (revalidated
+with `--revalidate`), never as a late joiner of the fill. That costs a miss the
+commit's round trip to the keeper, once, at its end. If the origin drops the
 connection mid-body, the pump resumes from the byte it had with a Range request
 validated by If-Range, a few times with backoff; if it cannot, every reader's
 connection is aborted, so no client ever sees a short body with a success status.
@@ -24,7 +28,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,16 +75,21 @@ class StoredMeanwhile(Exception):
 
 @dataclass(frozen=True)
 class Head:
-    """The response every reader of a fill sends: 200 with the stored headers."""
+    """The response the readers of a fill send: 200 with the stored headers (the one
+    whose request started the fill gets the origin's own, `Acquired.relayed`)."""
 
     size: int
     headers: tuple[tuple[str, str], ...]
     validators: Validators
     request_headers: list[tuple[str, str]]  # as sent upstream, for resuming
+    generated_at: float  # see policy.generated_at
+    lifetime: float  # see policy.freshness_lifetime
 
     def to_message(self) -> dict[str, object]:
         return {
             "headers": [list(h) for h in self.headers],
+            "generated_at": self.generated_at,
+            "lifetime": self.lifetime,
             "etag": self.validators.etag,
             "last_modified": self.validators.last_modified,
             "request_headers": [list(h) for h in self.request_headers],
@@ -93,17 +102,23 @@ class Head:
             tuple((k, v) for k, v in message["headers"]),
             Validators(message["etag"], message["last_modified"]),
             [(k, v) for k, v in message["request_headers"]],
+            message["generated_at"],
+            message["lifetime"],
         )
 
 
 class Fill:
     """One object being copied from its origin into the buffer, by this worker."""
 
-    def __init__(self, key: str, url: str) -> None:
+    def __init__(self, key: str, url: str, invalidations: int) -> None:
+        """`invalidations`: the count of invalidations when it began (`sidecar.shared`)."""
         self.key = key
         self.url = url
+        self.invalidations = invalidations
         self.head: asyncio.Future[Head] = asyncio.get_running_loop().create_future()
-        self.written = 0
+        self.written = 0  # the prefix readers may read
+        self._complete = 0  # the prefix the pump has written
+        self._last = 0  # the largest prefix published before the fill ends
         self.failure: BaseException | None = None
         self.ended = asyncio.Event()
         self._progress_event = asyncio.Event()
@@ -128,12 +143,17 @@ class Fill:
             self._fd = None
 
     def _advance_to(self, prefix: int) -> None:
+        self._complete = prefix
+        # The last byte waits for the commit (see the module docstring).
+        prefix = min(prefix, self._last)
         self.written = prefix
         if self._shared is not None:
             self._shared.advance(prefix)
         self._wake()
 
     def _finish(self, failure: BaseException | None) -> None:
+        self._last = self._complete
+        self._advance_to(self._complete)
         self.failure = failure
         self.ended.set()
         self._ended = True
@@ -242,6 +262,26 @@ AnyFill = Fill | RemoteFill
 
 
 @dataclass(frozen=True)
+class Fetched:
+    """An origin's answer to a GET, and when it was asked for and came (for its age)."""
+
+    response: aiohttp.ClientResponse
+    requested: float  # time.time()
+    received: float  # time.time()
+
+    @property
+    def generated_at(self) -> float:
+        headers = self.response.headers
+        return policy.generated_at(
+            self.requested, self.received, headers.get("Date"), headers.get("Age")
+        )
+
+    def lifetime(self, stored: Sequence[tuple[str, str]]) -> float:
+        """The freshness lifetime of `stored` fields that came with this response."""
+        return policy.freshness_lifetime(stored, self.response.headers.get("Date"), self.received)
+
+
+@dataclass(frozen=True)
 class Acquired:
     """What `Fills.acquire` found: a fill to follow, or a response to relay unstored."""
 
@@ -249,6 +289,7 @@ class Acquired:
     kind: str  # "miss" (this request started it) or "coalesced" (it joined one)
     response: aiohttp.ClientResponse | None = None
     reason: str = ""
+    relayed: tuple[tuple[str, str], ...] = ()  # a miss: the origin's fields for its client
 
 
 class Fills:
@@ -269,7 +310,25 @@ class Fills:
     def __len__(self) -> int:
         return len(self._active)
 
-    async def acquire(self, key: str, url: str, request_headers: list[tuple[str, str]]) -> Acquired:
+    async def fetch(self, url: str, headers: list[tuple[str, str]]) -> Fetched:
+        """GET `url` with `headers` as they are; UpstreamError if the origin cannot be
+        reached. The caller releases the response, or hands it to `acquire()`."""
+        self._metrics.counters.upstream_requests += 1
+        requested = time.time()
+        try:
+            response = await self._upstream.get(url, headers)
+        except UpstreamError:
+            self._metrics.counters.upstream_errors += 1
+            raise
+        return Fetched(response, requested, time.time())
+
+    async def acquire(
+        self,
+        key: str,
+        url: str,
+        request_headers: list[tuple[str, str]],
+        fetched: Fetched | None = None,
+    ) -> Acquired:
         """Follow the fill of `key`, wherever it runs, or start one.
 
         The fill in the result is attached for the caller, who must `detach()` it.
@@ -278,19 +337,42 @@ class Fills:
         request joined is not storing the object (the caller fetches it itself),
         StoredMeanwhile when another worker committed it since the caller's lookup, and
         UpstreamError when the origin cannot be reached.
+
+        `fetched`: the origin's full answer to this request, already in hand (a
+        revalidation that found the object changed): a new fill starts from it, and
+        when it is not stored it is the `response` to relay.
         """
+        try:
+            return await self._acquire(key, url, request_headers, fetched)
+        except Declined as e:
+            if fetched is None:
+                raise
+            return Acquired(None, "miss", fetched.response, e.reason)
+        except StoredMeanwhile:
+            _release(fetched)
+            raise
+
+    async def _acquire(
+        self,
+        key: str,
+        url: str,
+        request_headers: list[tuple[str, str]],
+        fetched: Fetched | None,
+    ) -> Acquired:
         while (pending := self._claiming.get(key)) is not None:
             await asyncio.shield(pending)  # another client of this worker is asking
         local = self._active.get(key)
-        if local is not None:
+        if local is not None and local.invalidations == self._buffer.invalidations:
+            _release(fetched)
             local.attach()
             return Acquired(local, "coalesced")
+        # After a write anywhere, the keeper says whether this fill may still be joined.
         claimed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._claiming[key] = claimed
         try:
             answer = await self._buffer.claim(key)
             if "begin" in answer:
-                fill = self._active[key] = Fill(key, url)
+                fill = self._active[key] = Fill(key, url, self._buffer.invalidations)
         except StoreError as e:
             self._metrics.buffer_trouble("claiming a fill", e)
             raise Declined(BUFFER_UNAVAILABLE) from e
@@ -303,31 +385,35 @@ class Fills:
             raise StoredMeanwhile(key)
         if "join" in answer:
             try:
-                return Acquired(RemoteFill(key, url, answer["join"]), "coalesced")
+                joined = RemoteFill(key, url, answer["join"])
             except OSError:
                 raise Declined("fill-ended") from None
+            _release(fetched)
+            return Acquired(joined, "coalesced")
         try:
-            return await self._decide(fill, request_headers)
+            return await self._decide(fill, request_headers, fetched)
         except BaseException as e:
             if not fill.head.done():
                 self._buffer.decline(key, "upstream-error")
                 self._end(fill, e if isinstance(e, Exception) else FillFailed("cancelled"))
             raise
 
-    async def _decide(self, fill: Fill, request_headers: list[tuple[str, str]]) -> Acquired:
+    async def _decide(
+        self, fill: Fill, request_headers: list[tuple[str, str]], fetched: Fetched | None
+    ) -> Acquired:
         headers = forwarded_headers(request_headers, for_fill=True)
-        self._metrics.counters.upstream_requests += 1
-        try:
-            response = await self._upstream.get(fill.url, headers)
-        except UpstreamError:
-            self._metrics.counters.upstream_errors += 1
-            raise
+        if fetched is None:
+            fetched = await self.fetch(fill.url, headers)
+        response = fetched.response
         verdict = policy.response_is_cacheable(response.status, response.headers)
         size = policy.content_length(response.headers)
         if not verdict.cacheable or size is None:
             return self._decline(fill, response, verdict.reason)
         validators = Validators(response.headers.get("ETag"), response.headers.get("Last-Modified"))
-        head = Head(size, tuple(policy.stored_headers(response.headers)), validators, headers)
+        stored = tuple(policy.stored_headers(response.headers))
+        head = Head(
+            size, stored, validators, headers, fetched.generated_at, fetched.lifetime(stored)
+        )
         try:
             answer = await self._buffer.start_fill(fill.key, size, head.to_message())
         except StoreError as e:
@@ -348,12 +434,13 @@ class Fills:
             self._end(fill, Declined(BUFFER_UNAVAILABLE))
             return Acquired(None, "miss", response, BUFFER_UNAVAILABLE)
         fill.attach()
+        fill._last = max(size - 1, 0)
         fill.head.set_result(head)
         task = asyncio.get_running_loop().create_task(self._pump(fill, response, rid, out))
         if not task.done():
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        return Acquired(fill, "miss")
+        return Acquired(fill, "miss", relayed=tuple(policy.relayed_headers(response.headers)))
 
     def _decline(self, fill: Fill, response: aiohttp.ClientResponse, reason: str) -> Acquired:
         self._buffer.decline(fill.key, reason)
@@ -410,16 +497,23 @@ class Fills:
         committed = False
         try:
             sha256 = await self._copy(fill, head, response, out)
-            await self._buffer.commit(rid, fill.key, sha256, head.headers)
-            committed = True
-            elapsed = time.monotonic() - started
-            logger.info(
-                "stored %s: %d bytes in %.2fs (%.1f MB/s)",
-                loggable_url(fill.url),
-                head.size,
-                elapsed,
-                head.size / max(elapsed, 1e-6) / 1e6,
+            committed = await self._buffer.commit(
+                rid, fill.key, sha256, head.headers, head.generated_at, head.lifetime
             )
+            elapsed = time.monotonic() - started
+            if committed:
+                logger.info(
+                    "stored %s: %d bytes in %.2fs (%.1f MB/s)",
+                    loggable_url(fill.url),
+                    head.size,
+                    elapsed,
+                    head.size / max(elapsed, 1e-6) / 1e6,
+                )
+            else:
+                # Its readers finish it; what a later request gets comes from the origin.
+                logger.info(
+                    "not stored %s: written to while it was fetched", loggable_url(fill.url)
+                )
         except OSError as e:
             failure = e
             self._buffer.report_failure(f"cannot write a body: {e}")
@@ -461,6 +555,11 @@ class Fills:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _release(fetched: Fetched | None) -> None:
+    if fetched is not None:
+        fetched.response.release()
 
 
 def read_file(fd: int, start: int, end: int) -> Iterator[bytes]:

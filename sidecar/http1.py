@@ -140,6 +140,9 @@ class _Response:
     def started(self) -> bool:
         return self._started
 
+    async def interim(self, status: int, headers: list[tuple[str, str]]) -> None:
+        await self._connection.send(response_head(status, headers, close=False))
+
     async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
         # Sent with the first body bytes: one TLS write for the head and a chunk.
         self._head = response_head(status, headers, self._close)

@@ -19,10 +19,11 @@ Calls and their replies (`sidecar.ipc`):
 | --- | --- |
 | `claim {key}` | `{begin}` (fetch it), `{join: fill}`, `{stored}` or `{declined: reason}` |
 | `start_fill {key, size, head}` | `{rid, path}` or `{refused: reason}` |
-| `commit {rid, key, sha256, headers}` | `{}` or `{error}` |
+| `commit {rid, key, sha256, headers, generated_at, lifetime}` | `{}`, `{error}`, `{invalidated}` |
+| `invalidate {keys}` | `{}` once the objects are gone and their fills will not commit |
 
 Notifications: `decline {key, reason}`, `abort {rid}`, `remove {key}`, `failure {}`,
-`touch {keys}`.
+`touch {keys}`, `update {key, file, headers, generated_at, lifetime}` (after a 304).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sidecar import ipc
@@ -40,6 +42,8 @@ from sidecar.store import Index, Reservation, Store, StoredObject, StoreError
 
 # The pass reason of objects not stored because the buffer does not work (see /stats).
 BUFFER_UNAVAILABLE = "buffer-unavailable"
+# The pass reason of requests for a URL written to while its fill was running.
+INVALIDATED = "invalidated"
 # Served keys are reported to the keeper (for `lru`) at most this often.
 TOUCH_INTERVAL = 0.5  # seconds
 # Stored objects a worker remembers (each a few hundred bytes: its headers).
@@ -54,13 +58,18 @@ class _Claim:
     waiters: list[asyncio.Future[Message]] = field(default_factory=list)
     fill: Message | None = None  # what joiners need, once the body is being stored
     rid: str | None = None
+    # A write made what this fill fetches stale: it gets no new readers and is not
+    # committed; requests for the key pass until it ends.
+    invalidated: bool = False
 
 
 class Keeper:
     """The registry of fills and the buffer's accounting, for every worker."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, invalidated: Callable[[], None] = lambda: None) -> None:
+        """`invalidated()` is called after each invalidation (`Shared.bump_invalidations`)."""
         self.store = store
+        self._invalidated = invalidated
         # The buffer trouble met here (a worker counts its own in its Metrics).
         self.metrics = Metrics()
         self._claims: dict[str, _Claim] = {}
@@ -90,12 +99,16 @@ class Keeper:
             return self._start_fill(worker, message["key"], message["size"], message["head"])
         if op == "commit":
             return self._commit(message)
+        if op == "invalidate":
+            return self._invalidate(message["keys"])
         if op == "decline":
             self._settle(message["key"], worker, {"declined": message["reason"]})
         elif op == "abort":
             self._abort(message["rid"])
         elif op == "remove":
             self._remove(message["key"])
+        elif op == "update":
+            self._update(message)
         elif op == "failure":
             self.store.report_failure(message["why"])
         elif op == "touch":
@@ -123,6 +136,8 @@ class Keeper:
                 return {"stored": True}
             self._claims[key] = _Claim(worker)
             return {"begin": True}
+        if claim.invalidated:
+            return {"declined": INVALIDATED}
         if claim.fill is not None:
             return {"join": claim.fill}
         waiter: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
@@ -130,6 +145,9 @@ class Keeper:
         return await waiter
 
     def _start_fill(self, worker: int, key: str, size: int, head: Message) -> Message:
+        claimed = self._claims.get(key)
+        if claimed is not None and claimed.invalidated:
+            return {"refused": INVALIDATED}  # the worker's decline settles the claim
         reservation, reason = None, BUFFER_UNAVAILABLE
         if self.store.unavailable is None:
             try:
@@ -154,6 +172,10 @@ class Keeper:
 
     def _commit(self, message: Message) -> Message:
         rid = message["rid"]
+        claim = self._claims.get(self._reservations[rid][1]) if rid in self._reservations else None
+        if claim is not None and claim.rid == rid and claim.invalidated:
+            # The worker aborts it once its readers have every byte.
+            return {"invalidated": True}
         found = self._reservations.pop(rid, None)
         if found is None:
             return {"error": "the fill was cancelled"}
@@ -161,7 +183,14 @@ class Keeper:
         self._forget_claim(key, rid)
         headers = tuple((name, value) for name, value in message["headers"])
         try:
-            self.store.commit(reservation, key, message["sha256"], headers)
+            self.store.commit(
+                reservation,
+                key,
+                message["sha256"],
+                headers,
+                message["generated_at"],
+                message["lifetime"],
+            )
         except StoreError as e:
             return {"error": str(e)}
         return {}
@@ -173,6 +202,28 @@ class Keeper:
         _, key, reservation = found
         self._forget_claim(key, rid)
         self.store.abort(reservation)
+
+    def _invalidate(self, keys: list[str]) -> Message:
+        for key in keys:
+            self._remove(key)
+            claim = self._claims.get(key)
+            if claim is not None:
+                claim.invalidated = True
+        self._invalidated()
+        return {}
+
+    def _update(self, message: Message) -> None:
+        headers = tuple((name, value) for name, value in message["headers"])
+        try:
+            self.store.update(
+                message["key"],
+                message["file"],
+                headers,
+                message["generated_at"],
+                message["lifetime"],
+            )
+        except StoreError as e:
+            self.metrics.buffer_trouble("updating an object", e)
 
     def _remove(self, key: str) -> None:
         try:
@@ -256,14 +307,39 @@ class Buffer:
         return await self._call("start_fill", key=key, size=size, head=head)
 
     async def commit(
-        self, rid: str, key: str, sha256: str, headers: tuple[tuple[str, str], ...]
-    ) -> None:
-        """Make a complete body servable; StoreError if the keeper could not."""
+        self,
+        rid: str,
+        key: str,
+        sha256: str,
+        headers: tuple[tuple[str, str], ...],
+        generated_at: float,
+        lifetime: float,
+    ) -> bool:
+        """Make a complete body servable: False if a write invalidated it meanwhile (the
+        caller aborts it), StoreError if the keeper could not."""
         reply = await self._call(
-            "commit", rid=rid, key=key, sha256=sha256, headers=[list(h) for h in headers]
+            "commit",
+            rid=rid,
+            key=key,
+            sha256=sha256,
+            headers=[list(h) for h in headers],
+            generated_at=generated_at,
+            lifetime=lifetime,
         )
         if "error" in reply:
             raise StoreError(reply["error"])
+        return "invalidated" not in reply
+
+    async def invalidate(self, keys: list[str]) -> None:
+        """Remove the objects of `keys` and keep their running fills from committing;
+        returns once that is done in every worker's view. StoreError if the keeper
+        cannot be asked."""
+        await self._call("invalidate", keys=keys)
+
+    @property
+    def invalidations(self) -> int:
+        """How many invalidations happened (see `sidecar.shared`)."""
+        return self._shared.invalidations
 
     async def _call(self, op: str, **fields: object) -> Message:
         try:
@@ -279,6 +355,18 @@ class Buffer:
 
     def remove(self, key: str) -> None:
         self._keeper.notify("remove", key=key)
+
+    def update(self, key: str, entry: StoredObject) -> None:
+        """Record the fields and age of an object a 304 validated (in this worker at once)."""
+        self._known[key] = entry
+        self._keeper.notify(
+            "update",
+            key=key,
+            file=entry.file,
+            headers=[list(h) for h in entry.headers],
+            generated_at=entry.generated_at,
+            lifetime=entry.lifetime,
+        )
 
     def report_failure(self, why: str) -> None:
         """A write into the buffer failed: the keeper admits nothing for a while."""

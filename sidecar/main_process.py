@@ -58,7 +58,7 @@ async def run(
     except StoreError as e:
         # A broken buffer must not break downloads: run as a pass-through proxy.
         logger.error("%s; serving everything from upstream", e)
-    keeper = Keeper(store)
+    keeper = Keeper(store, shared.bump_invalidations)
 
     def ready() -> str | None:
         if settings.trust_dir is not None and not all(

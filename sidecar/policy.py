@@ -71,9 +71,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
+from email.utils import formatdate, parsedate_to_datetime
 from typing import NamedTuple
-from urllib.parse import unquote_plus, urlsplit
+from urllib.parse import unquote_plus, urljoin, urlsplit
 
 from sidecar.settings import host_matches
 
@@ -421,6 +421,24 @@ _NOT_REPLAYED = HOP_BY_HOP | frozenset(
 )
 
 
+# Fields every answer frames itself (`router.answer()` sets them for its status and range).
+_FRAMING = frozenset(("content-length", "content-range"))
+
+
+def relayed_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The response fields sent to the client whose request started a fill, in order.
+
+    That client gets what the origin sent (RFC 9110 §7.6.1: a proxy forwards every
+    end-to-end field), `Date`, `Age` and `Set-Cookie` included, minus the hop-by-hop
+    fields and those `Connection` names, and minus the framing that each answer sets for
+    itself. `Alt-Svc` is dropped too: it would send the client around the proxy.
+    """
+    dropped = set(HOP_BY_HOP | _FRAMING)
+    dropped.add("alt-svc")
+    dropped.update(name.lower() for name in _split_list(header(headers, "Connection") or ""))
+    return [(name, value) for name, value in headers.items() if name.lower() not in dropped]
+
+
 def stored_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
     """The response fields to store and replay on every hit, in their order.
 
@@ -445,6 +463,21 @@ def stored_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
         for name, value in headers.items()
         if name.lower() not in dropped and not name.lower().startswith("access-control-")
     ]
+
+
+def updated_headers(
+    stored: Sequence[tuple[str, str]], headers: Mapping[str, str]
+) -> list[tuple[str, str]]:
+    """A stored object's fields updated from a 304 that validated it (RFC 9111 §4.3.4).
+
+    RFC 9111 §3.2: the cache "MUST add each header field in the provided response to the
+    stored response, replacing field values that are already present", except the fields
+    that are not stored and `Content-Length`: every field `stored_headers()` keeps from
+    the 304 replaces all lines of that name; the others stay as they were.
+    """
+    fresh = stored_headers(headers)
+    replaced = {name.lower() for name, _ in fresh}
+    return [(name, value) for name, value in stored if name.lower() not in replaced] + fresh
 
 
 # --- ranges ----------------------------------------------------------------------------
@@ -733,7 +766,159 @@ def conditional_headers(etag: str | None, last_modified: str | None) -> dict[str
     return fields
 
 
+# --- invalidation ----------------------------------------------------------------------
+
+# RFC 9110 §9.2.1; every other method, known or not, is unsafe.
+_SAFE_METHODS = frozenset(("GET", "HEAD", "OPTIONS", "TRACE"))
+
+
+def invalidated_keys(method: str, status: int, url: str, headers: Headers) -> list[str]:
+    """The cache keys a response to `method` on `url` makes stale (RFC 9111 §4.4).
+
+    "A cache MUST invalidate the target URI ... when it receives a non-error status code
+    in response to an unsafe request method (including methods whose safety is
+    unknown)"; non-error is 2xx and 3xx. The URIs in `Location` and `Content-Location`
+    are invalidated too, resolved against the target, but only on the target's origin:
+    "a cache MUST NOT trigger an invalidation under these conditions if the origin ...
+    of the URI to be invalidated differs from that of the target URI".
+    """
+    if method in _SAFE_METHODS or not 200 <= status < 400:
+        return []
+    target = cache_key(url)
+    origin = _origin_of(target)
+    keys = [target]
+    for name in ("Location", "Content-Location"):
+        value = header(headers, name)
+        if not value:
+            continue
+        try:
+            key = cache_key(urljoin(url, value.strip()))
+        except ValueError:
+            continue  # not an http(s) URL: nothing of ours
+        if _origin_of(key) == origin and key not in keys:
+            keys.append(key)
+    return keys
+
+
+def _origin_of(key: str) -> str:
+    """`scheme://host[:port]` of a cache key (keys are normalised, see `cache_key()`)."""
+    scheme, _, rest = key.partition("://")
+    return f"{scheme}://{rest.split('/', 1)[0]}"
+
+
+# --- age ---------------------------------------------------------------------------------
+
+
+def generated_at(
+    request_time: float, response_time: float, date: str | None, age: str | None
+) -> float:
+    """When the origin generated (or validated) a response, on this machine's clock.
+
+    RFC 9111 §4.2.3 computes a stored response's current age as
+
+        apparent_age = max(0, response_time - date_value)
+        corrected_age_value = age_value + (response_time - request_time)
+        corrected_initial_age = max(apparent_age, corrected_age_value)
+        current_age = corrected_initial_age + (now - response_time)
+
+    so `current_age = now - (response_time - corrected_initial_age)`: this returns that
+    bracket, and `current_age()` is one subtraction per hit. Times are `time.time()`
+    seconds; a missing or invalid `Date` or `Age` counts as zero age.
+    """
+    moment = _http_date(date) if date is not None else None
+    apparent = max(0.0, response_time - moment.timestamp()) if moment is not None else 0.0
+    corrected = _delta_seconds(age) + (response_time - request_time)
+    return response_time - max(apparent, corrected)
+
+
+def current_age(generated: float, now: float) -> int:
+    """The Age of a stored response (RFC 9111 §5.1), whole seconds, never negative."""
+    return max(0, int(now - generated))
+
+
+def _delta_seconds(value: str | None) -> int:
+    """A delta-seconds value (RFC 9111 §1.2.2); 0 when absent or invalid, saturated at
+    2**31 ("a cache receiving a delta-seconds value greater than the greatest integer it
+    can represent ... MUST consider the value to be 2147483648")."""
+    digits = (value or "").strip()
+    if not digits.isascii() or not digits.isdigit():
+        return 0
+    significant = digits.lstrip("0")
+    return min(int(significant or "0"), 2**31) if len(significant) <= 10 else 2**31
+
+
+@functools.lru_cache(maxsize=4)
+def _formatted_date(second: int) -> str:
+    return formatdate(second, usegmt=True)
+
+
+def http_date(now: float) -> str:
+    """`now` as an IMF-fixdate (RFC 9110 §5.6.7), formatted once per second."""
+    return _formatted_date(int(now))
+
+
 # --- freshness -------------------------------------------------------------------------
+
+# For hosts named by `--http-freshness`, stored objects follow RFC 9111's expiration
+# model as a private cache (§4.2): `freshness_lifetime()` is computed once when a
+# response is stored or validated, and `is_fresh()` decides each request.
+
+
+def freshness_lifetime(headers: Headers, date: str | None, received: float) -> float:
+    """How long a response stays fresh, in seconds (RFC 9111 §4.2.1, private cache).
+
+    `max-age` first (`s-maxage` is for shared caches); else `Expires` minus `Date`
+    (an invalid `Expires` means already expired, §5.3); else, since a 200 is
+    heuristically cacheable, a tenth of the time since `Last-Modified` (§4.2.2: "a
+    typical setting of this fraction might be 10%"); else 0. `date` is the response's
+    `Date` (not stored), `received` when it came, standing in for a missing one.
+    """
+    directives = _cache_directives(headers)
+    if "max-age" in directives:
+        return float(_delta_seconds(directives["max-age"]))
+    moment = _http_date(date) if date is not None else None
+    date_value = moment.timestamp() if moment is not None else received
+    expires = header(headers, "Expires")
+    if expires is not None:
+        until = _http_date(expires)
+        return max(0.0, until.timestamp() - date_value) if until is not None else 0.0
+    modified_value = header(headers, "Last-Modified")
+    modified = _http_date(modified_value) if modified_value is not None else None
+    if modified is not None:
+        return max(0.0, (date_value - modified.timestamp()) / 10)
+    return 0.0
+
+
+def is_fresh(
+    headers: Headers, lifetime: float, generated: float, request_headers: Headers, now: float
+) -> bool:
+    """May a stored response answer this request without validation (RFC 9111 §4.2)?
+
+    Not when it says `no-cache` (§5.2.2.4: "MUST NOT be used to satisfy any other
+    request without forwarding it for validation"; a `no-cache="field"` only withholds
+    fields, see `stored_headers()`), nor when the request's `max-age` is below its age
+    (§5.2.1.1); otherwise while its age is below its freshness lifetime.
+    """
+    directives = _cache_directives(headers)
+    if "no-cache" in directives and directives["no-cache"] is None:
+        return False
+    age = now - generated
+    wanted = _cache_directives(request_headers).get("max-age")
+    if wanted and age > _delta_seconds(wanted):
+        return False
+    return age < lifetime
+
+
+def may_serve_stale(headers: Headers) -> bool:
+    """May a stale response be served when the origin cannot be reached (§4.2.4)?
+
+    "A cache MUST NOT generate a stale response if it is prohibited by an explicit
+    in-protocol directive (e.g., by a no-cache response directive, a must-revalidate
+    response directive ...)"; with must-revalidate "the cache MUST generate an error
+    response rather than reuse the stale response" (§5.2.2.2).
+    """
+    directives = _cache_directives(headers)
+    return "must-revalidate" not in directives and directives.get("no-cache", "") is not None
 
 
 def client_asks_no_cache(request_headers: Headers) -> bool:

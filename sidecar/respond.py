@@ -219,6 +219,12 @@ class ClientChannel:
         self._head = head
         await self._write(http1.assemble_response_head(head))
 
+    async def interim(self, status: int, headers: Sequence[tuple[str, str]]) -> None:
+        """Write a 1xx interim response."""
+        fields = "".join(f"{name}: {value}\r\n" for name, value in headers)
+        reason = status_codes.RESPONSES.get(status, "")
+        await self._write(f"HTTP/1.1 {status} {reason}\r\n{fields}\r\n".encode("latin-1"))
+
     async def write(self, data: bytes) -> None:
         """Write body bytes, waiting while the client's socket buffer is full."""
         self.body_bytes += len(data)

@@ -14,26 +14,39 @@ the same for both.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import aiohttp
 
 from sidecar import policy
 from sidecar.exchange import Body, Channel, ClientGone, Request
-from sidecar.fill import AnyFill, Declined, FillFailed, Fills, StoredMeanwhile, read_file
+from sidecar.fill import (
+    Acquired,
+    AnyFill,
+    Declined,
+    Fetched,
+    FillFailed,
+    Fills,
+    StoredMeanwhile,
+    read_file,
+)
 from sidecar.keeper import BUFFER_UNAVAILABLE, Buffer
 from sidecar.metrics import Metrics
-from sidecar.settings import Settings
+from sidecar.settings import Settings, host_matches
 from sidecar.store import StoredObject, StoreError
 from sidecar.upstream import (
+    Interim,
     Upstream,
     UpstreamError,
     forwarded_headers,
+    interim_sink,
     loggable_url,
     response_headers,
 )
@@ -51,10 +64,16 @@ REMEMBERED = 100_000
 
 @dataclass(frozen=True)
 class Representation:
-    """A complete 200 response that can be served in whole or in part."""
+    """A complete 200 response that can be served in whole or in part.
+
+    `generated_at` (see `policy.generated_at`) for a stored response, which is answered
+    with a `Date` of its own and the `Age` it has; None for the origin's response to the
+    request that started a fill, whose `Date` and `Age` are the origin's.
+    """
 
     size: int
     headers: tuple[tuple[str, str], ...]
+    generated_at: float | None
 
     @functools.cached_property
     def etag(self) -> str | None:
@@ -69,6 +88,19 @@ class Representation:
         """The stored fields as sent with every answer (ranges always accepted)."""
         fields = [(k, v) for k, v in self.headers if k.lower() != "accept-ranges"]
         return (*fields, ("Accept-Ranges", "bytes"))
+
+    def stamped(self, now: float) -> tuple[tuple[str, str], ...]:
+        """`replayed` with the `Date` and `Age` of an answer at `now` (RFC 9110 §6.6.1,
+        RFC 9111 §5.1), made once per second: hits only compare a number. The Age is
+        the one at the second's end, so it is never younger than the truth."""
+        assert self.generated_at is not None
+        second = int(now)
+        stamp: tuple[int, tuple[tuple[str, str], ...]] | None = self.__dict__.get("_stamp")
+        if stamp is None or stamp[0] != second:
+            age = policy.current_age(self.generated_at, second + 1)
+            fields = (*self.replayed, ("Date", policy.http_date(second)), ("Age", str(age)))
+            stamp = self.__dict__["_stamp"] = (second, fields)
+        return stamp[1]
 
 
 @dataclass(frozen=True)
@@ -91,13 +123,16 @@ class Immediate:
     body: bytes
 
 
-def answer(request: Request, representation: Representation) -> Answer:
-    """The response to `request` from a complete representation: 412 for a failed
-    precondition, 304 for a matching conditional (RFC 9110 §13.2.2), 416 for an
+def answer(request: Request, representation: Representation, now: float) -> Answer:
+    """The response to `request` from a complete representation at time `now`: 412 for a
+    failed precondition, 304 for a matching conditional (RFC 9110 §13.2.2), 416 for an
     unsatisfiable range, 206 for a range that If-Range allows (§14.2, §13.1.5), else 200."""
     size = representation.size
     etag, last_modified = representation.etag, representation.last_modified
-    base = representation.replayed
+    if representation.generated_at is None:
+        base = representation.replayed
+    else:
+        base = representation.stamped(now)
     if not policy.preconditions_hold(request.fields, etag, last_modified):
         return Answer(412, [("Content-Length", "0")])
     if policy.not_modified(request.fields, etag, last_modified):
@@ -133,12 +168,20 @@ class Router:
         self.upstream = upstream
         self.metrics = metrics
         self._representations: dict[str, Representation] = {}
+        self._freshness_hosts: dict[str, bool] = {}  # by host[:port]
 
     async def handle(self, request: Request, channel: Channel, body: Body | None = None) -> None:
         """Answer one request; whatever goes wrong, the client never sees a short success.
 
         `body` is the request's body for methods that have one (forwarded upstream).
         """
+        token = interim_sink.set(_interim_forwarder(request, channel))
+        try:
+            await self._handle(request, channel, body)
+        finally:
+            interim_sink.reset(token)
+
+    async def _handle(self, request: Request, channel: Channel, body: Body | None) -> None:
         with channel.keep_alive():
             try:
                 verdict = policy.request_may_hit(request.method, request.fields)
@@ -167,10 +210,14 @@ class Router:
     async def _serve(self, request: Request, channel: Channel) -> None:
         key = policy.cache_key(request.url)
         entry = self._lookup(key)
-        if entry is not None and policy.needs_revalidation(
-            self.settings.revalidate, request.fields
-        ):
-            entry = await self._revalidate(request, key, entry)
+        fetched: Fetched | None = None
+        if entry is not None and self._must_validate(request, key, entry):
+            entry, fetched = await self._revalidate(request, key, entry)
+            if entry is None and fetched is None:
+                await self._error(
+                    channel, 504, "burstbuffer: the origin cannot validate a stored response"
+                )
+                return
         if entry is not None:
             etag = self._representation(entry).etag
             verdict = policy.answers_preconditions(request.fields, etag)
@@ -182,10 +229,13 @@ class Router:
         verdict = policy.request_is_cacheable(request.method, request.fields)
         if not verdict.cacheable:
             # A HEAD miss or a no-store request never fills: relay an unstored exchange.
-            await self._pass(request, channel, verdict.reason)
+            if fetched is not None:
+                await self._relay(request, channel, fetched.response, verdict.reason)
+            else:
+                await self._pass(request, channel, verdict.reason)
             return
         try:
-            acquired = await self.fills.acquire(key, request.url, list(request.headers))
+            acquired = await self.fills.acquire(key, request.url, list(request.headers), fetched)
         except Declined as e:
             await self._pass(request, channel, e.reason)
             return
@@ -206,13 +256,14 @@ class Router:
                 await self._relay(request, channel, acquired.response, acquired.reason)
             return
         try:
-            await self._serve_fill(request, channel, acquired.fill, acquired.kind)
+            await self._serve_fill(request, channel, acquired.fill, acquired)
         finally:
             acquired.fill.detach()
 
     async def _serve_fill(
-        self, request: Request, channel: Channel, fill: AnyFill, kind: str
+        self, request: Request, channel: Channel, fill: AnyFill, acquired: Acquired
     ) -> None:
+        kind = acquired.kind
         try:
             head = await fill.head
         except Declined as e:
@@ -221,7 +272,10 @@ class Router:
         except (FillFailed, UpstreamError) as e:
             await self._error(channel, 502, f"burstbuffer: upstream request failed: {e}")
             return
-        representation = Representation(head.size, head.headers)
+        if kind == "miss":
+            representation = Representation(head.size, acquired.relayed, None)
+        else:
+            representation = Representation(head.size, head.headers, head.generated_at)
         verdict = policy.answers_preconditions(request.fields, representation.etag)
         if not verdict.cacheable:
             await self._pass(request, channel, verdict.reason)
@@ -251,31 +305,83 @@ class Router:
 
     async def _revalidate(
         self, request: Request, key: str, entry: StoredObject
-    ) -> StoredObject | None:
-        """Ask the origin whether a stored object is still current (RFC 9111 §4.3)."""
+    ) -> tuple[StoredObject | None, Fetched | None]:
+        """Ask the origin whether a stored object is still current (RFC 9111 §4.3), in
+        one request: the stored object to serve (it is), or the origin's full answer (it
+        is not), which becomes the new fill or is relayed (RFC 9111 §4.3.3: "the cache
+        MUST use the full response to satisfy the request"). An object without
+        validators is asked for with a plain GET, whose answer serves the same way.
+        """
         headers = forwarded_headers(request.headers, for_fill=True)
         headers += list(
             policy.conditional_headers(
                 policy.header(entry.headers, "ETag"), policy.header(entry.headers, "Last-Modified")
             ).items()
         )
-        self.metrics.counters.upstream_requests += 1
+        stale_allowed = not self._by_freshness(key) or policy.may_serve_stale(entry.headers)
         try:
-            response = await self.upstream.get(request.url, headers)
+            fetched = await self.fills.fetch(request.url, headers)
         except UpstreamError as e:
             # The origin is unreachable: serving the stored copy beats failing (RFC 9111 §4.2.4).
             logger.warning(
-                "revalidation of %s failed, serving stored: %s", loggable_url(request.url), e
+                "revalidation of %s failed, %s: %s",
+                loggable_url(request.url),
+                "serving stored" if stale_allowed else "must not serve stored",
+                e,
             )
-            return entry
-        response.release()
-        if response.status == 304:
-            return entry
-        logger.info(
-            "%s changed upstream (%d); refetching", loggable_url(request.url), response.status
-        )
+            return (entry if stale_allowed else None), None
+        status = fetched.response.status
+        if status == 304:
+            fetched.response.release()
+            return self._refreshed(key, entry, fetched), None
+        if status >= 500:
+            # RFC 9111 §4.3.3: on a 5xx the cache "can ... act as if the server failed to
+            # respond", as for an unreachable origin, or relay it.
+            if not stale_allowed:
+                return None, fetched
+            fetched.response.release()
+            logger.warning(
+                "revalidation of %s answered %d, serving stored", loggable_url(request.url), status
+            )
+            return entry, None
+        logger.info("%s changed upstream (%d)", loggable_url(request.url), status)
         self._forget(key)
-        return None
+        return None, fetched
+
+    def _must_validate(self, request: Request, key: str, entry: StoredObject) -> bool:
+        """Must the origin be asked before `entry` answers `request`?"""
+        if policy.needs_revalidation(self.settings.revalidate, request.fields):
+            return True
+        return self._by_freshness(key) and not policy.is_fresh(
+            entry.headers, entry.lifetime, entry.born, request.fields, time.time()
+        )
+
+    def _by_freshness(self, key: str) -> bool:
+        """Do objects of this key's host follow RFC 9111 freshness (--http-freshness)?"""
+        if not self.settings.http_freshness:
+            return False
+        netloc = key.split("/", 3)[2]
+        known = self._freshness_hosts.get(netloc)
+        if known is None:
+            if len(self._freshness_hosts) >= REMEMBERED:
+                self._freshness_hosts.clear()
+            host = urlsplit(key).hostname or ""
+            known = host_matches(host, self.settings.http_freshness)
+            self._freshness_hosts[netloc] = known
+        return known
+
+    def _refreshed(self, key: str, entry: StoredObject, fetched: Fetched) -> StoredObject:
+        """The stored object with the fields of the 304 that validated it (RFC 9111
+        §4.3.4), and an age that starts again from the 304."""
+        headers = policy.updated_headers(entry.headers, fetched.response.headers)
+        refreshed = dataclasses.replace(
+            entry,
+            headers=tuple(headers),
+            generated_at=fetched.generated_at,
+            lifetime=fetched.lifetime(headers),
+        )
+        self.buffer.update(key, refreshed)
+        return refreshed
 
     # -- responses --------------------------------------------------------------------
 
@@ -311,7 +417,7 @@ class Router:
     ) -> None:
         """Answer from a complete representation: 200, 206, 304, 416 or HEAD."""
         started = time.monotonic()
-        plan = answer(request, representation)
+        plan = answer(request, representation, time.time())
         await channel.start(plan.status, plan.headers)
         if plan.end > plan.start:
             async for chunk in chunks(plan.start, plan.end):
@@ -339,10 +445,12 @@ class Router:
             return None
         if entry is None:
             return None
+        if self.settings.http_freshness and self._must_validate(request, key, entry):
+            return None
         representation = self._representation(entry)
         if not policy.answers_preconditions(request.fields, representation.etag).cacheable:
             return None
-        plan = answer(request, representation)
+        plan = answer(request, representation, time.time())
         if plan.end - plan.start > IMMEDIATE_LIMIT:
             return None
         body = b""
@@ -366,10 +474,12 @@ class Router:
 
     def _representation(self, entry: StoredObject) -> Representation:
         known = self._representations.get(entry.file)
-        if known is None:
+        if known is None or known.headers is not entry.headers:  # new, or updated by a 304
             if len(self._representations) >= REMEMBERED:
                 self._representations.clear()
-            known = self._representations[entry.file] = Representation(entry.size, entry.headers)
+            known = self._representations[entry.file] = Representation(
+                entry.size, entry.headers, entry.born
+            )
         return known
 
     async def _pass(
@@ -386,7 +496,28 @@ class Router:
             self.metrics.counters.upstream_errors += 1
             await self._error(channel, 502, f"burstbuffer: upstream request failed: {e}")
             return
+        try:
+            await self.invalidate(request.method, request.url, response.status, response.headers)
+        except BaseException:
+            response.release()
+            raise
         await self._relay(request, channel, response, reason)
+
+    async def invalidate(self, method: str, url: str, status: int, headers: policy.Headers) -> None:
+        """After a write, forget what it made stale (RFC 9111 §4.4), in every worker,
+        before the client sees the response: a read that follows it never gets the old
+        object."""
+        keys = policy.invalidated_keys(method, status, url, headers)
+        if not keys:
+            return
+        try:
+            await self.buffer.invalidate(keys)
+        except StoreError as e:
+            self.metrics.buffer_trouble("invalidating written objects", e)
+            return
+        logger.info(
+            "%s %s -> %d: invalidated %d URLs", method, loggable_url(url), status, len(keys)
+        )
 
     async def _relay(
         self,
@@ -438,6 +569,19 @@ class Router:
         await channel.write(body)
         channel.finish()
         logger.warning("%d: %s", status, message)
+
+
+def _interim_forwarder(request: Request, channel: Channel) -> Interim | None:
+    """Where the origin's 1xx responses to `request` go: to its client, unless that
+    speaks HTTP/1.0 (RFC 9110 §15.2), and only before the final answer begins."""
+    if request.http_version == "HTTP/1.0":
+        return None
+
+    async def forward(status: int, headers: list[tuple[str, str]]) -> None:
+        if not channel.started:
+            await channel.interim(status, response_headers(headers))
+
+    return forward
 
 
 async def _file_chunks(fd: int, start: int, end: int) -> AsyncIterator[bytes]:

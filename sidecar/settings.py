@@ -266,6 +266,9 @@ class Settings:
     upstream_timeout: float = 60.0
     # revalidate, default off. Revalidate stored objects with the origin before a hit.
     revalidate: bool = False
+    # http_freshness, default none. Host globs whose stored objects follow RFC 9111
+    # freshness (max-age, Expires, heuristic) instead of living for the pod's lifetime.
+    http_freshness: tuple[str, ...] = ()
     # parallel_fetch, default 4. Origin connections one large cold fill may use (1: off).
     parallel_fetch: int = 4
     # stage_in, default none. URLs (brace ranges, @manifests) prefetched at start.
@@ -310,6 +313,7 @@ _FLAGS: tuple[_Flag, ...] = (
     _Flag("transparent_port", parse_port, "port of the transparent listener (default 3130)"),
     _Flag("upstream_timeout", parse_seconds, "seconds an origin may stall before a resume (60)"),
     _Flag("revalidate", None, "revalidate stored objects with the origin instead of immutable"),
+    _Flag("http_freshness", parse_host_globs, "host globs cached by RFC 9111 freshness rules"),
     _Flag("parallel_fetch", parse_count, "origin connections per large cold fill (4; 1=off)"),
     _Flag("stage_in", parse_stage_in, "URLs to prefetch at start: brace ranges, @manifest URLs"),
     _Flag("stage_in_parallel", parse_count, "stage-in objects fetched at once (4)"),
@@ -404,6 +408,9 @@ def command_line(**values: object) -> list[str]:
             argv += [flag.option, format_size(int(value))]  # type: ignore[call-overload]
         elif flag.field == "intercept":
             argv += [flag.option, ",".join(parse_host_globs(value))]  # type: ignore[arg-type]
+        elif flag.field == "http_freshness":
+            if value:
+                argv += [flag.option, ",".join(parse_host_globs(value))]  # type: ignore[arg-type]
         elif flag.field == "stage_in":
             if value:
                 argv += [flag.option, " ".join(parse_stage_in(value))]  # type: ignore[arg-type]

@@ -7,10 +7,13 @@ on the platforms pods run on), so no lock is needed:
 | slot | written by | meaning |
 | --- | --- | --- |
 | 0 | the main process | index generation: bumped whenever a stored object is removed |
-| 1 + i | worker i | its open client connections (`front.Balance`) |
+| 1 | the main process | invalidations: bumped whenever a write invalidates a URL |
+| 2 + i | worker i | its open client connections (`front.Balance`) |
 
 Workers remember stored objects between requests; a changed generation tells them
-to forget what they remember (`keeper.Buffer`).
+to forget what they remember (`keeper.Buffer`). A worker lets a new request join a
+fill it runs without asking the keeper only while no invalidation happened since the
+fill began (`fill.Fills`): a fill that a write made stale must not gain readers.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import mmap
 import os
 
 _SLOT = 8  # bytes
+_COMMON = 2  # slots before the per-worker ones
 
 
 class Shared:
@@ -26,13 +30,13 @@ class Shared:
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self.workers = os.fstat(fd).st_size // _SLOT - 1
-        self._slots = memoryview(mmap.mmap(fd, (self.workers + 1) * _SLOT)).cast("q")
+        self.workers = os.fstat(fd).st_size // _SLOT - _COMMON
+        self._slots = memoryview(mmap.mmap(fd, (self.workers + _COMMON) * _SLOT)).cast("q")
 
     @classmethod
     def create(cls, workers: int) -> Shared:
         fd = os.memfd_create("burstbuffer-shared", 0)  # inherited by workers on purpose
-        os.ftruncate(fd, (workers + 1) * _SLOT)
+        os.ftruncate(fd, (workers + _COMMON) * _SLOT)
         return cls(fd)
 
     @property
@@ -43,6 +47,13 @@ class Shared:
         self._slots[0] += 1
 
     @property
+    def invalidations(self) -> int:
+        return int(self._slots[1])
+
+    def bump_invalidations(self) -> None:
+        self._slots[1] += 1
+
+    @property
     def connections(self) -> memoryview:
         """Open client connections per worker (one slot each)."""
-        return self._slots[1:]
+        return self._slots[_COMMON:]

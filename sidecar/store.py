@@ -37,6 +37,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
@@ -110,6 +111,15 @@ class StoredObject:
     sha256: str  # hex digest of the body, computed while filling
     headers: tuple[tuple[str, str], ...]  # end-to-end response headers to replay
     stored_at: float  # time.time() of the commit
+    # time.time() the origin generated or last validated it (`policy.generated_at`);
+    # objects stored by an earlier version count from their commit.
+    generated_at: float = 0.0
+    # Seconds it stays fresh (`policy.freshness_lifetime`), for --http-freshness hosts.
+    lifetime: float = 0.0
+
+    @property
+    def born(self) -> float:
+        return self.generated_at or self.stored_at
 
 
 class Reservation:
@@ -130,11 +140,12 @@ class Store:
         directory: Path,
         capacity: int,
         eviction: Eviction,
-        removed: Callable[[], None] = lambda: None,
+        changed: Callable[[], None] = lambda: None,
     ) -> None:
-        """`removed()` is called after each object is removed from the index."""
+        """`changed()` is called after each object is removed from the index or has its
+        fields changed."""
         self.directory = directory
-        self._removed = removed
+        self._changed = changed
         self.capacity = capacity
         self.eviction = eviction
         self.objects_dir = directory / "objects"
@@ -282,7 +293,13 @@ class Store:
             self.remove(victim)
 
     def commit(
-        self, reservation: Reservation, key: str, sha256: str, headers: tuple[tuple[str, str], ...]
+        self,
+        reservation: Reservation,
+        key: str,
+        sha256: str,
+        headers: tuple[tuple[str, str], ...],
+        generated_at: float,
+        lifetime: float,
     ) -> StoredObject:
         """Make a complete fill servable: move its body into objects/ and index it."""
         if reservation.settled:
@@ -290,7 +307,9 @@ class Store:
         reservation.settled = True
         self.reserved -= reservation.size
         name = reservation.path.name
-        entry = StoredObject(name, reservation.size, sha256, headers, time.time())
+        entry = StoredObject(
+            name, reservation.size, sha256, headers, time.time(), generated_at, lifetime
+        )
         try:
             size_on_disk = reservation.path.stat().st_size
             if size_on_disk != reservation.size:
@@ -338,11 +357,34 @@ class Store:
         except (sqlite3.Error, diskcache.Timeout) as e:
             raise StoreError(f"cannot remove an object: {_describe(e)}") from e
         finally:
-            self._removed()
+            self._changed()
         if entry is not None:
             # Unlinking a large tmpfs file takes tens of milliseconds: not on the event
             # loop. Readers that still have it open keep reading it.
             _JANITOR.submit(_unlink_quietly, self.objects_dir / entry.file)
+
+    def update(
+        self,
+        key: str,
+        file: str,
+        headers: tuple[tuple[str, str], ...],
+        generated_at: float,
+        lifetime: float,
+    ) -> None:
+        """Record a stored object's fields and age after a 304 validated it; nothing if
+        the object was replaced or removed meanwhile."""
+        entry = self._get(key)
+        if entry is None or entry.file != file or key in self._unverified:
+            return
+        self._set(
+            key,
+            dataclasses.replace(
+                entry, headers=headers, generated_at=generated_at, lifetime=lifetime
+            ),
+        )
+        if headers != entry.headers:
+            # Workers forget what they remember; an age alone they may overestimate.
+            self._changed()
 
     def close(self) -> None:
         if self._index is not None:

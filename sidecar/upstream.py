@@ -9,12 +9,14 @@ HTTP CONNECT. Bodies are never decompressed: a cache stores bytes as sent.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import re
 import ssl
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
@@ -32,6 +34,43 @@ _PARTIAL_OR_CONDITIONAL = frozenset(
     {"range", "if-range", "if-match", "if-none-match", "if-modified-since", "if-unmodified-since"}
 )
 _CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+
+
+# Where the interim (1xx) responses an origin sends before its answer to the request
+# being handled go, if anywhere: `(status, fields)`.
+Interim = Callable[[int, list[tuple[str, str]]], Awaitable[None]]
+interim_sink: contextvars.ContextVar[Interim | None] = contextvars.ContextVar(
+    "interim_sink", default=None
+)
+
+
+class _InterimResponse(aiohttp.ClientResponse):
+    """A response that hands the interim responses before it to `interim_sink`.
+
+    aiohttp reads and drops them (`ClientResponse.start` loops over the connection's
+    messages until a final one); RFC 9110 §15.2 says a proxy "MUST forward 1xx
+    responses unless the proxy itself requested the generation of the 1xx response".
+    100 (Continue) is that exception here: the front end answers `Expect` itself.
+    """
+
+    async def start(self, connection: Any) -> aiohttp.ClientResponse:
+        sink = interim_sink.get()
+        if sink is None:
+            return await super().start(connection)
+        protocol = connection.protocol
+        read = protocol.read
+
+        async def forwarding_read() -> Any:
+            message, payload = await read()
+            if 100 < message.code < 200 and message.code != 101:
+                await sink(message.code, list(message.headers.items()))
+            return message, payload
+
+        protocol.read = forwarding_read
+        try:
+            return await super().start(connection)
+        finally:
+            del protocol.read
 
 
 class UpstreamError(Exception):
@@ -139,6 +178,7 @@ class Upstream:
             cookie_jar=aiohttp.DummyCookieJar(),
             skip_auto_headers=("User-Agent", "Accept-Encoding"),
             trust_env=False,
+            response_class=_InterimResponse,
         )
 
     async def close(self) -> None:

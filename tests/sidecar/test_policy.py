@@ -1,4 +1,5 @@
 import string
+from email.utils import parsedate_to_datetime
 
 import pytest
 from hypothesis import given
@@ -578,3 +579,110 @@ def test_conditional_headers() -> None:
 )
 def test_needs_revalidation(revalidate: bool, request_headers, expected: bool) -> None:
     assert policy.needs_revalidation(revalidate, request_headers) is expected
+
+
+# --- age -------------------------------------------------------------------------------
+
+
+def test_generated_at_follows_the_age_calculation_of_rfc_9111() -> None:
+    date = "Sun, 06 Nov 1994 08:49:37 GMT"
+    at = parsedate_to_datetime(date).timestamp()
+    # The larger of apparent age (clock skew) and Age plus the response delay wins.
+    assert policy.generated_at(at + 9, at + 10, date, "3") == at
+    assert policy.generated_at(at + 9, at + 10, date, "30") == at + 10 - 31
+    assert policy.generated_at(at - 60, at - 50, date, None) == at - 60  # a Date ahead of us
+    assert policy.generated_at(at, at, None, "junk") == at
+    assert policy.current_age(at - 100.5, at) == 100
+    assert policy.current_age(at + 5, at) == 0
+
+
+def test_relayed_headers_keep_end_to_end_fields_and_drop_hop_by_hop_and_framing() -> None:
+    relayed = policy.relayed_headers(
+        aiohttp_headers(
+            ("Date", "x"),
+            ("Age", "5"),
+            ("Set-Cookie", "a=b"),
+            ("Set-Cookie", "c=d"),
+            ("Connection", "close, X-Hop"),
+            ("X-Hop", "1"),
+            ("Keep-Alive", "timeout=5"),
+            ("Content-Length", "3"),
+            ("Alt-Svc", 'h3=":443"'),
+            ("ETag", '"e"'),
+        )
+    )
+    assert relayed == [
+        ("Date", "x"),
+        ("Age", "5"),
+        ("Set-Cookie", "a=b"),
+        ("Set-Cookie", "c=d"),
+        ("ETag", '"e"'),
+    ]
+
+
+# --- invalidation ----------------------------------------------------------------------
+
+
+def test_writes_invalidate_the_target_and_same_origin_locations() -> None:
+    url = "https://Data.Example:443/a/b?v=1"
+    assert policy.invalidated_keys("GET", 200, url, {}) == []
+    assert policy.invalidated_keys("OPTIONS", 200, url, {}) == []
+    assert policy.invalidated_keys("PUT", 404, url, {}) == []
+    assert policy.invalidated_keys("PUT", 500, url, {}) == []
+    assert policy.invalidated_keys("PUT", 204, url, {}) == ["https://data.example/a/b?v=1"]
+    assert policy.invalidated_keys("FROB", 302, url, {}) == ["https://data.example/a/b?v=1"]
+    headers = {"Location": "../c", "Content-Location": "https://other.example/a/b"}
+    assert policy.invalidated_keys("POST", 201, url, headers) == [
+        "https://data.example/a/b?v=1",
+        "https://data.example/c",
+    ]
+    assert policy.invalidated_keys("DELETE", 200, url, {"Location": "mailto:x@y"}) == [
+        "https://data.example/a/b?v=1"
+    ]
+
+
+def test_a_304_replaces_the_stored_fields_it_names_but_not_the_framing() -> None:
+    stored = [("ETag", '"a"'), ("Cache-Control", "max-age=1"), ("X-Meta", "1"), ("X-Meta", "2")]
+    answer = aiohttp_headers(
+        ("Cache-Control", "max-age=3600"),
+        ("X-Meta", "3"),
+        ("Content-Length", "0"),
+        ("Date", "now"),
+        ("Set-Cookie", "a=b"),
+    )
+    assert policy.updated_headers(stored, answer) == [
+        ("ETag", '"a"'),
+        ("Cache-Control", "max-age=3600"),
+        ("X-Meta", "3"),
+    ]
+
+
+# --- freshness (--http-freshness) ---------------------------------------------------------
+
+
+def test_freshness_lifetime_prefers_max_age_then_expires_then_the_heuristic() -> None:
+    date = "Sun, 06 Nov 1994 08:49:37 GMT"
+    at = parsedate_to_datetime(date).timestamp()
+    expires = ("Expires", "Sun, 06 Nov 1994 09:49:37 GMT")
+    modified = ("Last-Modified", "Sun, 06 Nov 1994 06:49:37 GMT")
+    lifetime = policy.freshness_lifetime
+    assert lifetime([("Cache-Control", "max-age=60"), expires], date, at) == 60
+    assert lifetime([("Cache-Control", "max-age=bogus")], date, at) == 0
+    assert lifetime([("Cache-Control", "s-maxage=60"), expires], date, at) == 3600
+    assert lifetime([("Expires", "0"), modified], date, at) == 0
+    assert lifetime([expires], None, at - 600) == 3600 + 600  # received stands in for Date
+    assert lifetime([modified], date, at) == 720  # a tenth of two hours
+    assert lifetime([], date, at) == 0
+
+
+def test_freshness_honours_no_cache_request_max_age_and_stale_prohibitions() -> None:
+    fresh = policy.is_fresh
+    assert fresh([], 60, 1000, {}, 1059)
+    assert not fresh([], 60, 1000, {}, 1060)
+    assert not fresh([("Cache-Control", "no-cache")], 60, 1000, {}, 1001)
+    assert fresh([("Cache-Control", 'no-cache="Set-Cookie2"')], 60, 1000, {}, 1001)
+    assert not fresh([], 60, 1000, {"Cache-Control": "max-age=0"}, 1001)
+    assert fresh([], 60, 1000, {"Cache-Control": "max-age=5"}, 1001)
+    assert policy.may_serve_stale([("Cache-Control", "max-age=0")])
+    assert not policy.may_serve_stale([("Cache-Control", "max-age=0, must-revalidate")])
+    assert not policy.may_serve_stale([("Cache-Control", "no-cache")])

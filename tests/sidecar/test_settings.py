@@ -89,6 +89,7 @@ def test_command_line_round_trips() -> None:
         buffer_size=3 * 1024**3,
         intercept=("a.org", "*.b.org"),
         revalidate=True,
+        http_freshness=("pypi.org", "*.Hub.example"),
         upstream_proxy=None,
         admin_host="0.0.0.0",
     )
@@ -98,8 +99,12 @@ def test_command_line_round_trips() -> None:
         "--buffer-size", "3GiB",
         "--intercept", "a.org,*.b.org",
         "--revalidate",
+        "--http-freshness", "pypi.org,*.hub.example",
     ]  # fmt: skip
     s = parse(argv, {})
     assert s.buffer_size == 3 * 1024**3 and s.intercept == ("a.org", "*.b.org") and s.revalidate
+    assert s.http_freshness == ("pypi.org", "*.hub.example")
+    assert parse(["--buffer-dir", "/b"], {}).http_freshness == ()
+    assert command_line(http_freshness=()) == []
     with pytest.raises(TypeError, match="bogus"):
         command_line(bogus=1)

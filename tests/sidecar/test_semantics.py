@@ -1,0 +1,252 @@
+"""HTTP semantics a caching proxy keeps (RFC 9110, RFC 9111), end to end: real origins,
+the real sidecar, real clients."""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import trustme
+
+from bench.harness import OriginServer, Sidecar, start_origin, wait_until
+from tests.sidecar.conftest import curl
+
+pytestmark = pytest.mark.e2e
+
+
+def served_file(dataset: Path, name: str, body: bytes, *headers: tuple[str, str]) -> Path:
+    """A file of the origin, with extra response fields (see bench.origin)."""
+    path = dataset / name
+    path.write_bytes(body)
+    set_fields(path, *headers)
+    return path
+
+
+def set_fields(path: Path, *headers: tuple[str, str]) -> None:
+    """The extra response fields of an origin's file (its body, and so its ETag, stay)."""
+    path.with_name(path.name + ".headers").write_text(json.dumps([list(h) for h in headers]))
+
+
+def response_fields(stdout: str) -> dict[str, list[str]]:
+    """The fields of the last response head `curl -D -` printed, by lower-case name."""
+    heads = [head for head in stdout.replace("\r\n", "\n").split("\n\n") if head.strip()]
+    fields: dict[str, list[str]] = {}
+    for line in heads[-1].splitlines()[1:]:
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip().lower(), []).append(value.strip())
+    return fields
+
+
+def fetch(sidecar: Sidecar, url: str, *args: str) -> tuple[bytes, dict[str, list[str]]]:
+    download = curl(sidecar, url, "-D", "-", *args)
+    assert download.returncode == 0, download.stderr
+    return download.body, response_fields(download.stdout)
+
+
+def test_a_miss_relays_date_age_and_cookies_and_a_hit_gets_its_own_date_and_age(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    body = b"cookie-protected\n" * 100
+    served_file(dataset, "cookie.bin", body, ("Age", "100"), ("Set-Cookie", "session=abc"))
+    url = origin.url("cookie.bin")
+    got, miss = fetch(sidecar, url)
+    assert got == body
+    assert miss["set-cookie"] == ["session=abc"]
+    assert miss["age"] == ["100"]
+    assert len(miss["date"]) == 1
+    sidecar.wait_for_entries(1)
+    time.sleep(1.1)  # the hit's Age must have grown by a second
+    got, hit = fetch(sidecar, url)
+    assert got == body
+    assert "set-cookie" not in hit
+    assert len(hit["date"]) == 1 and len(hit["age"]) == 1
+    served_at = email.utils.parsedate_to_datetime(hit["date"][0]).timestamp()
+    assert abs(served_at - time.time()) < 5
+    assert 101 <= int(hit["age"][0]) < 110
+    assert sidecar.stats()["hits"] == 1
+    # A 304 from the buffer carries them too (RFC 9110 §15.4.5).
+    _, not_modified = fetch(sidecar, url, "-H", f"If-None-Match: {hit['etag'][0]}")
+    assert "date" in not_modified and "age" in not_modified
+
+
+def test_a_write_invalidates_the_stored_object_and_its_location(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    checkpoint = dataset / "checkpoint.bin"
+    checkpoint.write_bytes(b"epoch 1\n" * 1000)
+    other = dataset / "latest.bin"
+    other.write_bytes(b"points at epoch 1\n")
+    url, latest = origin.url("checkpoint.bin"), origin.url("latest.bin")
+    assert curl(sidecar, url).body == b"epoch 1\n" * 1000
+    assert curl(sidecar, latest).body == b"points at epoch 1\n"
+    sidecar.wait_for_entries(2)
+    put = curl(sidecar, url, "-X", "PUT", "--data-binary", "epoch 2\n")
+    assert put.returncode == 0, put.stderr
+    assert curl(sidecar, url).body == b"epoch 2\n"
+    # A POST whose response names another URL of the same origin invalidates that one.
+    other.write_bytes(b"points at epoch 2\n")
+    assert curl(sidecar, latest).body == b"points at epoch 1\n"  # still stored
+    posted = curl(sidecar, origin.url("checkpoint.bin", location="/files/latest.bin"), "-d", "x")
+    assert posted.returncode == 0, posted.stderr
+    assert curl(sidecar, latest).body == b"points at epoch 2\n"
+    # An error answer to a write invalidates nothing.
+    assert curl(sidecar, url).body == b"epoch 2\n"
+    sidecar.wait_for_entries(2)
+    refused = curl(sidecar, origin.url("checkpoint.bin", status=403), "-X", "DELETE")
+    assert refused.returncode != 0
+    assert sidecar.stats()["entries"] == 2
+
+
+def test_a_write_keeps_a_running_fill_from_being_stored_or_joined(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    slow = dataset / "slow.bin"
+    slow.write_bytes(b"old" * 400_000)
+    url = origin.url("slow.bin", rate=600_000)  # two seconds of body
+    with ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(curl, sidecar, url)
+        wait_until(lambda: origin.count("slow.bin", rate=600_000) == 1, "the fill to start")
+        put = curl(sidecar, url, "-X", "PUT", "--data-binary", "new")
+        assert put.returncode == 0, put.stderr
+        assert curl(sidecar, url).body == b"new"  # not the running fill of the old body
+        assert reading.result().body == b"old" * 400_000  # began before the write
+    assert curl(sidecar, url).body == b"new"
+    sidecar.wait_for_entries(1)
+    assert curl(sidecar, url).body == b"new"
+    assert "not stored" in sidecar.log()
+
+
+def test_revalidation_takes_one_round_trip_and_a_changed_answer_is_the_new_fill(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    sidecar = start_sidecar("--revalidate")
+    path = dataset / "revalidated.bin"
+    path.write_bytes(b"version 1\n" * 100)
+    url = origin.url("revalidated.bin")
+    assert curl(sidecar, url).body == b"version 1\n" * 100
+    sidecar.wait_for_entries(1)
+    path.write_bytes(b"version 2\n" * 100)
+    assert curl(sidecar, url).body == b"version 2\n" * 100  # the 200 of the revalidation
+    assert origin.count("revalidated.bin") == 2
+    sidecar.wait_for_entries(1)
+    assert curl(sidecar, url).body == b"version 2\n" * 100  # a 304: the new object stored
+    assert origin.count("revalidated.bin") == 3
+    assert sidecar.stats()["hits"] == 1
+    # Without validators, each revalidation is one plain GET, and its answer the new fill.
+    bare = origin.url("revalidated.bin", novalidators=1)
+    for round_trips in (1, 2, 3):
+        assert curl(sidecar, bare).body == b"version 2\n" * 100
+        assert origin.count("revalidated.bin", novalidators=1) == round_trips
+        sidecar.wait_for_entries(2)
+
+
+def test_a_304_updates_the_stored_fields(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    sidecar = start_sidecar("--revalidate")
+    body = b"manifest\n" * 100
+    path = served_file(dataset, "manifest.bin", body, ("Cache-Control", "max-age=60"))
+    url = origin.url("manifest.bin")
+    assert fetch(sidecar, url)[1]["cache-control"] == ["max-age=60"]
+    sidecar.wait_for_entries(1)
+    set_fields(path, ("Cache-Control", "max-age=3600"), ("X-Revision", "7"))
+    for _ in range(3):  # the updated copy is what every worker serves from then on
+        got, fields = fetch(sidecar, url)
+        assert got == body
+        assert fields["cache-control"] == ["max-age=3600"]
+        assert fields["x-revision"] == ["7"]
+        assert fields["content-length"] == [str(len(body))]
+    assert origin.full_fetches("manifest.bin") == 4  # one fill, three 304s
+    assert sidecar.stats()["hits"] == 3
+
+
+def test_a_request_after_a_response_ended_is_a_hit_of_the_committed_object(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    # The second request of each pair follows the first on the same connection at once:
+    # it must find the object stored (and so revalidate it), never join the fill.
+    sidecar = start_sidecar("--revalidate")
+    for number in range(5):
+        name = f"ordered-{number}.bin"
+        (dataset / name).write_bytes(b"%d\n" % number * 300_000)
+        url = origin.url(name)
+        out = sidecar.directory / f"first-{number}"
+        both = curl(sidecar, url, "-o", str(out), url)
+        assert both.returncode == 0, both.stderr
+        assert both.body == out.read_bytes() == b"%d\n" % number * 300_000
+        assert origin.count(name) == 2, f"request {number} was not revalidated"
+
+
+def test_early_hints_reach_http_1_1_clients_only(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    # A miss (the fill's request), then a pass (a response that is not stored).
+    for url in (origin.url("small.bin", hints=1), origin.url("small.bin", hints=1, nostore=1)):
+        download = curl(sidecar, url, "-D", "-")
+        assert download.returncode == 0, download.stderr
+        hints = download.stdout.find("HTTP/1.1 103 Early Hints\r\n")
+        assert 0 < hints < download.stdout.find("HTTP/1.1 200 OK\r\n"), download.stdout
+        assert "Link: </files/style.css>; rel=preload\r\n" in download.stdout
+        assert download.body == (dataset / "small.bin").read_bytes()
+    old = curl(sidecar, origin.url("small.bin", hints=1, cold=1), "-D", "-", "--http1.0")
+    assert old.returncode == 0, old.stderr
+    assert " 103 " not in old.stdout and "Link:" not in old.stdout
+
+
+def test_http_freshness_hosts_follow_max_age_no_cache_and_heuristic_freshness(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    sidecar = start_sidecar("--http-freshness", "origin.test")
+    served_file(dataset, "fresh.bin", b"fresh\n" * 100, ("Cache-Control", "max-age=600"))
+    served_file(dataset, "short.bin", b"short\n" * 100, ("Cache-Control", "max-age=1"))
+    served_file(dataset, "always.bin", b"always\n" * 100, ("Cache-Control", "no-cache"))
+    old = served_file(dataset, "old.bin", b"old\n" * 100)
+    os.utime(old, (time.time() - 100_000, time.time() - 100_000))  # fresh for 10,000 s
+    served_file(dataset, "bare.bin", b"bare\n" * 100)  # without validators: never fresh
+    names: dict[str, dict[str, object]] = {
+        "fresh.bin": {},
+        "short.bin": {},
+        "always.bin": {},
+        "old.bin": {},
+        "bare.bin": {"novalidators": 1},
+    }
+    for name, query in names.items():
+        assert curl(sidecar, origin.url(name, **query)).body == (dataset / name).read_bytes()
+    sidecar.wait_for_entries(5)
+    time.sleep(1.1)  # short.bin is stale now
+    for name, query in names.items():
+        assert curl(sidecar, origin.url(name, **query)).body == (dataset / name).read_bytes()
+    seen = {name: origin.count(name, **query) for name, query in names.items()}
+    expected = {"fresh.bin": 1, "short.bin": 2, "always.bin": 2, "old.bin": 1, "bare.bin": 2}
+    assert seen == expected
+    # A client's max-age=0 asks for validation; the validated object stays fresh.
+    assert curl(sidecar, origin.url("old.bin"), "-H", "Cache-Control: max-age=0").returncode == 0
+    assert origin.count("old.bin") == 2
+    assert curl(sidecar, origin.url("old.bin")).body == b"old\n" * 100
+    assert origin.count("old.bin") == 2
+
+
+def test_a_stale_object_is_served_when_the_origin_is_down_unless_it_must_revalidate(
+    start_sidecar: Callable[..., Sidecar],
+    origin_ca: trustme.CA,
+    dataset: Path,
+    tmp_path: Path,
+) -> None:
+    sidecar = start_sidecar("--http-freshness", "origin.test")
+    served_file(dataset, "lenient.bin", b"lenient\n", ("Cache-Control", "max-age=0"))
+    strict = ("Cache-Control", "max-age=0, must-revalidate")
+    served_file(dataset, "strict.bin", b"strict\n", strict)
+    down = start_origin(dataset, origin_ca, ["origin.test"], tmp_path)
+    for name in ("lenient.bin", "strict.bin"):
+        assert curl(sidecar, down.url(name)).body == (dataset / name).read_bytes()
+    sidecar.wait_for_entries(2)
+    down.process.stop()
+    assert curl(sidecar, down.url("lenient.bin")).body == b"lenient\n"
+    refused = curl(sidecar, down.url("strict.bin"), "-w", "%{http_code}")
+    assert refused.returncode != 0 and refused.stdout.endswith("504")
