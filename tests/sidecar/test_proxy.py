@@ -431,7 +431,6 @@ def test_requests_mitmproxy_relays_itself_are_passes_with_their_reason(
     intercepted = f"http://origin.test:{plain_origin}/files/small.bin?case=relayed"
     posted = curl(sidecar, intercepted, "--data", "x")  # only GET and HEAD are the router's
     assert posted.returncode == 0, posted.stderr
-    assert posted.body == body_of(dataset, "small.bin")
     stats = sidecar.stats()
     assert stats["pass_reasons"] == {"not-intercepted": 1, "method": 1}
     assert stats["passes"] == 2 and stats["misses"] == stats["entries"] == 0
