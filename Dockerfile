@@ -19,8 +19,9 @@ RUN python -m venv /opt/burstbuffer \
 # Dependencies first, so that a change of the source or the README does not reinstall
 # them (the README is the package's long description: a placeholder until then).
 COPY pyproject.toml /src/
-RUN mkdir -p /src/sidecar /src/injector /src/certs \
- && touch /src/README.md /src/sidecar/__init__.py /src/injector/__init__.py /src/certs/__init__.py \
+# Empty packages stand in for the source, as pyproject.toml lists them.
+RUN touch /src/README.md \
+ && /opt/burstbuffer/bin/python -c 'import os, tomllib; [(os.makedirs(d, exist_ok=True), open(d + "/__init__.py", "a").close()) for d in ("/src/" + p.replace(".", "/") for p in tomllib.load(open("/src/pyproject.toml", "rb"))["tool"]["setuptools"]["packages"])]' \
  && /opt/burstbuffer/bin/pip install ${PIP_CA:+--cert /tmp/pip-ca.pem} /src \
  && /opt/burstbuffer/bin/pip uninstall -y burstbuffer
 
