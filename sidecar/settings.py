@@ -335,7 +335,7 @@ _FLAGS: tuple[_Flag, ...] = (
     _Flag("upstream_proxy", parse_proxy_url, "parent proxy for upstream traffic, http://host:port"),
     _Flag("parent", parse_parents, "shared parent cache http(s)://host:port (repeatable)", True),
     _Flag("parent_ca", Path, "CA certificates (PEM) trusted for https:// parents"),
-    _Flag("parent_timeout", parse_seconds, "seconds to a parent's first byte before the origin (5)"),
+    _Flag("parent_timeout", parse_seconds, "seconds to a parent's first byte, then the origin (5)"),
     _Flag("capture", parse_capture, "proxy-env, hostAliases or transparent (default proxy-env)"),
     _Flag("transparent_port", parse_port, "port of the transparent listener (default 3130)"),
     _Flag("upstream_timeout", parse_seconds, "seconds an origin may stall before a resume (60)"),
