@@ -88,6 +88,9 @@ class Squid:
                 entries.append((fields[3], fields[5], fields[6]))
         return entries
 
+    def version(self) -> str:
+        return ensure_installed()
+
     def urls(self) -> list[str]:
         return [url for _, _, url in self.access_log()]
 
@@ -99,14 +102,20 @@ class Squid:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def start_squid(origin_ca: Path, names: list[str]) -> Squid:
-    """Squid on a free loopback port, trusting `origin_ca` for origins and resolving
-    `names` to 127.0.0.1; `remove()` it when done."""
+def ensure_installed() -> str:
+    """The Squid version; SquidMissing when there is none built with OpenSSL."""
     if not os.access(SQUID, os.X_OK):
         raise SquidMissing(f"{SQUID} not found: `apt-get install {DEBIAN_PACKAGE}` and rerun")
     version = subprocess.run([SQUID, "-v"], capture_output=True, text=True, check=False).stdout
     if "--with-openssl" not in version:
         raise SquidMissing(f"{SQUID} is not built with OpenSSL: `apt-get install {DEBIAN_PACKAGE}`")
+    return version.split("\n")[0].removeprefix("Squid Cache: Version ").strip()
+
+
+def start_squid(origin_ca: Path, names: list[str]) -> Squid:
+    """Squid on a free loopback port, trusting `origin_ca` for origins and resolving
+    `names` to 127.0.0.1; `remove()` it when done."""
+    ensure_installed()
     # Not under pytest's private tmp: the unprivileged Squid user must reach it.
     directory = Path(tempfile.mkdtemp(prefix="burstbuffer-squid-"))
     os.chmod(directory, 0o755)
