@@ -45,6 +45,9 @@ coredump_dir {dir}
 hosts_file {dir}/hosts
 tls_outgoing_options cafile={dir}/origin-ca.pem
 acl loopback src 127.0.0.0/8
+# Stands for the chart's ACL of intercepted hosts: URLs naming this are refused.
+acl refused url_regex refused-by-parent
+http_access deny refused
 http_access allow loopback
 http_access deny all
 range_offset_limit -1

@@ -23,7 +23,8 @@ The parent never becomes a single point of failure: unreachable, no first byte w
 `--parent-timeout`, a 5xx, or a body that breaks off -> that request goes to the
 origin directly (a fill resumes there with Range + If-Range, see `sidecar.segments`),
 and the parent is skipped for a backoff that doubles on each failure up to a cap.
-Failures are counted by reason; the state change is logged once each way.
+Failures are counted by reason; the state change is logged once each way. A request
+Squid refuses by itself (its ACL) also goes to the origin, without a backoff.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ RESOLVE_INTERVAL = 30.0  # seconds
 # Objects found private or no-store through a parent, remembered to go direct next time.
 REMEMBERED_PRIVATE = 10_000
 
+# Marks a response that Squid made itself (an error page), not one from the origin.
+_SQUID_ERROR = "X-Squid-Error"
 _CREDENTIAL_FIELDS = ("Authorization", "Cookie")
 _CONDITIONAL_FIELDS = ("If-None-Match", "If-Modified-Since")
 # Query parameters that carry a signature or credential, on any host: S3 SigV4 and V2,
@@ -261,6 +264,13 @@ class Parents:
             response.release()
             reason = f"status-{response.status // 100}xx"
             self._failed(parent, reason, f"it answered {response.status}")
+            return None
+        if _SQUID_ERROR in response.headers:
+            # Squid's own refusal of this one request (a host its ACL does not forward
+            # to, such as a pod's extra intercepted host), not the origin's answer and
+            # not a failing parent.
+            response.release()
+            self._metrics.counters.parent_failures["refused"] += 1
             return None
         if parent.health.succeeded():
             logger.info("parent %s: answering again; misses go through it", parent.name)

@@ -236,6 +236,25 @@ def test_a_failing_parent_falls_back_to_the_origin_and_is_skipped(
     assert time.monotonic() - started < 10
 
 
+def test_a_request_the_parent_refuses_goes_to_the_origin_without_a_backoff(
+    start_sidecar: Callable[..., Sidecar],
+    start_parent: Callable[..., Squid],
+    origin: OriginServer,
+    dataset: Path,
+) -> None:
+    squid = start_parent()
+    pod = start_sidecar("--parent", squid.url, "--workers", "1")
+    refused = curl(pod, origin.url("small.bin", case="refused-by-parent"))
+    assert refused.body == body_of(dataset, "small.bin"), refused.stderr
+    assert curl(pod, origin.url("medium.bin", case="after-refusal")).returncode == 0
+    stats = pod.stats()
+    assert stats["parent_failures"] == {"refused": 1} and stats["parent_state"] == {squid.url: 1}
+    assert origin.count("small.bin", case="refused-by-parent") == 1
+    assert [code for code, _, url in squid.access_log() if "after-refusal" in url] == [
+        "TCP_MISS/200"
+    ]
+
+
 def test_two_parents_split_objects_by_the_hash(
     start_sidecar: Callable[..., Sidecar],
     start_parent: Callable[..., Squid],
