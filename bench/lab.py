@@ -88,7 +88,7 @@ FULL = Profile(
     parent_pods=8,
     parent_objects=20,
     parent_bytes=4 * MiB,
-    parent_rate=10e6,
+    parent_rate=3.49e6,  # Nezha's far host, per connection
 )
 QUICK = Profile(
     quick=True,
