@@ -46,7 +46,7 @@ def test_quick_suite_runs_every_benchmark(tmp_path: Path) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     summary = (tmp_path / "summary.md").read_text()
