@@ -33,8 +33,8 @@ from sidecar.ipc import Message
 from sidecar.keeper import Buffer
 from sidecar.listeners import listeners
 from sidecar.metrics import Metrics
-from sidecar.resolve import HostsFileBypass, dns_resolver
 from sidecar.parent import Parents
+from sidecar.resolve import HostsFileBypass, dns_resolver
 from sidecar.router import Router
 from sidecar.settings import Settings, parse
 from sidecar.shared import Shared
