@@ -24,6 +24,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import trustme
+
 from bench.harness import Process, free_port, port_open, start_process, wait_until
 
 SQUID = "/usr/sbin/squid"
@@ -32,6 +34,7 @@ START_TIMEOUT = 20.0  # seconds for Squid to listen
 
 CONFIG = """\
 http_port 127.0.0.1:{port}
+{https_port}
 pid_filename {dir}/squid.pid
 cache_effective_user {user}
 cache_dir ufs {dir}/cache 512 4 16
@@ -73,10 +76,16 @@ class Squid:
     port: int
     directory: Path
     process: Process
+    tls_port: int | None = None  # with a certificate: Squid also speaks TLS to clients
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def tls_url(self) -> str:
+        assert self.tls_port is not None, "start_squid(..., tls=...) first"
+        return f"https://127.0.0.1:{self.tls_port}"
 
     def access_log(self) -> list[tuple[str, str, str]]:
         """(result code, method, URL) per request Squid answered, e.g.
@@ -115,17 +124,27 @@ def ensure_installed() -> str:
     return version.split("\n")[0].removeprefix("Squid Cache: Version ").strip()
 
 
-def start_squid(origin_ca: Path, names: list[str]) -> Squid:
+def start_squid(
+    origin_ca: Path, names: list[str], tls: trustme.LeafCert | None = None
+) -> Squid:
     """Squid on a free loopback port, trusting `origin_ca` for origins and resolving
-    `names` to 127.0.0.1; `remove()` it when done."""
+    `names` to 127.0.0.1, and with `tls` on a second port over TLS (https_port);
+    `remove()` it when done."""
     ensure_installed()
     # Not under pytest's private tmp: the unprivileged Squid user must reach it.
     directory = Path(tempfile.mkdtemp(prefix="burstbuffer-squid-"))
     os.chmod(directory, 0o755)
     user = pwd.getpwnam("proxy") if os.geteuid() == 0 else pwd.getpwuid(os.geteuid())
     port = free_port()
+    tls_port = free_port() if tls is not None else None
+    https_port = ""
+    if tls is not None:
+        tls.private_key_and_cert_chain_pem.write_to_path(str(directory / "tls.pem"))
+        https_port = f"https_port 127.0.0.1:{tls_port} tls-cert={directory}/tls.pem"
     config = directory / "squid.conf"
-    config.write_text(CONFIG.format(port=port, dir=directory, user=user.pw_name))
+    config.write_text(
+        CONFIG.format(port=port, dir=directory, user=user.pw_name, https_port=https_port)
+    )
     shutil.copyfile(origin_ca, directory / "origin-ca.pem")
     (directory / "hosts").write_text("127.0.0.1 localhost " + " ".join(names) + "\n")
     (directory / "cache").mkdir()
@@ -135,7 +154,7 @@ def start_squid(origin_ca: Path, names: list[str]) -> Squid:
     initialised = start_process([*argv, "-z"], directory / "squid-z.out")
     initialised.popen.wait(timeout=START_TIMEOUT)
     process = start_process(argv, directory / "squid.out")
-    squid = Squid(port, directory, process)
+    squid = Squid(port, directory, process, tls_port)
 
     def listening() -> bool:
         if process.popen.poll() is not None:

@@ -94,9 +94,9 @@ def start_parent(origin: OriginServer) -> Iterator[Callable[..., Squid]]:
     """Start a Squid on loopback that verifies the origin against `ca` (the origin's)."""
     started: list[Squid] = []
 
-    def start(ca_pem: Path | None = None) -> Squid:
+    def start(ca_pem: Path | None = None, tls: trustme.LeafCert | None = None) -> Squid:
         try:
-            squid = start_squid(ca_pem or origin.ca_pem, ["origin.test"])
+            squid = start_squid(ca_pem or origin.ca_pem, ["origin.test"], tls)
         except SquidMissing as e:
             pytest.skip(str(e))
         started.append(squid)
@@ -166,6 +166,30 @@ def test_private_requests_never_reach_the_parent(
     assert origin.count("small.bin", case="nostore", nostore=1) == 2
     bypasses = pod.stats()["parent_bypasses"]
     assert bypasses == {"credentials": 2, "signed-url": 1, "private-response": 1}, bypasses
+
+
+def test_a_tls_parent_is_used_only_when_its_certificate_verifies(
+    start_sidecar: Callable[..., Sidecar],
+    start_parent: Callable[..., Squid],
+    origin: OriginServer,
+    dataset: Path,
+    tmp_path: Path,
+) -> None:
+    parent_ca = trustme.CA()
+    squid = start_parent(tls=parent_ca.issue_cert("127.0.0.1"))
+    ca_pem = tmp_path / "parent-ca.pem"
+    parent_ca.cert_pem.write_to_path(str(ca_pem))
+    trusting = start_sidecar("--parent", squid.tls_url, "--parent-ca", str(ca_pem))
+    url = origin.url("small.bin", case="tls-parent")
+    assert curl(trusting, url).body == body_of(dataset, "small.bin")
+    assert trusting.stats()["parent_failures"] == {}
+    assert squid.urls().count(url) == 1
+    # Without the parent's CA its certificate is refused: the origin serves, never Squid.
+    doubting = start_sidecar("--parent", squid.tls_url, "--workers", "1")
+    other = origin.url("small.bin", case="tls-parent-doubted")
+    assert curl(doubting, other).body == body_of(dataset, "small.bin")
+    assert doubting.stats()["parent_failures"] == {"unreachable": 1}
+    assert other not in squid.urls()
 
 
 def test_a_parent_killed_mid_download_is_resumed_from_the_origin(
