@@ -124,9 +124,7 @@ def ensure_installed() -> str:
     return version.split("\n")[0].removeprefix("Squid Cache: Version ").strip()
 
 
-def start_squid(
-    origin_ca: Path, names: list[str], tls: trustme.LeafCert | None = None
-) -> Squid:
+def start_squid(origin_ca: Path, names: list[str], tls: trustme.LeafCert | None = None) -> Squid:
     """Squid on a free loopback port, trusting `origin_ca` for origins and resolving
     `names` to 127.0.0.1, and with `tls` on a second port over TLS (https_port);
     `remove()` it when done."""
