@@ -11,7 +11,8 @@ drawn in <results>/seeds.png. A missed requirement of the issue makes the exit s
 say nothing about speed and are not judged.
 
 Needs root (the processes get a private /etc/hosts and the clients the pod's CA
-bundle through bind mounts in their own mount namespaces), wget, curl and nginx.
+bundle through bind mounts in their own mount namespaces), wget, curl, nginx and
+Squid built with OpenSSL (`squid-openssl`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from bench import (
     bench_momenta,
     bench_nezha,
     bench_parallel_cold,
+    bench_parent,
     bench_ready,
     bench_rss,
     bench_small,
@@ -47,6 +49,8 @@ from bench import (
 from bench.harness import ROOT
 from bench.lab import FULL, QUICK, Lab, Profile
 from bench.nginx import NginxMissing, ensure_installed
+from bench.squid import SquidMissing
+from bench.squid import ensure_installed as squid_installed
 
 logger = logging.getLogger("bench")
 
@@ -64,6 +68,7 @@ BENCHMARKS: dict[str, ModuleType] = {
         bench_coalescing,
         bench_parallel_cold,
         bench_soak,
+        bench_parent,
     )
 }
 RESULTS = ROOT / "bench" / "results"
@@ -98,7 +103,8 @@ def missing_prerequisites() -> str | None:
             return f"{tool} is not installed"
     try:
         ensure_installed()
-    except NginxMissing as e:
+        squid_installed()
+    except (NginxMissing, SquidMissing) as e:
         return str(e)
     return None
 

@@ -22,6 +22,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import trustme
 
@@ -143,7 +144,7 @@ class OriginServer:
     def url(self, name: str, host: str = "origin.test", **query: object) -> str:
         return f"https://{host}:{self.port}{self.target(name, **query)}"
 
-    def requests(self) -> dict[str, dict[str, int]]:
+    def requests(self) -> dict[str, Any]:
         _, body = http_get(f"https://127.0.0.1:{self.port}/__requests", cafile=self.ca_pem)
         return json.loads(body)
 
@@ -161,6 +162,10 @@ class OriginServer:
         seen = self.requests()
         target = self.target(name, **query)
         return seen["requests"].get(target, 0) - seen["heads"].get(target, 0)
+
+    def bytes_sent(self) -> int:
+        """Body bytes the origin has sent, to every client, since it started."""
+        return int(self.requests()["bytes"])
 
     def full_fetches(self, name: str, **query: object) -> int:
         """Requests for this URL without a Range header: fetches of the whole object."""

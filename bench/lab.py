@@ -24,6 +24,7 @@ from bench.clients import Route, wget
 from bench.harness import OriginServer, Sidecar, start_origin
 from bench.mitmdump import Mitmdump, start_mitmdump
 from bench.nginx import Nginx, start_nginx
+from bench.squid import Squid, start_squid
 
 HOST = "datasets.bench.test"
 # Another name of the same servers, never intercepted: its connections are tunnelled.
@@ -59,6 +60,10 @@ class Profile:
     loader_files: int  # the data loader's file set (ImageNet-like sizes)
     loader_workers: int  # its worker processes in the multi-worker shapes
     soak_seconds: float  # the soak's length (after a warm-up of a tenth of it)
+    parent_pods: int  # sidecars reading one dataset, with and without a parent cache
+    parent_objects: int  # the objects of that dataset
+    parent_bytes: int  # each of its objects
+    parent_rate: float  # bytes/s per origin connection
 
 
 FULL = Profile(
@@ -80,6 +85,10 @@ FULL = Profile(
     loader_files=1500,
     loader_workers=4,
     soak_seconds=180.0,
+    parent_pods=8,
+    parent_objects=20,
+    parent_bytes=4 * MiB,
+    parent_rate=3.49e6,  # Nezha's far host, per connection
 )
 QUICK = Profile(
     quick=True,
@@ -100,6 +109,10 @@ QUICK = Profile(
     loader_files=40,
     loader_workers=2,
     soak_seconds=6.0,
+    parent_pods=2,
+    parent_objects=4,
+    parent_bytes=256 * 1024,
+    parent_rate=10e6,
 )
 
 
@@ -213,6 +226,12 @@ class Lab:
         if start:
             sidecar.start()
         return sidecar
+
+    def squid(self) -> Squid:
+        """A Squid parent cache trusting the lab's CA for the origin."""
+        squid = start_squid(self.ca_pem, [HOST])
+        self._stack.callback(squid.remove)
+        return squid
 
     def mitmdump(self, upstream_ca: Path) -> Mitmdump:
         proxy = start_mitmdump(self._fresh("mitmdump"), self.hosts, upstream_ca)

@@ -28,8 +28,8 @@ response fields sent with its 200s and 304s (read on every request, so a test ca
 change them between requests).
 
 `GET /__requests` returns JSON counts of the requests seen, by request target
-(`/files/a?x=1`), with `ranges` counting those that carried a Range header and `heads`
-the HEAD requests.
+(`/files/a?x=1`), with `ranges` counting those that carried a Range header, `heads`
+the HEAD requests, and `bytes` the body bytes sent in all.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ class Origin:
         self.requests: collections.Counter[str] = collections.Counter()
         self.ranges: collections.Counter[str] = collections.Counter()
         self.heads: collections.Counter[str] = collections.Counter()
+        self.bytes_sent = 0
         self._dropped: set[str] = set()
 
     def app(self) -> web.Application:
@@ -70,7 +71,12 @@ class Origin:
 
     async def counts(self, _: web.Request) -> web.Response:
         return web.json_response(
-            {"requests": self.requests, "ranges": self.ranges, "heads": self.heads}
+            {
+                "requests": self.requests,
+                "ranges": self.ranges,
+                "heads": self.heads,
+                "bytes": self.bytes_sent,
+            }
         )
 
     async def serve(self, request: web.Request) -> web.StreamResponse:
@@ -189,6 +195,7 @@ class Origin:
                 chunk = os.pread(fd, size, start + sent)
                 await response.write(chunk)
                 sent += len(chunk)
+                self.bytes_sent += len(chunk)
                 if rate:
                     ahead = sent / rate - (time.monotonic() - began)
                     if ahead > 0:

@@ -232,6 +232,7 @@ def _sidecar_args(
             else None
         ),
         upstream_proxy=upstream_proxy,
+        parent=settings.parents or None,
         # Left out for proxy-env, the sidecar's default: pods keep the spec they always had.
         capture=None if options.capture == "proxy-env" else options.capture,
         transparent_port=settings.transparent_port if options.capture == "transparent" else None,

@@ -19,6 +19,7 @@ it (a typo silently ignored would be a setting silently not applied).
     revalidate: false
     prometheusAnnotations: false
     upstreamCA: {configMapName: "", key: ca.crt}
+    parents: []
     buffer:
       size: 1Gi
       medium: Memory
@@ -56,6 +57,7 @@ from sidecar.settings import (
     Eviction,
     parse_eviction,
     parse_host_globs,
+    parse_parents,
 )
 
 Medium = Literal["Memory", "Disk", "pmem"]
@@ -197,6 +199,10 @@ def no_proxy_entry(raw: str) -> str:
     if not _NO_PROXY_NAME_RE.match(entry):
         raise ValueError(f"invalid no_proxy entry {raw!r}: expected a name or a .suffix")
     return entry
+
+
+def _parents(raw: object) -> tuple[str, ...]:
+    return parse_parents(_string_list(raw))
 
 
 def _no_proxy(raw: object) -> tuple[str, ...]:
@@ -356,6 +362,9 @@ class InjectorSettings:
     prometheus_annotations: bool = _key("prometheusAnnotations", _boolean, default=False)
     # upstreamCA, see UpstreamCASettings.
     upstream_ca: UpstreamCASettings = _key("upstreamCA", default_factory=UpstreamCASettings)
+    # parents, default []. Shared parent caches (the sidecar's --parent); the chart sets
+    # them from parentCache. An https:// parent's CA belongs in upstreamCA.
+    parents: tuple[str, ...] = _key("parents", _parents, default=())
     # buffer, see BufferSettings.
     buffer: BufferSettings = _key("buffer", default_factory=BufferSettings)
     # intercept, default sidecar.settings.DEFAULT_INTERCEPT. Host globs intercepted and cached.

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from sidecar.metrics import COUNTER_HELP
+from sidecar.metrics import COUNTER_HELP, REASON_COUNTERS
 
 
 def prometheus_text(counters: Mapping[str, Any], gauges: Mapping[str, int]) -> bytes:
@@ -31,12 +31,19 @@ class _Exporter(Collector):
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         for name, help_text in COUNTER_HELP.items():
             yield CounterMetricFamily(f"burstbuffer_{name}", help_text, value=self._counters[name])
-        reasons = CounterMetricFamily(
-            "burstbuffer_passes_by_reason", "Passes by reason.", labels=["reason"]
+        for key, (family, help_text) in REASON_COUNTERS.items():
+            reasons = CounterMetricFamily(family, help_text, labels=["reason"])
+            for reason, count in sorted(self._counters[key].items()):
+                reasons.add_metric([reason], count)
+            yield reasons
+        state = GaugeMetricFamily(
+            "burstbuffer_parent_up",
+            "1 while a parent cache is used; 0 while it is skipped after a failure.",
+            labels=["parent"],
         )
-        for reason, count in sorted(self._counters["pass_reasons"].items()):
-            reasons.add_metric([reason], count)
-        yield reasons
+        for parent, up in sorted(self._counters["parent_state"].items()):
+            state.add_metric([parent], up)
+        yield state
         for name, value in self._gauges.items():
             yield GaugeMetricFamily(f"burstbuffer_{name}", _GAUGE_HELP.get(name, name), value=value)
 

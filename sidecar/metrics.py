@@ -42,6 +42,10 @@ class Counters:
     tunnelled_connections: int = 0
     tunnelled_bytes: int = 0
     pass_reasons: collections.Counter[str] = field(default_factory=collections.Counter)
+    parent_requests: int = 0
+    parent_failures: collections.Counter[str] = field(default_factory=collections.Counter)
+    parent_bypasses: collections.Counter[str] = field(default_factory=collections.Counter)
+    parent_state: dict[str, int] = field(default_factory=dict)  # parent -> 1 used, 0 skipped
 
 
 COUNTER_HELP = {
@@ -58,6 +62,19 @@ COUNTER_HELP = {
     "client_aborts": "Responses cut short because the client went away.",
     "tunnelled_connections": "Connections to hosts that are not intercepted, tunnelled untouched.",
     "tunnelled_bytes": "Bytes relayed through those tunnels, both directions (never cached).",
+    "parent_requests": "Requests sent to a parent cache (--parent).",
+}
+# Counters by reason: the /stats key, and the Prometheus family with its help.
+REASON_COUNTERS = {
+    "pass_reasons": ("burstbuffer_passes_by_reason", "Passes by reason."),
+    "parent_failures": (
+        "burstbuffer_parent_failures_by_reason",
+        "Parent requests that fell back to the origin, by reason.",
+    ),
+    "parent_bypasses": (
+        "burstbuffer_parent_bypasses_by_reason",
+        "Upstream requests not sent to a parent because they may not be shared, by reason.",
+    ),
 }
 
 
@@ -89,19 +106,30 @@ class Metrics:
         """The counters as plain data (what a worker reports to the parent)."""
         c = self.counters
         snapshot: dict[str, object] = {name: getattr(c, name) for name in COUNTER_HELP}
-        snapshot["pass_reasons"] = dict(c.pass_reasons)
+        for name in REASON_COUNTERS:
+            snapshot[name] = dict(getattr(c, name))
+        snapshot["parent_state"] = dict(c.parent_state)
         return snapshot
 
 
 def add_snapshots(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """The sum of several workers' snapshots (counters add up, reasons per reason)."""
+    """The sum of several workers' snapshots (counters add up, reasons per reason); a
+    parent counts as used only if every worker uses it."""
     total: dict[str, Any] = {name: 0 for name in COUNTER_HELP}
-    reasons: collections.Counter[str] = collections.Counter()
+    reasons: dict[str, collections.Counter[str]] = {
+        name: collections.Counter() for name in REASON_COUNTERS
+    }
+    state: dict[str, int] = {}
     for snapshot in snapshots:
         for name in COUNTER_HELP:
             total[name] += snapshot.get(name, 0)
-        reasons.update(snapshot.get("pass_reasons", {}))
-    total["pass_reasons"] = dict(reasons)
+        for name, counter in reasons.items():
+            counter.update(snapshot.get(name, {}))
+        for parent, up in snapshot.get("parent_state", {}).items():
+            state[parent] = min(up, state.get(parent, 1))
+    for name, counter in reasons.items():
+        total[name] = dict(counter)
+    total["parent_state"] = state
     return total
 
 

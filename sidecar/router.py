@@ -546,6 +546,7 @@ class Router:
                         )
                 except (aiohttp.ClientError, TimeoutError) as e:
                     self.metrics.counters.upstream_errors += 1
+                    self.upstream.broke_off(response)
                     raise FillFailed(f"upstream broke off: {e}") from e
                 if length is not None and channel.body_bytes != int(length):
                     raise FillFailed("upstream body shorter than its Content-Length")

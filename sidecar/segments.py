@@ -3,8 +3,9 @@
 Every fill is a list of segments, each fetched until complete: when an origin drops
 the connection or stalls, the segment is resumed from the byte it had with a Range
 request validated by If-Range (so bytes of a changed object are never appended to an
-older one), a few times with backoff. A small body, or one whose origin cannot serve
-ranges, is a single segment: the fill's original response.
+older one), a few times with backoff; from the origin when a parent cache broke off.
+A small body, or one whose origin cannot serve ranges, is a single segment: the
+fill's original response.
 
 Many dataset hosts cap throughput per connection (Nezha measured 3.49 MB/s to a far
 host). A fill always starts on the original response alone; if, after PROBE_SECONDS,
@@ -175,6 +176,7 @@ class SegmentedCopy:
         while self._progress[index] < self._length(index):
             start, end = self._bounds[index]
             offset = start + self._progress[index]
+            broke: aiohttp.ClientResponse | None = None  # a response whose body stopped short
             try:
                 if response is None:
                     self._metrics.counters.upstream_requests += 1
@@ -188,16 +190,21 @@ class SegmentedCopy:
                     )
                 await self._copy(index, response)
                 error: BaseException = UpstreamError(f"segment {index} ended early")
+                broke = response
             except CannotResume as e:
                 raise SegmentFailed(f"segment {index}: {e}") from e
             except (aiohttp.ClientError, TimeoutError, UpstreamError) as e:
                 error = e
+                broke = response
             finally:
                 if response is not None:
                     response.close()  # the first response goes on past a split segment
                 response = None
             if self._progress[index] == self._length(index):
                 return
+            if broke is not None:
+                # From a parent, the resume then goes to the origin.
+                self._upstream.broke_off(broke)
             attempt += 1
             self._metrics.counters.upstream_errors += 1
             if attempt > SEGMENT_ATTEMPTS:

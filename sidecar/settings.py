@@ -230,6 +230,22 @@ def parse_proxy_url(text: str) -> str:
     return value.rstrip("/")
 
 
+def parse_parents(text: str | Sequence[str]) -> tuple[str, ...]:
+    """Parse parent cache URLs (`http://host:port` or `https://host:port`), given as a
+    repeated flag or comma-separated; duplicates dropped, order kept."""
+    items = text.split(",") if isinstance(text, str) else [i for t in text for i in t.split(",")]
+    parents: list[str] = []
+    for item in items:
+        value = item.strip().rstrip("/")
+        if not value:
+            continue
+        if not re.match(r"^https?://[^/\s@?#]+$", value, re.IGNORECASE):
+            raise ValueError(f"invalid parent {item.strip()!r}: expected http(s)://host:port")
+        if value not in parents:
+            parents.append(value)
+    return tuple(parents)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the sidecar is told at start; built once by `parse()`."""
@@ -258,6 +274,13 @@ class Settings:
     upstream_ca: Path | None = None
     # upstream_proxy, default none. Parent proxy (http://host:port) for upstream traffic.
     upstream_proxy: str | None = None
+    # parent, default none. Shared parent caches (Squid) that misses are fetched through.
+    parent: tuple[str, ...] = ()
+    # parent_ca, default none. CA certificates trusted for https:// parents.
+    parent_ca: Path | None = None
+    # parent_timeout, default 5 (seconds). A parent silent this long before its first byte
+    # is skipped for the origin.
+    parent_timeout: float = 5.0
     # capture, default proxy-env. How app traffic reaches the proxy (see sidecar.capture).
     capture: Capture = "proxy-env"
     # transparent_port, default 3130. Where redirected connections arrive (transparent).
@@ -286,6 +309,7 @@ class _Flag:
     field: str
     parse: object  # a callable str -> value; `None` for on/off switches
     help: str
+    repeated: bool = False  # may be given several times (the parser gets the list)
 
     @property
     def option(self) -> str:
@@ -309,6 +333,9 @@ _FLAGS: tuple[_Flag, ...] = (
     _Flag("trust_dir", Path, "where ca.crt and ca-bundle.crt are written for the app containers"),
     _Flag("upstream_ca", Path, "extra CA certificates (PEM) trusted for origins"),
     _Flag("upstream_proxy", parse_proxy_url, "parent proxy for upstream traffic, http://host:port"),
+    _Flag("parent", parse_parents, "shared parent cache http(s)://host:port (repeatable)", True),
+    _Flag("parent_ca", Path, "CA certificates (PEM) trusted for https:// parents"),
+    _Flag("parent_timeout", parse_seconds, "seconds to a parent's first byte, then the origin (5)"),
     _Flag("capture", parse_capture, "proxy-env, hostAliases or transparent (default proxy-env)"),
     _Flag("transparent_port", parse_port, "port of the transparent listener (default 3130)"),
     _Flag("upstream_timeout", parse_seconds, "seconds an origin may stall before a resume (60)"),
@@ -347,7 +374,8 @@ def _argument_parser() -> argparse.ArgumentParser:
             parser.add_argument(flag.option, action="store_true", default=None, help=flag.help)
         else:
             metavar = flag.field.split("_")[-1].upper()
-            parser.add_argument(flag.option, metavar=metavar, help=flag.help)
+            action = "append" if flag.repeated else "store"
+            parser.add_argument(flag.option, metavar=metavar, action=action, help=flag.help)
     return parser
 
 
@@ -379,7 +407,7 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
             raise SettingsError(f"{source}: {e}") from e
     if "buffer_dir" not in values:
         raise SettingsError(f"--buffer-dir (or {ENV_PREFIX}BUFFER_DIR) is required")
-    for path_field in ("buffer_dir", "ca_dir", "trust_dir", "upstream_ca"):
+    for path_field in ("buffer_dir", "ca_dir", "trust_dir", "upstream_ca", "parent_ca"):
         path = values.get(path_field)
         if isinstance(path, Path):
             values[path_field] = path.expanduser()
@@ -411,6 +439,9 @@ def command_line(**values: object) -> list[str]:
         elif flag.field == "http_freshness":
             if value:
                 argv += [flag.option, ",".join(parse_host_globs(value))]  # type: ignore[arg-type]
+        elif flag.repeated:
+            for item in value:  # type: ignore[attr-defined]
+                argv += [flag.option, str(item)]
         elif flag.field == "stage_in":
             if value:
                 argv += [flag.option, " ".join(parse_stage_in(value))]  # type: ignore[arg-type]

@@ -4,7 +4,9 @@ Fills, coalescing and resume need upstream fetches that belong to no single clie
 connection, so the sidecar talks to origins with aiohttp rather than through
 mitmproxy's per-connection server side. Origin certificates are always verified
 against the public roots plus `--upstream-ca`; `--upstream-proxy` is honoured with
-HTTP CONNECT. Bodies are never decompressed: a cache stores bytes as sent.
+HTTP CONNECT. With `--parent`, what may be shared goes through the parent tier first
+(`sidecar.parent`), and straight to the origin whenever the parent fails. Bodies are
+never decompressed: a cache stores bytes as sent.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import aiohttp
 from aiohttp.abc import AbstractResolver
 
+from sidecar.parent import Parents
 from sidecar.policy import HOP_BY_HOP
 
 logger = logging.getLogger(__name__)
@@ -154,11 +157,14 @@ class Upstream:
         proxy: str | None,
         read_timeout: float,
         resolver: AbstractResolver | None = None,
+        parents: Parents | None = None,
     ) -> None:
         """`read_timeout`: a body that stalls this long counts as a dropped connection;
-        `resolver`: how origin names are resolved (default: the system's)."""
+        `resolver`: how origin names are resolved (default: the system's); `parents`:
+        the shared tier misses go through, if any."""
         self._ssl = ssl.create_default_context(cafile=str(trust_file))
         self._proxy = proxy
+        self._parents = parents
         self._read_timeout = read_timeout
         self._resolver = resolver
         self._session: aiohttp.ClientSession | None = None
@@ -180,10 +186,14 @@ class Upstream:
             trust_env=False,
             response_class=_InterimResponse,
         )
+        if self._parents is not None:
+            await self._parents.open()
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+        if self._parents is not None:
+            await self._parents.close()
 
     async def get(
         self,
@@ -191,10 +201,18 @@ class Upstream:
         headers: list[tuple[str, str]],
         method: str = "GET",
         body: AsyncIterator[bytes] | None = None,
+        direct: bool = False,
     ) -> aiohttp.ClientResponse:
-        """Send a request (with `body` streamed as it arrives, if any); the caller reads
-        the response's body and must `release()` it."""
+        """Send a request (with `body` streamed as it arrives, if any), through the
+        parent tier unless `direct` or not shareable; the caller reads the response's
+        body and must `release()` it, or `broke_off()` it when the body stops short."""
         assert self._session is not None, "Upstream.open() first"
+        if self._parents is not None and body is None and not direct:
+            parent = self._parents.route(url, method, headers)
+            if parent is not None:
+                response = await self._parents.fetch(parent, url, headers, method)
+                if response is not None:
+                    return response
         try:
             return await self._session.request(
                 method,
@@ -228,5 +246,21 @@ class Upstream:
             check_resumed(response.status, response.headers, start, end, size)
         except CannotResume:
             response.release()
-            raise
+            if not self.came_through_parent(response):
+                raise
+            # The parent may hold another version of the object: ask the origin.
+            response = await self.get(url, ranged, direct=True)
+            try:
+                check_resumed(response.status, response.headers, start, end, size)
+            except CannotResume:
+                response.release()
+                raise
         return response
+
+    def came_through_parent(self, response: aiohttp.ClientResponse) -> bool:
+        return self._parents is not None and self._parents.came_through_parent(response)
+
+    def broke_off(self, response: aiohttp.ClientResponse) -> None:
+        """Say that a response's body stopped short (a parent that did it is skipped)."""
+        if self._parents is not None:
+            self._parents.broke_off(response)

@@ -33,6 +33,7 @@ from sidecar.ipc import Message
 from sidecar.keeper import Buffer
 from sidecar.listeners import listeners
 from sidecar.metrics import Metrics
+from sidecar.parent import Parents
 from sidecar.resolve import HostsFileBypass, dns_resolver
 from sidecar.router import Router
 from sidecar.settings import Settings, parse
@@ -90,6 +91,7 @@ async def run(settings: Settings, inherited: Inherited) -> None:
         settings.upstream_proxy,
         settings.upstream_timeout,
         HostsFileBypass(resolver) if resolver else None,
+        _parents(settings, metrics),
     )
     await upstream.open()
     shared = Shared(inherited.shared.fd)
@@ -162,6 +164,18 @@ def _load_mitmproxy() -> types.ModuleType:
     modules: it keeps mitmproxy's forty default addons out)."""
     importlib.import_module("sidecar.mitmproxy_addons")
     return importlib.import_module("sidecar.embedded")
+
+
+def _parents(settings: Settings, metrics: Metrics) -> Parents | None:
+    if not settings.parent:
+        return None
+    return Parents(
+        settings.parent,
+        settings.parent_ca or settings.ca_dir / bundle.UPSTREAM_TRUST_FILE,
+        settings.parent_timeout,
+        settings.upstream_timeout,
+        metrics,
+    )
 
 
 async def _stop_when_parent_gone(keeper: ipc.Channel, stop: asyncio.Event) -> None:

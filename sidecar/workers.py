@@ -285,7 +285,8 @@ class Workers:
             assert self._keeper is not None
             self._keeper.worker_gone(worker.index)
             self._shared.connections[worker.index] = 0
-            self._retired.append(worker.last)
+            # What it counted stays; its view of the parents went with it.
+            self._retired.append({**worker.last, "parent_state": {}})
             worker.last = {}
             pause = RESTART_PAUSE if time.monotonic() - started > STABLE_AFTER else pause * 2
             pause = min(pause, RESTART_PAUSE_MAX)

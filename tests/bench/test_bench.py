@@ -25,6 +25,8 @@ from bench.report import (
     target_ratio,
     within,
 )
+from bench.squid import SquidMissing
+from bench.squid import ensure_installed as squid_installed
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -34,13 +36,17 @@ def test_quick_suite_runs_every_benchmark(tmp_path: Path) -> None:
         pytest.skip("needs root and unshare: the benchmarks use private mounts")
     if not os.access("/usr/sbin/nginx", os.X_OK):
         pytest.skip("needs nginx (apt-get install nginx-light)")
+    try:
+        squid_installed()
+    except SquidMissing as e:
+        pytest.skip(str(e))
     done = subprocess.run(
         [PYTHON, "-m", "bench", "--quick", "--results", str(tmp_path)],
         env=clean_env(PYTHONPATH=str(ROOT)),
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     summary = (tmp_path / "summary.md").read_text()

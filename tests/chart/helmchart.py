@@ -47,6 +47,16 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "pmem-host-path": {
         "sidecar": {"buffer": {"medium": "pmem", "pmem": {"hostPath": "/mnt/pmem0/burstbuffer"}}}
     },
+    "parent-cache": {
+        "parentCache": {
+            "enabled": True,
+            "replicas": 3,
+            "storageClassName": "fast-ssd",
+            "tls": {"enabled": True, "secretName": "parent-tls"},
+        },
+        "sidecar": {"upstreamCA": {"configMapName": "corp-root-ca"}},
+    },
+    "parent-cache-url": {"parentCache": {"url": "http://squid.cache.svc:3128"}},
     "classic-sidecar": {"sidecar": {"nativeSidecar": False, "buffer": {"medium": "Disk"}}},
     "monitoring": {
         "prometheus": {

@@ -22,7 +22,6 @@ from helmchart import (
     SCENARIOS,
     injector_config,
     merged_values,
-    one,
     pod_template,
     render,
     validate_builtin,
@@ -80,7 +79,7 @@ def test_the_injector_accepts_every_rendered_configuration(scenario: str) -> Non
 
 def _inject(documents: list[dict[str, Any]], tmp_path: Path) -> dict[str, Any]:
     config_file = tmp_path / "config.yaml"
-    config_file.write_text(one(documents, "ConfigMap")["data"]["config.yaml"])
+    config_file.write_text(yaml.safe_dump(injector_config(documents)))
     result = subprocess.run(
         [INJECTOR_COMMAND, "render", "--config", config_file, "--namespace", "ml"],
         input=yaml.safe_dump(APP_POD),
@@ -100,7 +99,14 @@ def _by_name(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.parametrize(
     "scenario",
-    ["default", "classic-sidecar", "pmem-storage-class", "pmem-host-path", "everything-else"],
+    [
+        "default",
+        "classic-sidecar",
+        "pmem-storage-class",
+        "pmem-host-path",
+        "everything-else",
+        "parent-cache",
+    ],
 )
 def test_the_injector_with_the_chart_configuration_makes_the_expected_pod(
     scenario: str, tmp_path: Path
@@ -133,6 +139,7 @@ def test_the_injector_with_the_chart_configuration_makes_the_expected_pod(
     assert flags.eviction == values["buffer"]["eviction"]
     assert flags.intercept == tuple(values["intercept"])
     assert flags.revalidate is values["revalidate"]
+    assert flags.parent == tuple(injector_config(documents)["parents"])
     assert 0 < flags.buffer_size < parse_bytes(values["buffer"]["size"])
     # The PodMonitor finds sidecars by this port name.
     assert sidecar["ports"] == [

@@ -27,6 +27,7 @@ KUBERNETES_OBJECTS = {
     "injector.podSecurityContext",
     "injector.securityContext",
     "sidecar.resources",
+    "parentCache.resources",
 }
 # Free-form maps (annotations, labels, node selectors): any key is legitimate there.
 FREE_MAPS = {
@@ -110,6 +111,9 @@ def test_an_unknown_key_fails_at_every_level(path: str) -> None:
         ({"grafana": {"dashboards": {"labelValue": 1}}}, "labelValue"),
         ({"grafana": {"dashboards": {"namespace": "Monitoring"}}}, "namespace"),
         ({"prometheus": {"prometheusRule": {"enabled": "yes"}}}, "enabled"),
+        ({"parentCache": {"url": "squid:3128"}}, "url"),
+        ({"parentCache": {"enabled": True, "tls": {"enabled": True}}}, "secretName"),
+        ({"parentCache": {"maximumObjectSize": "64G"}}, "maximumObjectSize"),
     ],
 )
 def test_a_bad_value_fails(values: dict[str, Any], mentioned: str) -> None:

@@ -108,3 +108,26 @@ def test_command_line_round_trips() -> None:
     assert command_line(http_freshness=()) == []
     with pytest.raises(TypeError, match="bogus"):
         command_line(bogus=1)
+
+
+def test_parents_repeat_or_separate_by_commas() -> None:
+    s = parse(
+        ["--buffer-dir", "/b", "--parent", "http://squid-0:3128", "--parent", "https://s1:3129/"],
+        {},
+    )
+    assert s.parent == ("http://squid-0:3128", "https://s1:3129")
+    s = parse(["--buffer-dir", "/b"], {"BURSTBUFFER_PARENT": "http://a:1, http://b:2,http://a:1"})
+    assert s.parent == ("http://a:1", "http://b:2")
+    assert parse(["--buffer-dir", "/b"], {}).parent == ()
+    argv = command_line(buffer_dir="/b", parent=("http://a:1", "http://b:2"), parent_timeout=2.5)
+    assert argv == [
+        "--buffer-dir", "/b", "--parent", "http://a:1", "--parent", "http://b:2",
+        "--parent-timeout", "2.5",
+    ]  # fmt: skip
+    assert parse(argv, {}).parent == ("http://a:1", "http://b:2")
+
+
+@pytest.mark.parametrize("bad", ["squid:3128", "ftp://squid", "http://squid:3128/path", "http://"])
+def test_bad_parent_is_named(bad: str) -> None:
+    with pytest.raises(SettingsError, match="--parent: invalid parent"):
+        parse(["--buffer-dir", "/b", "--parent", bad], {})

@@ -96,5 +96,77 @@ template from .Values.sidecar plus the image. Its schema is the injector's
 {{- $config := deepCopy .Values.sidecar }}
 {{- $_ := set $config "image" (include "burstbuffer.image" .) }}
 {{- $_ = set $config "imagePullPolicy" .Values.image.pullPolicy }}
+{{- $_ = set $config "parents" (include "burstbuffer.parent.urls" . | fromJsonArray) }}
 {{- toYaml $config }}
+{{- end }}
+
+{{/* The parent cache's StatefulSet, headless Service and ConfigMap. */}}
+{{- define "burstbuffer.parent.fullname" -}}
+{{- printf "%s-parent" (include "burstbuffer.fullname" . | trunc 50 | trimSuffix "-") }}
+{{- end }}
+
+{{/* Labels on the parent cache's objects. */}}
+{{- define "burstbuffer.parent.labels" -}}
+helm.sh/chart: {{ include "burstbuffer.chart" . }}
+{{ include "burstbuffer.parent.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Labels that select the parent cache's pods. */}}
+{{- define "burstbuffer.parent.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "burstbuffer.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: parent-cache
+{{- end }}
+
+{{/*
+The sidecars' --parent URLs (JSON list): one per replica of the chart's Squid, by its
+stable StatefulSet name (an address would change whenever the pod is rescheduled and
+move its share of the objects), or parentCache.url, or none.
+*/}}
+{{- define "burstbuffer.parent.urls" -}}
+{{- $urls := list }}
+{{- if .Values.parentCache.enabled }}
+{{- $service := include "burstbuffer.parent.fullname" . }}
+{{- $scheme := ternary "https" "http" .Values.parentCache.tls.enabled }}
+{{- $port := ternary .Values.parentCache.tls.port .Values.parentCache.httpPort .Values.parentCache.tls.enabled }}
+{{- range $i := until (int .Values.parentCache.replicas) }}
+{{- $urls = append $urls (printf "%s://%s-%d.%s.%s.svc:%v" $scheme $service $i $service $.Release.Namespace $port) }}
+{{- end }}
+{{- else if .Values.parentCache.url }}
+{{- range splitList "," .Values.parentCache.url }}
+{{- $urls = append $urls (trim .) }}
+{{- end }}
+{{- end }}
+{{- toJson $urls }}
+{{- end }}
+
+{{/* The Squid containers' security context (the image runs as UID/GID 13). */}}
+{{- define "burstbuffer.parent.securityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+{{- end }}
+
+{{/* The Squid containers' mounts: config, cache, run directory, TLS, origin CAs. */}}
+{{- define "burstbuffer.parent.volumeMounts" -}}
+- name: config
+  mountPath: /etc/squid/conf
+  readOnly: true
+- name: cache
+  mountPath: /var/spool/squid
+- name: run
+  mountPath: /run/squid
+{{- if .Values.parentCache.tls.enabled }}
+- name: tls
+  mountPath: /etc/squid/tls
+  readOnly: true
+{{- end }}
+{{- if .Values.sidecar.upstreamCA.configMapName }}
+- name: upstream-ca
+  mountPath: /etc/squid/upstream-ca
+  readOnly: true
+{{- end }}
 {{- end }}
