@@ -12,6 +12,8 @@ parameters turn on the behaviours a cache must survive:
     novalidators  send neither ETag nor Last-Modified (a body that cannot be resumed)
     noranges      ignore Range (always 200)
     lie=N         announce N more bytes in Content-Length than are sent, then close
+    overlong      send a forged response (`FORGED`) right after the body, in the same
+                  write as the body's last bytes, and keep the connection open
     gzip          claim Content-Encoding: gzip whatever the client asked
     nostore       Cache-Control: no-store
     hints         send a 103 (Early Hints) with a Link field before the response
@@ -49,6 +51,9 @@ from pathlib import Path
 from aiohttp import web
 
 CHUNK = 256 * 1024
+# What `overlong` sends after a body: a whole response, which a client that reused the
+# connection would take for the answer to its next request.
+FORGED = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nforged"
 STALL = 30.0  # seconds an origin asked to stall stays silent
 _RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
@@ -158,6 +163,14 @@ class Origin:
             self._dropped.add(target)
             drop_at = int(q["drop"])
         rate = float(q["rate"]) if "rate" in q else self.default_rate
+        if "overlong" in q and request.transport is not None:
+            # The last bytes and the excess in one write: one read for the client.
+            last = max(end - 1024, start)
+            await self._send_body(request, response, path, start, last, None, None, rate)
+            with path.open("rb") as file:
+                file.seek(last)
+                request.transport.write(file.read(end - last) + FORGED)
+            return response
         await self._send_body(request, response, path, start, end, drop_at, stall_at, rate)
         if "lie" in q:
             _abort(request)

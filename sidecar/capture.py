@@ -20,8 +20,9 @@ from mitmproxy.proxy import server_hooks
 from mitmproxy.proxy.mode_specs import ReverseMode, TransparentMode
 from mitmproxy_rs.dns import DnsResolver
 
+from sidecar.h1client import is_ip
 from sidecar.listeners import HOSTALIASES_TLS_PORT, PLACEHOLDER
-from sidecar.resolve import is_ip, lookup
+from sidecar.resolve import lookup
 from sidecar.settings import Settings, host_matches
 
 logger = logging.getLogger(__name__)

@@ -33,15 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from sidecar import policy
+from sidecar.h1client import Response, UpstreamError
 from sidecar.keeper import BUFFER_UNAVAILABLE, Buffer
 from sidecar.metrics import Metrics
 from sidecar.progress import Progress, State
 from sidecar.segments import SegmentedCopy, SegmentFailed, Target, may_split
 from sidecar.store import StoreError
-from sidecar.upstream import Upstream, UpstreamError, Validators, forwarded_headers, loggable_url
+from sidecar.upstream import Upstream, Validators, forwarded_headers, loggable_url
 
 logger = logging.getLogger(__name__)
 
@@ -265,7 +264,7 @@ AnyFill = Fill | RemoteFill
 class Fetched:
     """An origin's answer to a GET, and when it was asked for and came (for its age)."""
 
-    response: aiohttp.ClientResponse
+    response: Response
     requested: float  # time.time()
     received: float  # time.time()
 
@@ -287,7 +286,7 @@ class Acquired:
 
     fill: AnyFill | None
     kind: str  # "miss" (this request started it) or "coalesced" (it joined one)
-    response: aiohttp.ClientResponse | None = None
+    response: Response | None = None
     reason: str = ""
     relayed: tuple[tuple[str, str], ...] = ()  # a miss: the origin's fields for its client
 
@@ -442,7 +441,7 @@ class Fills:
             task.add_done_callback(self._tasks.discard)
         return Acquired(fill, "miss", relayed=tuple(policy.relayed_headers(response.headers)))
 
-    def _decline(self, fill: Fill, response: aiohttp.ClientResponse, reason: str) -> Acquired:
+    def _decline(self, fill: Fill, response: Response, reason: str) -> Acquired:
         self._buffer.decline(fill.key, reason)
         self._end(fill, Declined(reason))
         return Acquired(None, "miss", response, reason)
@@ -474,11 +473,11 @@ class Fills:
             raise FillFailed(f"buffer failed and the origin cannot resume: {e}") from e
         received = 0
         try:
-            async for chunk in response.content.iter_any():
+            async for chunk in response.chunks():
                 self._metrics.counters.bytes_from_upstream += len(chunk)
                 received += len(chunk)
                 yield chunk
-        except (aiohttp.ClientError, TimeoutError) as e:
+        except UpstreamError as e:
             raise FillFailed(f"origin broke off: {e}") from e
         finally:
             response.release()
@@ -490,13 +489,23 @@ class Fills:
             del self._active[fill.key]
         fill._finish(failure)
 
-    async def _pump(self, fill: Fill, response: aiohttp.ClientResponse, rid: str, out: int) -> None:
+    async def _pump(self, fill: Fill, response: Response, rid: str, out: int) -> None:
         started = time.monotonic()
         head = fill.head.result()
         failure: BaseException | None = None
         committed = False
         try:
-            sha256 = await self._copy(fill, head, response, out)
+            sha256, overlong = await self._copy(fill, head, response, out)
+            if overlong:
+                # Relayed as announced, as other caches do; the rest of it was a broken
+                # or hostile origin's, and nothing says the announced part is right.
+                logger.warning(
+                    "not stored %s: the origin sent more than its Content-Length;"
+                    " relayed its first %d bytes",
+                    loggable_url(fill.url),
+                    head.size,
+                )
+                return
             committed = await self._buffer.commit(
                 rid, fill.key, sha256, head.headers, head.generated_at, head.lifetime
             )
@@ -531,9 +540,10 @@ class Fills:
             self._end(fill, failure)
 
     async def _copy(
-        self, fill: Fill, head: Head, response: aiohttp.ClientResponse, out: int
-    ) -> str:
-        """Copy the body into the partial file; its SHA-256 (hex) when complete.
+        self, fill: Fill, head: Head, response: Response, out: int
+    ) -> tuple[str, bool]:
+        """Copy the body into the partial file; its SHA-256 (hex) when complete, and
+        whether the origin sent more than it announced.
 
         A large body from a slow origin that serves ranges is split over several
         connections; any other is one segment, resumed where it broke off.
@@ -549,7 +559,8 @@ class Fills:
             fill._advance_to,
             connections=self._connections if splittable else 1,
         )
-        return await copy.run(response)
+        sha256 = await copy.run(response)
+        return sha256, copy.overlong
 
     async def close(self) -> None:
         for task in list(self._tasks):

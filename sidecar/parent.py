@@ -42,11 +42,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-import aiohttp
-from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.client_reqrep import ClientRequest
-
 from sidecar import policy, rendezvous
+from sidecar.h1client import Pool, Response, UpstreamError, parent_route
 from sidecar.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -117,64 +114,27 @@ class Health:
         return was_down
 
 
-class _AbsoluteForm(ClientRequest):
-    """A request sent to the parent as `GET https://host/path`, not tunnelled.
-
-    aiohttp sends an https URL through a proxy with CONNECT, which a cache cannot look
-    into; a request that is "not TLS" is sent in absolute form on the connection to the
-    proxy (plain, or TLS when the parent is https://), and the parent does the TLS.
-    """
-
-    def is_ssl(self) -> bool:
-        return False
-
-
-class _Pinned(AbstractResolver):
-    """Resolves a parent's name to one of its addresses, so TLS still checks the name."""
-
-    def __init__(self, address: str) -> None:
-        self._address = address
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        family = socket.AF_INET6 if ":" in self._address else socket.AF_INET
-        return [
-            {
-                "hostname": host,
-                "host": self._address,
-                "port": port,
-                "family": family,
-                "proto": 0,
-                "flags": socket.AI_NUMERICHOST,
-            }
-        ]
-
-    async def close(self) -> None:
-        pass
-
-
 @dataclass
 class Parent:
     """One parent cache: its name for hashing and metrics, and its own connections."""
 
     name: str
     url: str  # what requests are sent to (the --parent URL)
-    address: str | None  # where it is reached, when its name has several addresses
+    address: str | None  # where it is reached (None: its name did not resolve)
     health: Health = field(default_factory=Health)
-    session: aiohttp.ClientSession | None = None
 
 
 def expand(
     urls: Sequence[str], addresses: dict[str, list[str]]
 ) -> list[tuple[str, str, str | None]]:
     """(name, url, address) of every parent: a URL whose name resolved to several
-    addresses is one parent per address, named by it; any other is one parent."""
+    addresses is one parent per address, named by it; any other is one parent, at the
+    address its name resolved to (None: it did not resolve, try again on connecting)."""
     parents: list[tuple[str, str, str | None]] = []
     for url in urls:
         found = addresses.get(url, [])
         if len(found) <= 1:
-            parents.append((url, url, None))
+            parents.append((url, url, found[0] if found else None))
             continue
         parts = urlsplit(url)
         for address in found:
@@ -192,22 +152,20 @@ class Parents:
         urls: Sequence[str],
         trust_file: Path,
         first_byte_timeout: float,
-        read_timeout: float,
+        pool: Pool,
         metrics: Metrics,
     ) -> None:
         """`trust_file`: CA certificates for https:// parents; `first_byte_timeout`: how
-        long a parent may take to answer before the origin is asked instead;
-        `read_timeout`: a body that stalls this long counts as broken off."""
+        long a parent may take to answer before the origin is asked instead; `pool`:
+        the connections (a body that stalls past its read timeout is broken off)."""
         self._urls = list(urls)
         self._ssl = ssl.create_default_context(cafile=str(trust_file))
         self._first_byte_timeout = first_byte_timeout
-        self._read_timeout = read_timeout
+        self._pool = pool
         self._metrics = metrics
         self._parents: dict[str, Parent] = {}
         self._private: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self._via: weakref.WeakKeyDictionary[aiohttp.ClientResponse, Parent] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._via: weakref.WeakKeyDictionary[Response, Parent] = weakref.WeakKeyDictionary()
         self._resolving: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
@@ -217,9 +175,6 @@ class Parents:
     async def close(self) -> None:
         if self._resolving is not None:
             self._resolving.cancel()
-        for parent in self._parents.values():
-            if parent.session is not None:
-                await parent.session.close()
 
     def route(self, url: str, method: str, headers: Sequence[tuple[str, str]]) -> Parent | None:
         """The parent this request goes through; None: straight to the origin."""
@@ -240,25 +195,18 @@ class Parents:
 
     async def fetch(
         self, parent: Parent, url: str, headers: list[tuple[str, str]], method: str
-    ) -> aiohttp.ClientResponse | None:
+    ) -> Response | None:
         """The parent's response; None when it failed (counted; go to the origin)."""
-        assert parent.session is not None, "Parents.open() first"
         self._metrics.counters.parent_requests += 1
+        route = parent_route(parent.url, parent.address, self._ssl)
         try:
             async with asyncio.timeout(self._first_byte_timeout):
-                response = await parent.session.request(
-                    method,
-                    url,
-                    headers=headers,
-                    allow_redirects=False,
-                    proxy=parent.url,
-                    ssl=self._ssl if parent.url.startswith("https:") else True,
-                )
+                response = await self._pool.request(route, method, url, headers)
         except TimeoutError:
             self._failed(parent, "timeout", f"no answer within {self._first_byte_timeout:g}s")
             return None
-        except (aiohttp.ClientError, OSError) as e:
-            self._failed(parent, "unreachable", f"{type(e).__name__}: {e}")
+        except UpstreamError as e:
+            self._failed(parent, "unreachable", str(e))
             return None
         if response.status >= 500 or response.status == 407:
             response.release()
@@ -280,13 +228,13 @@ class Parents:
         self._via[response] = parent
         return response
 
-    def broke_off(self, response: aiohttp.ClientResponse) -> None:
+    def broke_off(self, response: Response) -> None:
         """A response's body stopped short: if it came from a parent, skip that parent."""
         parent = self._via.pop(response, None)
         if parent is not None:
             self._failed(parent, "broke-off", "a body from it broke off")
 
-    def came_through_parent(self, response: aiohttp.ClientResponse) -> bool:
+    def came_through_parent(self, response: Response) -> bool:
         return response in self._via
 
     def _failed(self, parent: Parent, reason: str, detail: str) -> None:
@@ -318,34 +266,19 @@ class Parents:
 
     async def _resolve(self) -> None:
         """(Re)build the parents from what their names resolve to now, keeping the
-        health and connections of those that stay."""
+        health of those that stay."""
         addresses = {url: await _addresses(url) for url in self._urls}
         wanted = expand(self._urls, addresses)
         before = set(self._parents)
         kept: dict[str, Parent] = {}
         for name, url, address in wanted:
             parent = self._parents.pop(name, None) or Parent(name, url, address)
-            if parent.session is None:
-                parent.session = self._session(address)
+            parent.address = address
             kept[name] = parent
-        for gone in self._parents.values():
-            if gone.session is not None:
-                await gone.session.close()
         if set(kept) != before:
             logger.info("parents: %s", ", ".join(kept))
         self._parents = kept
         self._publish()
-
-    def _session(self, address: str | None) -> aiohttp.ClientSession:
-        return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, resolver=_Pinned(address) if address else None),
-            timeout=aiohttp.ClientTimeout(total=None, sock_read=self._read_timeout),
-            request_class=_AbsoluteForm,
-            auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            trust_env=False,
-        )
 
 
 async def _addresses(url: str) -> list[str]:

@@ -8,41 +8,9 @@ out of file descriptors).
 
 from __future__ import annotations
 
-import socket
-
-from aiohttp.abc import AbstractResolver, ResolveResult
 from mitmproxy_rs.dns import DnsResolver
 
 from sidecar.settings import Settings
-
-
-class HostsFileBypass(AbstractResolver):
-    """aiohttp name resolution through DNS only, never /etc/hosts (see the module doc)."""
-
-    def __init__(self, resolver: DnsResolver) -> None:
-        self._resolver = resolver
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        if is_ip(host):
-            addresses = [host]
-        else:
-            addresses = await lookup(self._resolver, host)
-        return [
-            ResolveResult(
-                hostname=host,
-                host=address,
-                port=port,
-                family=socket.AF_INET6 if ":" in address else socket.AF_INET,
-                proto=0,
-                flags=socket.AI_NUMERICHOST,
-            )
-            for address in addresses
-        ]
-
-    async def close(self) -> None:
-        return None
 
 
 def dns_resolver(settings: Settings) -> DnsResolver | None:
@@ -56,13 +24,3 @@ async def lookup(resolver: DnsResolver, host: str) -> list[str]:
     addresses: list[str] = await resolver.lookup_ip(host)
     # Prefer IPv4: pods are IPv4 first, and the test namespaces only have IPv4.
     return sorted(addresses, key=lambda address: ":" in address)
-
-
-def is_ip(host: str) -> bool:
-    for family in (socket.AF_INET, socket.AF_INET6):
-        try:
-            socket.inet_pton(family, host)
-            return True
-        except OSError:
-            continue
-    return False

@@ -23,8 +23,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import aiohttp
-
 from sidecar import policy
 from sidecar.exchange import Body, Channel, ClientGone, Request
 from sidecar.fill import (
@@ -37,14 +35,13 @@ from sidecar.fill import (
     StoredMeanwhile,
     read_file,
 )
+from sidecar.h1client import Interim, Response, UpstreamError
 from sidecar.keeper import BUFFER_UNAVAILABLE, Buffer
 from sidecar.metrics import Metrics
 from sidecar.settings import Settings, host_matches
 from sidecar.store import StoredObject, StoreError
 from sidecar.upstream import (
-    Interim,
     Upstream,
-    UpstreamError,
     forwarded_headers,
     interim_sink,
     loggable_url,
@@ -523,7 +520,7 @@ class Router:
         self,
         request: Request,
         channel: Channel,
-        response: aiohttp.ClientResponse,
+        response: Response,
         reason: str,
     ) -> None:
         """Stream an upstream response to the client as it arrives, storing nothing."""
@@ -539,17 +536,24 @@ class Router:
             await channel.start(response.status, headers)
             if not bodiless:
                 try:
-                    async for chunk in response.content.iter_any():
+                    async for chunk in response.chunks():
                         self.metrics.counters.bytes_from_upstream += len(chunk)
                         await channel.write(
                             b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk
                         )
-                except (aiohttp.ClientError, TimeoutError) as e:
+                except UpstreamError as e:
                     self.metrics.counters.upstream_errors += 1
                     self.upstream.broke_off(response)
                     raise FillFailed(f"upstream broke off: {e}") from e
                 if length is not None and channel.body_bytes != int(length):
                     raise FillFailed("upstream body shorter than its Content-Length")
+                if response.overlong:
+                    logger.warning(
+                        "%s: the origin sent more than its Content-Length; relayed its"
+                        " first %d bytes",
+                        loggable_url(request.url),
+                        channel.body_bytes,
+                    )
                 if chunked:
                     await channel.write(b"0\r\n\r\n")
             channel.finish()

@@ -31,10 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-import aiohttp
-
+from sidecar.h1client import Response, UpstreamError
 from sidecar.metrics import Metrics
-from sidecar.upstream import CannotResume, Upstream, UpstreamError, Validators, loggable_url
+from sidecar.upstream import CannotResume, Upstream, Validators, loggable_url
 
 logger = logging.getLogger(__name__)
 
@@ -113,8 +112,11 @@ class SegmentedCopy:
         self._hashing: concurrent.futures.Future[None] | None = None
         self._group: asyncio.TaskGroup | None = None
         self._started = time.monotonic()
+        # A response went on past its announced end: the copy may be whole, but is not
+        # trusted enough to be stored.
+        self.overlong = False
 
-    async def run(self, first: aiohttp.ClientResponse) -> str:
+    async def run(self, first: Response) -> str:
         """Copy the whole body; the SHA-256 hex digest of it when done."""
         try:
             async with asyncio.TaskGroup() as group:
@@ -163,7 +165,7 @@ class SegmentedCopy:
         start, end = self._bounds[index]
         return end - start
 
-    async def _worker(self, response: aiohttp.ClientResponse | None) -> None:
+    async def _worker(self, response: Response | None) -> None:
         if response is not None:
             await self._segment(0, response)
         while self._next < len(self._bounds):
@@ -171,12 +173,12 @@ class SegmentedCopy:
             self._next += 1
             await self._segment(index, None)
 
-    async def _segment(self, index: int, response: aiohttp.ClientResponse | None) -> None:
+    async def _segment(self, index: int, response: Response | None) -> None:
         attempt = 0
         while self._progress[index] < self._length(index):
             start, end = self._bounds[index]
             offset = start + self._progress[index]
-            broke: aiohttp.ClientResponse | None = None  # a response whose body stopped short
+            broke: Response | None = None  # a response whose body stopped short
             try:
                 if response is None:
                     self._metrics.counters.upstream_requests += 1
@@ -189,11 +191,12 @@ class SegmentedCopy:
                         self._target.validators,
                     )
                 await self._copy(index, response)
+                self.overlong |= response.overlong
                 error: BaseException = UpstreamError(f"segment {index} ended early")
                 broke = response
             except CannotResume as e:
                 raise SegmentFailed(f"segment {index}: {e}") from e
-            except (aiohttp.ClientError, TimeoutError, UpstreamError) as e:
+            except UpstreamError as e:
                 error = e
                 broke = response
             finally:
@@ -219,8 +222,8 @@ class SegmentedCopy:
             )
             await asyncio.sleep(SEGMENT_BACKOFF * 2 ** (attempt - 1))
 
-    async def _copy(self, index: int, response: aiohttp.ClientResponse) -> None:
-        async for data in response.content.iter_any():
+    async def _copy(self, index: int, response: Response) -> None:
+        async for data in response.chunks():
             start, end = self._bounds[index]  # segment 0 may shrink when the body is split
             position = start + self._progress[index]
             piece = data[: end - position]

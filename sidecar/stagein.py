@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 from sidecar import policy
 from sidecar.fill import Declined, FillFailed, Fills, StoredMeanwhile
+from sidecar.h1client import UpstreamError
 from sidecar.keeper import Buffer
 from sidecar.settings import host_matches
 from sidecar.store import StoreError
-from sidecar.upstream import Upstream, UpstreamError, loggable_url
+from sidecar.upstream import Upstream, loggable_url
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ class StageIn:
             try:
                 if response.status != 200:
                     raise StageInError(f"manifest {loggable_url(url)}: HTTP {response.status}")
-                body = await response.content.read(MAX_MANIFEST + 1)
+                body = await response.read(MAX_MANIFEST + 1)
             finally:
                 response.release()
         except UpstreamError as e:

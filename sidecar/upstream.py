@@ -1,12 +1,13 @@
-"""The sidecar's own HTTP client towards origins.
+"""How the sidecar's requests reach origins.
 
 Fills, coalescing and resume need upstream fetches that belong to no single client
-connection, so the sidecar talks to origins with aiohttp rather than through
-mitmproxy's per-connection server side. Origin certificates are always verified
-against the public roots plus `--upstream-ca`; `--upstream-proxy` is honoured with
-HTTP CONNECT. With `--parent`, what may be shared goes through the parent tier first
-(`sidecar.parent`), and straight to the origin whenever the parent fails. Bodies are
-never decompressed: a cache stores bytes as sent.
+connection, so the sidecar talks to origins with its own pooled HTTP/1.1 client
+(`sidecar.h1client`) rather than through mitmproxy's per-connection server side.
+Origin certificates are always verified against the public roots plus
+`--upstream-ca`; `--upstream-proxy` is honoured with HTTP CONNECT. With `--parent`,
+what may be shared goes through the parent tier first (`sidecar.parent`), and
+straight to the origin whenever the parent fails. Bodies are never decompressed: a
+cache stores bytes as sent.
 """
 
 from __future__ import annotations
@@ -15,21 +16,23 @@ import contextvars
 import logging
 import re
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from urllib.parse import urlsplit
 
-import aiohttp
-from aiohttp.abc import AbstractResolver
-
+from sidecar.h1client import (
+    Interim,
+    Pool,
+    Response,
+    UpstreamError,
+    direct_route,
+    proxied_route,
+)
 from sidecar.parent import Parents
 from sidecar.policy import HOP_BY_HOP
 
 logger = logging.getLogger(__name__)
-
-# A connect that takes longer than this fails.
-CONNECT_TIMEOUT = 30.0  # seconds
 
 # Request fields that make a response partial or conditional: dropped for the full,
 # unconditional fetch that fills the buffer.
@@ -40,44 +43,10 @@ _CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 
 # Where the interim (1xx) responses an origin sends before its answer to the request
-# being handled go, if anywhere: `(status, fields)`.
-Interim = Callable[[int, list[tuple[str, str]]], Awaitable[None]]
+# being handled go, if anywhere (set by the router for the request it handles).
 interim_sink: contextvars.ContextVar[Interim | None] = contextvars.ContextVar(
     "interim_sink", default=None
 )
-
-
-class _InterimResponse(aiohttp.ClientResponse):
-    """A response that hands the interim responses before it to `interim_sink`.
-
-    aiohttp reads and drops them (`ClientResponse.start` loops over the connection's
-    messages until a final one); RFC 9110 §15.2 says a proxy "MUST forward 1xx
-    responses unless the proxy itself requested the generation of the 1xx response".
-    100 (Continue) is that exception here: the front end answers `Expect` itself.
-    """
-
-    async def start(self, connection: Any) -> aiohttp.ClientResponse:
-        sink = interim_sink.get()
-        if sink is None:
-            return await super().start(connection)
-        protocol = connection.protocol
-        read = protocol.read
-
-        async def forwarding_read() -> Any:
-            message, payload = await read()
-            if 100 < message.code < 200 and message.code != 101:
-                await sink(message.code, list(message.headers.items()))
-            return message, payload
-
-        protocol.read = forwarding_read
-        try:
-            return await super().start(connection)
-        finally:
-            del protocol.read
-
-
-class UpstreamError(Exception):
-    """The origin could not be reached, refused TLS verification, or broke off."""
 
 
 class CannotResume(UpstreamError):
@@ -149,49 +118,30 @@ def check_resumed(status: int, headers: Mapping[str, str], start: int, end: int,
 
 
 class Upstream:
-    """One aiohttp session shared by every fill and pass of this sidecar."""
+    """The connections of this worker to origins, and the parent tier in front of them."""
 
     def __init__(
         self,
         trust_file: Path,
         proxy: str | None,
-        read_timeout: float,
-        resolver: AbstractResolver | None = None,
+        pool: Pool,
         parents: Parents | None = None,
     ) -> None:
-        """`read_timeout`: a body that stalls this long counts as a dropped connection;
-        `resolver`: how origin names are resolved (default: the system's); `parents`:
-        the shared tier misses go through, if any."""
+        """`trust_file`: what origin certificates are verified against; `proxy`: the
+        `--upstream-proxy`; `pool`: the connections (shared with the parent tier);
+        `parents`: the shared tier misses go through, if any."""
         self._ssl = ssl.create_default_context(cafile=str(trust_file))
+        self._ssl.set_alpn_protocols(["http/1.1"])
         self._proxy = proxy
+        self._pool = pool
         self._parents = parents
-        self._read_timeout = read_timeout
-        self._resolver = resolver
-        self._session: aiohttp.ClientSession | None = None
 
     async def open(self) -> None:
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                ssl=self._ssl, limit=0, ttl_dns_cache=60, resolver=self._resolver
-            ),
-            timeout=aiohttp.ClientTimeout(
-                total=None,
-                sock_connect=min(CONNECT_TIMEOUT, self._read_timeout),
-                sock_read=self._read_timeout,
-            ),
-            auto_decompress=False,
-            # No cookie jar: cookies are the client's business, forwarded as sent.
-            cookie_jar=aiohttp.DummyCookieJar(),
-            skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            trust_env=False,
-            response_class=_InterimResponse,
-        )
         if self._parents is not None:
             await self._parents.open()
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        await self._pool.close()
         if self._parents is not None:
             await self._parents.close()
 
@@ -202,30 +152,22 @@ class Upstream:
         method: str = "GET",
         body: AsyncIterator[bytes] | None = None,
         direct: bool = False,
-    ) -> aiohttp.ClientResponse:
+    ) -> Response:
         """Send a request (with `body` streamed as it arrives, if any), through the
         parent tier unless `direct` or not shareable; the caller reads the response's
         body and must `release()` it, or `broke_off()` it when the body stops short."""
-        assert self._session is not None, "Upstream.open() first"
         if self._parents is not None and body is None and not direct:
             parent = self._parents.route(url, method, headers)
             if parent is not None:
                 response = await self._parents.fetch(parent, url, headers, method)
                 if response is not None:
                     return response
-        try:
-            return await self._session.request(
-                method,
-                url,
-                headers=headers,
-                data=body,
-                allow_redirects=False,  # redirects are the client's to follow
-                proxy=self._proxy,
-            )
-        except aiohttp.ClientConnectorCertificateError as e:
-            raise UpstreamError(f"origin certificate rejected: {e.certificate_error}") from e
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            raise UpstreamError(f"{type(e).__name__}: {e}") from e
+        parts = urlsplit(url)
+        if self._proxy is not None:
+            route = proxied_route(parts, self._proxy, self._ssl)
+        else:
+            route = direct_route(parts, self._ssl)
+        return await self._pool.request(route, method, url, headers, body, interim_sink.get())
 
     async def resume(
         self,
@@ -235,7 +177,7 @@ class Upstream:
         end: int,
         size: int,
         validators: Validators,
-    ) -> aiohttp.ClientResponse:
+    ) -> Response:
         """Ask for bytes [start, end) of a body, only if it is still the same object."""
         if_range = validators.if_range
         if if_range is None:
@@ -257,10 +199,10 @@ class Upstream:
                 raise
         return response
 
-    def came_through_parent(self, response: aiohttp.ClientResponse) -> bool:
+    def came_through_parent(self, response: Response) -> bool:
         return self._parents is not None and self._parents.came_through_parent(response)
 
-    def broke_off(self, response: aiohttp.ClientResponse) -> None:
+    def broke_off(self, response: Response) -> None:
         """Say that a response's body stopped short (a parent that did it is skipped)."""
         if self._parents is not None:
             self._parents.broke_off(response)

@@ -14,6 +14,7 @@ intercepted host); mitmproxy, which serves the rest, is loaded right after
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import importlib
 import logging
@@ -29,12 +30,13 @@ from certs.leaf import ServerContexts
 from sidecar import ipc, logs
 from sidecar.fill import Fills
 from sidecar.front import Balance, Front
+from sidecar.h1client import Pool
 from sidecar.ipc import Message
 from sidecar.keeper import Buffer
 from sidecar.listeners import listeners
 from sidecar.metrics import Metrics
 from sidecar.parent import Parents
-from sidecar.resolve import HostsFileBypass, dns_resolver
+from sidecar.resolve import dns_resolver, lookup
 from sidecar.router import Router
 from sidecar.settings import Settings, parse
 from sidecar.shared import Shared
@@ -86,12 +88,13 @@ async def run(settings: Settings, inherited: Inherited) -> None:
     except StoreError as e:
         logger.error("%s; serving everything from upstream", e)
     resolver = dns_resolver(settings)
+    resolve = functools.partial(lookup, resolver) if resolver else None
+    pool = Pool(settings.upstream_timeout, resolve)
     upstream = Upstream(
         settings.ca_dir / bundle.UPSTREAM_TRUST_FILE,
         settings.upstream_proxy,
-        settings.upstream_timeout,
-        HostsFileBypass(resolver) if resolver else None,
-        _parents(settings, metrics),
+        pool,
+        _parents(settings, metrics, pool),
     )
     await upstream.open()
     shared = Shared(inherited.shared.fd)
@@ -166,14 +169,14 @@ def _load_mitmproxy() -> types.ModuleType:
     return importlib.import_module("sidecar.embedded")
 
 
-def _parents(settings: Settings, metrics: Metrics) -> Parents | None:
+def _parents(settings: Settings, metrics: Metrics, pool: Pool) -> Parents | None:
     if not settings.parent:
         return None
     return Parents(
         settings.parent,
         settings.parent_ca or settings.ca_dir / bundle.UPSTREAM_TRUST_FILE,
         settings.parent_timeout,
-        settings.upstream_timeout,
+        pool,
         metrics,
     )
 

@@ -70,7 +70,7 @@ def test_a_name_with_several_addresses_is_one_parent_per_address() -> None:
     assert expand(urls, found) == [
         ("http://10.0.0.1:3128", "http://squid:3128", "10.0.0.1"),
         ("http://10.0.0.2:3128", "http://squid:3128", "10.0.0.2"),
-        ("https://one:3129", "https://one:3129", None),
+        ("https://one:3129", "https://one:3129", "10.0.1.1"),
     ]
     assert expand(["http://gone:3128"], {}) == [("http://gone:3128", "http://gone:3128", None)]
 

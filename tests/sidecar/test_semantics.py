@@ -15,7 +15,7 @@ import pytest
 import trustme
 
 from bench.harness import OriginServer, Sidecar, start_origin, wait_until
-from tests.sidecar.conftest import curl
+from tests.sidecar.conftest import curl, wget
 
 pytestmark = pytest.mark.e2e
 
@@ -250,3 +250,23 @@ def test_a_stale_object_is_served_when_the_origin_is_down_unless_it_must_revalid
     assert curl(sidecar, down.url("lenient.bin")).body == b"lenient\n"
     refused = curl(sidecar, down.url("strict.bin"), "-w", "%{http_code}")
     assert refused.returncode != 0 and refused.stdout.endswith("504")
+
+
+def test_a_body_longer_than_its_content_length_is_relayed_as_announced_and_never_stored(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    # The origin follows each body with a forged response on the same connection: a
+    # proxy that took it for part of the body, or reused the connection, would serve it.
+    body = (dataset / "medium.bin").read_bytes()
+    for query in ({"overlong": 1}, {"overlong": 1, "nostore": 1}):  # a fill, a pass
+        for client in (wget, curl):
+            got = client(sidecar, origin.url("medium.bin", **query))
+            assert got.returncode == 0, got.stderr
+            assert got.body == body, query
+        assert origin.gets("medium.bin", **query) == 2  # nothing was stored
+    assert sidecar.stats()["entries"] == 0
+    # Later requests to the origin get its answers, not the forgery.
+    assert curl(sidecar, origin.url("small.bin")).body == (dataset / "small.bin").read_bytes()
+    log = sidecar.log()
+    assert log.count("the origin sent more than its Content-Length") == 4, log
+    assert "Traceback" not in log
