@@ -32,6 +32,7 @@ import aiohttp
 
 from bench import memory
 from bench.harness import OriginServer, Sidecar, process_tree
+from bench.procs import open_fds
 
 KINDS = {
     "hit": 6,
@@ -64,7 +65,7 @@ class Footprint:
     def of(cls, pid: int) -> Footprint:
         members = process_tree(pid)
         return cls(
-            fds=sum(len(list(Path(f"/proc/{m}/fd").iterdir())) for m in members),
+            fds=open_fds(pid),
             threads=sum(len(list(Path(f"/proc/{m}/task").iterdir())) for m in members),
             rss=max(memory.status_kb(m, "VmRSS") * 1024 for m in members),
         )

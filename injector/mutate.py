@@ -237,6 +237,7 @@ def _sidecar_args(
         capture=None if options.capture == "proxy-env" else options.capture,
         transparent_port=settings.transparent_port if options.capture == "transparent" else None,
         revalidate=settings.revalidate,
+        http_freshness=settings.http_freshness + options.extra_http_freshness,
         stage_in=options.stage_in or None,
     )
 
@@ -425,6 +426,8 @@ def status(
     }
     if options.extra_intercept:
         record["intercept"] = list(options.extra_intercept)
+    if options.extra_http_freshness:
+        record["httpFreshness"] = list(options.extra_http_freshness)
     if not_aliased:
         # Intercepted, but left out by the hostAliases capture (globs, names the pod maps).
         record["notAliased"] = list(not_aliased)

@@ -17,6 +17,7 @@ INTERCEPT = "burstbuffer.io/intercept"
 STAGE_IN = "burstbuffer.io/stage-in"
 CAPTURE = "burstbuffer.io/capture"
 SIDECAR_CPU = "burstbuffer.io/sidecar-cpu"
+HTTP_FRESHNESS = "burstbuffer.io/http-freshness"
 # Plain Prometheus' pod annotations (the kubernetes-pods scrape job), when configured.
 PROMETHEUS = "prometheus.io/"
 PROMETHEUS_SCRAPE = PROMETHEUS + "scrape"

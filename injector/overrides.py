@@ -28,6 +28,8 @@ class PodOptions:
     extra_intercept: tuple[str, ...] = ()
     # What the sidecar prefetches at start (URLs, brace ranges, @manifest URLs).
     stage_in: tuple[str, ...] = ()
+    # Hosts that follow RFC 9111 freshness on top of the configured ones.
+    extra_http_freshness: tuple[str, ...] = ()
     # The sidecar's CPU request (a quantity), when the pod asks for its own.
     sidecar_cpu: str | None = None
     warnings: tuple[str, ...] = ()
@@ -90,8 +92,25 @@ def pod_options(annotations: Mapping[str, Any], settings: InjectorSettings) -> P
                 f"{names.STAGE_IN}: {host} is not intercepted, so {spec} is not staged; "
                 f"add it to {names.INTERCEPT}"
             )
+    asked_fresh: tuple[str, ...] = read(names.HTTP_FRESHNESS, parse_host_globs, ())
+    extra_fresh = tuple(glob for glob in asked_fresh if glob not in settings.http_freshness)
+    for glob in extra_fresh:
+        # A glob may match intercepted hosts in part; only a plain name is certain.
+        if "*" not in glob and not host_matches(glob, intercepted):
+            warnings.append(
+                f"{names.HTTP_FRESHNESS}: {glob} is not intercepted, so nothing of it is "
+                f"cached; add it to {names.INTERCEPT}"
+            )
     sidecar_cpu: str | None = read(names.SIDECAR_CPU, _cpu, None)
-    return PodOptions(buffer, capture, extra, stage_in, sidecar_cpu, tuple(warnings))
+    return PodOptions(
+        buffer,
+        capture,
+        extra,
+        stage_in,
+        extra_http_freshness=extra_fresh,
+        sidecar_cpu=sidecar_cpu,
+        warnings=tuple(warnings),
+    )
 
 
 def _plain_host(spec: str) -> str | None:

@@ -17,6 +17,7 @@ it (a typo silently ignored would be a setting silently not applied).
     transparentPort: 3130
     runAsUser: 65532
     revalidate: false
+    httpFreshness: []
     prometheusAnnotations: false
     upstreamCA: {configMapName: "", key: ca.crt}
     parents: []
@@ -357,6 +358,9 @@ class InjectorSettings:
     run_as_user: int = _key("runAsUser", _uid, default=65532)
     # revalidate, default false. The sidecar's --revalidate.
     revalidate: bool = _key("revalidate", _boolean, default=False)
+    # httpFreshness, default []. The sidecar's --http-freshness: host globs whose stored
+    # objects follow RFC 9111 freshness instead of living for the pod's lifetime.
+    http_freshness: tuple[str, ...] = _key("httpFreshness", _host_globs, default=())
     # prometheusAnnotations, default false. Injected pods get prometheus.io/scrape, /port
     # and /path naming the sidecar's admin port (unless they set prometheus.io/* themselves).
     prometheus_annotations: bool = _key("prometheusAnnotations", _boolean, default=False)

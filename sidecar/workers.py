@@ -1,11 +1,14 @@
 """The worker processes: how many, started, watched, replaced, stopped.
 
 The parent makes the listening sockets, the connection counts they share and one
-channel per worker, then starts `python -m sidecar.worker` that many times with
-those descriptors. A worker that exits unasked is replaced (after a pause that grows
-while it keeps crashing); its fills in progress are failed and their room returned
-first (`Keeper.worker_gone`). SIGTERM reaches every worker; one that has not exited
-after `STOP_GRACE` is killed.
+channel per worker, then starts that many workers with those descriptors. Each is
+forked from a multiprocessing fork server (its socket in the sidecar's private
+directory) that has preloaded `sidecar.worker`: the lean path only, without
+mitmproxy, which every worker loads for itself once it serves (see `sidecar.worker`).
+So a worker, a first one or a replacement, starts in milliseconds. A worker that
+exits unasked is replaced (after a pause that grows while it keeps crashing); its
+fills in progress are failed and their room returned first (`Keeper.worker_gone`).
+SIGTERM reaches every worker; one that has not exited after `STOP_GRACE` is killed.
 
 Counters live in the workers: `counters()` asks each for its snapshot and adds up,
 keeping what workers that exited had counted.
@@ -170,8 +173,8 @@ class Workers:
 
     def spawn(self) -> threading.Thread:
         """Start every worker process, in a thread (the first start waits for the fork
-        server to load mitmproxy); each worker waits for `serve()` before it serves.
-        Join the thread before `serve()`."""
+        server to preload `sidecar.worker`); each worker waits for `serve()` before it
+        serves. Join the thread before `serve()`."""
         thread = threading.Thread(target=self._spawn_all, name="spawn-workers", daemon=True)
         thread.start()
         return thread

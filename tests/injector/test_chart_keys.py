@@ -30,6 +30,7 @@ VALUES = {
         "transparentPort": 15001,
         "prometheusAnnotations": True,
         "upstreamCA": {"configMapName": "corp-root-ca", "key": "root-ca.pem"},
+        "httpFreshness": ["pypi.org", "*.hf.co"],
     }
 }
 POD = {
@@ -80,6 +81,7 @@ def test_the_new_keys_reach_the_injector_and_the_pod(tmp_path: Path) -> None:
     assert redirect["command"][-1] == "15001"
     args = sidecar["args"]
     assert args[args.index("--upstream-ca") + 1] == f"{names.UPSTREAM_CA_DIR}/root-ca.pem"
+    assert args[args.index("--http-freshness") + 1] == "pypi.org,*.hf.co"
     volume = next(v for v in pod["spec"]["volumes"] if "configMap" in v)
     assert volume["configMap"]["name"] == "corp-root-ca"
     assert pod["metadata"]["annotations"][names.PROMETHEUS_PORT] == "3129"
@@ -96,6 +98,7 @@ def test_the_new_keys_reach_the_injector_and_the_pod(tmp_path: Path) -> None:
         ({"upstreamCA": {"key": "a/b"}}, "key"),
         ({"upstreamCA": {"key": ".."}}, "key"),
         ({"upstreamCA": {"name": "corp-ca"}}, "additional properties 'name'"),
+        ({"httpFreshness": ["https://pypi.org"]}, "httpFreshness"),
     ],
 )
 def test_the_schema_refuses_what_the_injector_refuses(

@@ -81,6 +81,8 @@ def test_partial_document_keeps_other_defaults(tmp_path: Path) -> None:
         ("upstreamCA: {name: x}", "upstreamCA.name: unknown key"),
         ("intercept: [https://a.org]", "intercept: invalid host pattern"),
         ("intercept: a.org", "intercept: expected a list"),
+        ("httpFreshness: [pypi.org/simple]", "httpFreshness: invalid host pattern"),
+        ("httpFreshness: pypi.org", "httpFreshness: expected a list"),
         ("noProxy: [10.0.0.0/8]", "noProxy: invalid no_proxy entry '10.0.0.0/8': wget"),
         ("trust: {mountPath: etc/x}", "trust.mountPath: expected a normalized absolute path"),
         ("trust: {bundlePaths: [/etc/burstbuffer/trust/x]}", "lies inside trust.mountPath"),
@@ -105,9 +107,11 @@ def test_new_keys_round_trip() -> None:
     text = (
         "transparentPort: 15001\nprometheusAnnotations: true\n"
         "upstreamCA: {configMapName: corp-ca, key: bundle.pem}\n"
+        "httpFreshness: [PyPI.org, '*.hf.co']\n"
     )
     s = settings.load(text)
     assert s.transparent_port == 15001 and s.prometheus_annotations
+    assert s.http_freshness == ("pypi.org", "*.hf.co")
     assert (s.upstream_ca.config_map_name, s.upstream_ca.key) == ("corp-ca", "bundle.pem")
     assert settings.load(yaml.safe_dump(settings.to_document(s))) == s
 

@@ -128,6 +128,35 @@ def test_overrides_apply_and_fall_back_with_warnings() -> None:
     assert "below the minimum" in bad.warnings[1]
 
 
+def test_http_freshness_adds_the_pods_hosts_to_the_configured_ones() -> None:
+    config = settings.load("httpFreshness: [huggingface.co]")
+    annotated = pod(annotations={names.HTTP_FRESHNESS: "HuggingFace.co,*.hf.co"})
+    result = mutate(annotated, config)
+    assert not result.warnings
+    assert parsed_sidecar(result.pod).http_freshness == ("huggingface.co", "*.hf.co")
+    status = json.loads(result.pod["metadata"]["annotations"][names.STATUS])
+    assert status["httpFreshness"] == ["*.hf.co"]
+    assert parsed_sidecar(mutate(pod(), InjectorSettings()).pod).http_freshness == ()
+
+    # Only a plain name can be known not to be intercepted; a glob may match some hosts.
+    outside = pod_options({names.HTTP_FRESHNESS: "pypi.org,*.example.org"}, InjectorSettings())
+    assert outside.extra_http_freshness == ("pypi.org", "*.example.org")
+    assert len(outside.warnings) == 1 and "pypi.org is not intercepted" in outside.warnings[0]
+    both = {names.HTTP_FRESHNESS: "pypi.org", names.INTERCEPT: "pypi.org"}
+    assert pod_options(both, InjectorSettings()).warnings == ()
+
+
+@pytest.mark.parametrize("value", ["https://pypi.org/simple", "pypi.org:443", "a b.org"])
+def test_a_bad_http_freshness_is_a_warning_and_the_configured_hosts_stay(value: str) -> None:
+    config = settings.load("httpFreshness: [huggingface.co]")
+    result = mutate(pod(annotations={names.HTTP_FRESHNESS: value}), config)
+    assert list(result.warnings) == [
+        f"{names.HTTP_FRESHNESS}: invalid host pattern {value!r}: expected a name like "
+        "*.example.org; using the default"
+    ]
+    assert parsed_sidecar(result.pod).http_freshness == ("huggingface.co",)
+
+
 def test_pmem_by_annotation_needs_a_configured_source() -> None:
     assert pod_options({names.BUFFER_MEDIUM: "pmem"}, InjectorSettings()).buffer.medium == "Memory"
     config = settings.load("buffer: {pmem: {hostPath: /mnt/pmem}}")

@@ -46,6 +46,7 @@ import yaml
 from dnsserver import DnsServer
 from podrun import DEBIAN_PATH, Image, PodRun, debian_rootfs, in_netns
 
+from bench.harness import wait_until
 from injector import names
 from sidecar.settings import CAPTURE_MODES
 
@@ -508,6 +509,44 @@ def test_stage_in_annotation_prefetches_before_the_app_asks(run_pod: Any, tmp_pa
     # The app's one download was served by the staged fill (a hit, or joined in progress).
     assert stats["misses"] == 0, stats
     assert origin.requests(pod) == {"/files/data.bin": 1}
+
+
+SHORT_LIVED = "index.json"  # an object fresh for one second (Cache-Control: max-age=1)
+# A container that idles until the pod stops it (a plain `sleep`, as PID 1, ignores SIGTERM
+# and holds the pod's stop for its whole grace period).
+IDLE = ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
+
+
+@pytest.mark.parametrize("annotated", [True, False], ids=["http-freshness", "immutable"])
+def test_http_freshness_annotation_revalidates_a_stale_object(
+    annotated: bool, run_pod: Any, tmp_path: Path, dataset: Path
+) -> None:
+    body = b'{"latest": "1.0"}\n' * 1000
+    (dataset / SHORT_LIVED).write_bytes(body)
+    (dataset / f"{SHORT_LIVED}.headers").write_text('[["Cache-Control", "max-age=1"]]')
+    freshness = {names.HTTP_FRESHNESS: HOST} if annotated else {}
+    pod_spec = app_pod("freshness", [{"name": "shell", "command": IDLE}], **freshness)
+    rendered = render(pod_spec, tmp_path)
+    pod, origin = run_pod(rendered)
+    url = f"https://{HOST}/files/{SHORT_LIVED}"
+
+    def download(name: str) -> None:
+        done = pod.exec("shell", ["curl", "-sS", "--fail", "-o", f"/out/{name}", url])
+        assert done.returncode == 0, done.stdout
+        assert (pod.volume_dir("out") / name).read_bytes() == body
+
+    download("first")
+    wait_until(lambda: pod.stats(admin_port(rendered))["entries"] == 1, "the object stored")
+    time.sleep(1.5)  # past its max-age
+    download("second")
+    counts = origin.counts(pod)
+    if annotated:
+        # Revalidated once stale: a second request, answered 304 (no body sent again).
+        assert counts["requests"] == {f"/files/{SHORT_LIVED}": 2}
+        assert counts["bytes"] == len(body)
+    else:
+        # Immutable for the pod's lifetime: served from the buffer, stale or not.
+        assert counts["requests"] == {f"/files/{SHORT_LIVED}": 1}
 
 
 # --- the client table: clients beyond the proxy variables' reach ------------------------
