@@ -176,13 +176,10 @@ class Response:
         self.status = status
         self.reason = reason
         self.headers = CIMultiDictProxy(headers)
+        # The origin sent more than the response it announced (by `Content-Length` or
+        # the last chunk): the body is cut where it said it ends, and is not stored.
+        self.overlong = False
         self._done = False
-
-    @property
-    def overlong(self) -> bool:
-        """The origin sent more than the response it announced (by `Content-Length` or
-        the last chunk): the body is cut where it said it ends, and must not be stored."""
-        return self._connection.overlong
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives; UpstreamError if it stops short or stalls."""
@@ -241,6 +238,7 @@ class _Connection(asyncio.Protocol):
         self._interim: Interim | None = None
         self._interims: list[asyncio.Task[None]] = []
         self._head: asyncio.Future[Response] | None = None
+        self._response: Response | None = None
         self._reason = bytearray()
         self._fields: list[tuple[str, str]] = []
         self._head_size = 0
@@ -329,7 +327,8 @@ class _Connection(asyncio.Protocol):
         headers: CIMultiDict[str] = CIMultiDict(self._fields)
         reason = self._reason.decode("latin-1")
         if not self._head.done():
-            self._head.set_result(Response(self, status, reason, headers))
+            self._response = Response(self, status, reason, headers)
+            self._head.set_result(self._response)
         if self._method in ("HEAD", "CONNECT"):
             # No body, whatever the fields say (RFC 9110 §9.3.2, §9.3.6).
             self._message_done()
@@ -479,6 +478,8 @@ class _Connection(asyncio.Protocol):
     def _excess(self) -> None:
         # The caller, who knows the URL, says so in the log.
         self.overlong = True
+        if self._response is not None:
+            self._response.overlong = True
         self._close()
 
     def _ended(self, exc: Exception | None) -> None:

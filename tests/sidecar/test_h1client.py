@@ -1,0 +1,339 @@
+"""The sidecar's HTTP/1.1 client against origins that misbehave on purpose.
+
+Each origin is a real TLS server on loopback (a trustme certificate) that writes the
+bytes a test scripts, so framing, reuse and failure are exercised on real sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit
+
+import pytest
+import trustme
+
+from sidecar.h1client import (
+    Pool,
+    Response,
+    Route,
+    UpstreamError,
+    direct_route,
+    proxied_route,
+)
+
+Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+HOST = "origin.test"
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+class Origin:
+    """A TLS server on loopback whose every connection runs `script`."""
+
+    def __init__(self, ca: trustme.CA, script: Script) -> None:
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert(HOST).configure_cert(self.context)
+        self.script = script
+        self.connections = 0
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Origin:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.context)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            await self.script(reader, writer)
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    def url(self, path: str = "/f") -> str:
+        return f"https://{HOST}:{self.port}{path}"
+
+
+def client_context(ca: trustme.CA) -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    return context
+
+
+async def loopback(host: str) -> list[str]:
+    return ["127.0.0.1"]  # every test name is this machine
+
+
+def route(origin: Origin, context: ssl.SSLContext) -> Route:
+    return direct_route(urlsplit(origin.url()), context)
+
+
+async def request_head(reader: asyncio.StreamReader) -> bytes:
+    return await reader.readuntil(b"\r\n\r\n")
+
+
+async def body(response: Response) -> bytes:
+    try:
+        return b"".join([chunk async for chunk in response.chunks()])
+    finally:
+        response.release()
+
+
+Test = Callable[[Origin, Pool, Route], Awaitable[None]]
+
+
+def run(ca: trustme.CA, script: Script, test: Test) -> Origin:
+    """Run `test` against an origin running `script`; the origin, for its counts."""
+
+    async def main() -> Origin:
+        async with Origin(ca, script) as origin:
+            pool = Pool(read_timeout=2.0, resolve=loopback)
+            try:
+                await test(origin, pool, route(origin, client_context(ca)))
+            finally:
+                await pool.close()
+            return origin
+
+    return asyncio.run(asyncio.wait_for(main(), 20))
+
+
+def answer(*responses: bytes) -> Script:
+    """Answer each request with the next of `responses`, on whatever connection it
+    comes; keep each connection open until the client closes it."""
+    left = list(responses)
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while left:
+            await request_head(reader)
+            writer.write(left.pop(0))
+            await writer.drain()
+        await reader.read()
+
+    return script
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+FORGED = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nforged"
+
+
+def test_a_kept_alive_connection_carries_the_next_request(ca: trustme.CA) -> None:
+    async def test(origin: Origin, pool: Pool, route: Route) -> None:
+        for _ in range(3):
+            assert await body(await pool.request(route, "GET", origin.url(), [])) == b"hello"
+
+    assert run(ca, answer(OK, OK, OK), test).connections == 1
+
+
+def test_bytes_after_the_content_length_are_cut_and_the_connection_is_not_reused(
+    ca: trustme.CA,
+) -> None:
+    async def test(origin: Origin, pool: Pool, route: Route) -> None:
+        response = await pool.request(route, "GET", origin.url(), [])
+        assert await body(response) == b"hello"
+        assert response.overlong
+        # The forgery is not the answer to the next request: a new connection is.
+        second = await pool.request(route, "GET", origin.url(), [])
+        assert await body(second) == b"hello" and not second.overlong
+
+    assert run(ca, answer(OK + FORGED, OK), test).connections == 2
+
+
+def test_bytes_on_an_idle_connection_close_it(ca: trustme.CA) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        writer.write(OK)
+        await asyncio.sleep(0.2)
+        writer.write(FORGED)  # while the connection idles in the pool
+        await reader.read()
+
+    async def test(origin: Origin, pool: Pool, route: Route) -> None:
+        assert await body(await pool.request(route, "GET", origin.url(), [])) == b"hello"
+        await asyncio.sleep(0.5)
+        assert await body(await pool.request(route, "GET", origin.url(), [])) == b"hello"
+
+    assert run(ca, script, test).connections == 2
+
+
+def test_a_kept_alive_connection_the_origin_closed_is_retried_once_on_a_new_one(
+    ca: trustme.CA,
+) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        writer.write(OK)
+        await request_head(reader)  # the next request: closed without an answer
+
+    async def test(origin: Origin, pool: Pool, route: Route) -> None:
+        for _ in range(2):
+            assert await body(await pool.request(route, "GET", origin.url(), [])) == b"hello"
+        # A request with a body cannot be sent again: the failure is the caller's.
+        await body(await pool.request(route, "GET", origin.url(), []))
+
+        async def upload() -> object:
+            yield b"data"
+
+        with pytest.raises(UpstreamError, match="closed a kept-alive connection"):
+            await pool.request(route, "PUT", origin.url(), [], body=upload())
+
+    assert run(ca, script, test).connections == 3
+
+
+def test_interim_responses_reach_the_caller_before_the_final_one(ca: trustme.CA) -> None:
+    seen: list[tuple[int, list[tuple[str, str]]]] = []
+
+    async def interim(status: int, fields: list[tuple[str, str]]) -> None:
+        seen.append((status, fields))
+
+    async def test(origin: Origin, pool: Pool, route: Route) -> None:
+        response = await pool.request(route, "GET", origin.url(), [], interim=interim)
+        assert seen == [(103, [("Link", "</s.css>; rel=preload")])]
+        assert response.status == 200 and await body(response) == b"hello"
+
+    early = b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\n"
+    run(ca, answer(early + OK), test)
+
+
+def test_chunked_close_delimited_and_head_responses_are_framed_by_the_book(
+    ca: trustme.CA,
+) -> None:
+    chunked = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"3;x=y\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+    )
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n"  # no body follows a HEAD
+
+    async def test(origin: Origin, pool: Pool, route: Route) -> None:
+        assert await body(await pool.request(route, "GET", origin.url(), [])) == b"abcde"
+        response = await pool.request(route, "HEAD", origin.url(), [])
+        assert response.headers["Content-Length"] == "100" and await body(response) == b""
+        assert await body(await pool.request(route, "GET", origin.url(), [])) == b"hello"
+
+    assert run(ca, answer(chunked, head, OK), test).connections == 1
+
+    async def until_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        writer.write(b"HTTP/1.0 200 OK\r\n\r\nto the end")
+        await writer.drain()
+
+    async def read_to_close(origin: Origin, pool: Pool, route: Route) -> None:
+        assert await body(await pool.request(route, "GET", origin.url(), [])) == b"to the end"
+
+    run(ca, until_close, read_to_close)
+
+
+@pytest.mark.parametrize(
+    ("sent", "error"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello", "broke off the body"),
+        (b"SPDY/9 200 OK\r\n\r\n", "malformed response"),
+        (b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70_000 + b"\r\n\r\n", "larger than"),
+        (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n", "switched protocols"),
+        (b"", "closed the connection"),
+    ],
+    ids=["short-body", "bad-status-line", "huge-head", "upgrade", "no-answer"],
+)
+def test_a_broken_response_is_a_clear_upstream_error(
+    ca: trustme.CA, sent: bytes, error: str
+) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        writer.write(sent)
+        await writer.drain()
+
+    async def test(origin: Origin, pool: Pool, route: Route) -> None:
+        with pytest.raises(UpstreamError, match=error):
+            await body(await pool.request(route, "GET", origin.url(), []))
+
+    run(ca, script, test)
+
+
+def test_an_origin_that_stalls_fails_after_the_read_timeout(ca: trustme.CA) -> None:
+    async def silent_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello")
+        await asyncio.sleep(5)
+
+    async def test(origin: Origin, pool: Pool, route: Route) -> None:
+        response = await pool.request(route, "GET", origin.url(), [])
+        with pytest.raises(UpstreamError, match="sent nothing for 2s"):
+            await body(response)
+
+    run(ca, silent_body, test)
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(5)
+
+    async def no_head(origin: Origin, pool: Pool, route: Route) -> None:
+        with pytest.raises(UpstreamError, match="no response within 2s"):
+            await pool.request(route, "GET", origin.url(), [])
+
+    run(ca, silent, no_head)
+
+
+def test_a_request_body_of_unknown_length_is_sent_chunked(ca: trustme.CA) -> None:
+    received: list[bytes] = []
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.append(await request_head(reader))
+        received.append(await reader.readuntil(b"0\r\n\r\n"))
+        writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+        await reader.read()
+
+    async def test(origin: Origin, pool: Pool, route: Route) -> None:
+        async def upload() -> object:
+            yield b"abc"
+            yield b"defgh"
+
+        response = await pool.request(route, "PUT", origin.url("/up?x=1"), [], body=upload())
+        assert response.status == 204 and await body(response) == b""
+
+    run(ca, script, test)
+    head, sent = received
+    assert head.startswith(b"PUT /up?x=1 HTTP/1.1\r\nHost: origin.test:")
+    assert b"Transfer-Encoding: chunked\r\n" in head
+    assert sent == b"3\r\nabc\r\n5\r\ndefgh\r\n0\r\n\r\n"
+
+
+def test_an_origin_certificate_for_another_name_is_refused(ca: trustme.CA) -> None:
+    async def test(origin: Origin, pool: Pool, route: Route) -> None:
+        other = Route("elsewhere.test", route.port, route.context)
+        with pytest.raises(UpstreamError, match="origin certificate rejected"):
+            await pool.request(other, "GET", origin.url(), [])
+
+    run(ca, answer(OK), test)
+
+
+def test_a_proxy_that_refuses_the_tunnel_is_named_in_the_error(ca: trustme.CA) -> None:
+    async def main() -> bytes:
+        heads: list[bytes] = []
+
+        async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            heads.append(await request_head(reader))
+            writer.write(b"HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(proxy, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        proxy = f"http://u%40x:p@127.0.0.1:{port}"
+        through = proxied_route(urlsplit("https://origin.test/f"), proxy, client_context(ca))
+        pool = Pool(read_timeout=2.0, resolve=loopback)
+        with pytest.raises(UpstreamError, match="refused CONNECT origin.test:443: 407"):
+            await pool.request(through, "GET", "https://origin.test/f", [])
+        await pool.close()
+        server.close()
+        return heads[0]
+
+    head = asyncio.run(asyncio.wait_for(main(), 20))
+    assert head.startswith(b"CONNECT origin.test:443 HTTP/1.1\r\n")
+    assert b"Proxy-Authorization: Basic dUB4OnA=\r\n" in head  # "u@x:p"
