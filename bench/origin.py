@@ -164,9 +164,11 @@ class Origin:
             drop_at = int(q["drop"])
         rate = float(q["rate"]) if "rate" in q else self.default_rate
         if "overlong" in q and request.transport is not None:
-            # The last bytes and the excess in one write: one read for the client.
+            # The last bytes and the excess in one write, once the rest has gone out:
+            # one segment, so the client reads them together.
             last = max(end - 1024, start)
             await self._send_body(request, response, path, start, last, None, None, rate)
+            await asyncio.sleep(0.05)
             with path.open("rb") as file:
                 file.seek(last)
                 request.transport.write(file.read(end - last) + FORGED)

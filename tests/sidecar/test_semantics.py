@@ -270,3 +270,17 @@ def test_a_body_longer_than_its_content_length_is_relayed_as_announced_and_never
     log = sidecar.log()
     assert log.count("the origin sent more than its Content-Length") == 4, log
     assert "Traceback" not in log
+
+
+def test_a_body_longer_than_its_content_length_over_plain_http_is_not_stored_either(
+    sidecar: Sidecar, plain_origin: int, dataset: Path
+) -> None:
+    # Plain HTTP reaches the router through mitmproxy, then the same upstream client.
+    url = f"http://origin.test:{plain_origin}/files/medium.bin?overlong=1"
+    for _ in range(2):
+        got = curl(sidecar, url)
+        assert got.returncode == 0, got.stderr
+        assert got.body == (dataset / "medium.bin").read_bytes()
+    assert sidecar.stats()["entries"] == 0
+    assert sidecar.stats()["misses"] == 2
+    assert sidecar.log().count("the origin sent more than its Content-Length") == 2
