@@ -574,6 +574,8 @@ class Pool:
         idle = self._idle.get(connection.route)
         if idle and connection in idle:
             idle.remove(connection)
+            if not idle:
+                del self._idle[connection.route]  # origins come and go
 
     async def close(self) -> None:
         for connection in list(self._all):
@@ -584,6 +586,8 @@ class Pool:
         idle = self._idle.get(route)
         while idle:
             connection = idle.pop()  # the most recently used: the least likely closed
+            if not idle:
+                del self._idle[route]
             if connection.transport is not None and not connection.transport.is_closing():
                 return connection
         return None
