@@ -25,6 +25,10 @@ origin directly (a fill resumes there with Range + If-Range, see `sidecar.segmen
 and the parent is skipped for a backoff that doubles on each failure up to a cap.
 Failures are counted by reason; the state change is logged once each way. A request
 Squid refuses by itself (its ACL) also goes to the origin, without a backoff.
+
+What one worker learns, every worker knows: a parent's failure or recovery and an
+object answered privately are told to the others (`News`, relayed by the main
+process), so a dead parent costs one timeout per backoff, not one per worker.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import socket
 import ssl
 import time
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +71,11 @@ _SIGNED_QUERY = frozenset(
     "x-amz-signature x-amz-credential x-amz-security-token awsaccesskeyid"
     " x-goog-signature x-goog-credential googleaccessid signature sig key-pair-id".split()
 )
+
+# What a worker tells the others about the parent tier: `{parent, up, skip_until,
+# backoff}` (a parent's health; `skip_until` on the monotonic clock, which every
+# process of the pod shares) or `{private}` (a key the parents must not be asked for).
+News = dict[str, Any]
 
 
 def bypass_reason(method: str, headers: Iterable[tuple[str, str]], url: str) -> str | None:
@@ -113,6 +122,15 @@ class Health:
         self.up, self.backoff, self.skip_until = True, 0.0, 0.0
         return was_down
 
+    def news(self) -> News:
+        return {"up": self.up, "skip_until": self.skip_until, "backoff": self.backoff}
+
+    def adopt(self, news: News) -> None:
+        """Take what another worker found (it asked the parent last)."""
+        self.up = bool(news["up"])
+        self.skip_until = float(news["skip_until"])
+        self.backoff = float(news["backoff"])
+
 
 @dataclass
 class Parent:
@@ -154,15 +172,18 @@ class Parents:
         first_byte_timeout: float,
         pool: Pool,
         metrics: Metrics,
+        tell: Callable[[News], None] = lambda news: None,
     ) -> None:
         """`trust_file`: CA certificates for https:// parents; `first_byte_timeout`: how
         long a parent may take to answer before the origin is asked instead; `pool`:
-        the connections (a body that stalls past its read timeout is broken off)."""
+        the connections (a body that stalls past its read timeout is broken off);
+        `tell`: how what this worker learns reaches the others (see `learn`)."""
         self._urls = list(urls)
         self._ssl = ssl.create_default_context(cafile=str(trust_file))
         self._first_byte_timeout = first_byte_timeout
         self._pool = pool
         self._metrics = metrics
+        self._tell = tell
         self._parents: dict[str, Parent] = {}
         self._private: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._via: weakref.WeakKeyDictionary[Response, Parent] = weakref.WeakKeyDictionary()
@@ -223,8 +244,11 @@ class Parents:
         if parent.health.succeeded():
             logger.info("parent %s: answering again; misses go through it", parent.name)
             self._publish()
+            self._tell({"parent": parent.name, **parent.health.news()})
         if not shared_may_store(response.headers):
-            self._remember_private(policy.cache_key(url))
+            key = policy.cache_key(url)
+            self._remember_private(key)
+            self._tell({"private": key})
         self._via[response] = parent
         return response
 
@@ -237,6 +261,14 @@ class Parents:
     def came_through_parent(self, response: Response) -> bool:
         return response in self._via
 
+    def learn(self, news: News) -> None:
+        """What another worker found out (told with its `tell`)."""
+        if "private" in news:
+            self._remember_private(news["private"])
+        elif (parent := self._parents.get(news["parent"])) is not None:
+            parent.health.adopt(news)
+            self._publish()
+
     def _failed(self, parent: Parent, reason: str, detail: str) -> None:
         self._metrics.counters.parent_failures[reason] += 1
         if parent.health.failed(time.monotonic()):
@@ -247,6 +279,7 @@ class Parents:
                 parent.health.backoff,
             )
             self._publish()
+        self._tell({"parent": parent.name, **parent.health.news()})
 
     def _remember_private(self, key: str) -> None:
         self._private[key] = None

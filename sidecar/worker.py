@@ -22,6 +22,7 @@ import os
 import signal
 import socket
 import types
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from certs import bundle
@@ -35,7 +36,7 @@ from sidecar.ipc import Message
 from sidecar.keeper import Buffer
 from sidecar.listeners import listeners
 from sidecar.metrics import Metrics
-from sidecar.parent import Parents
+from sidecar.parent import News, Parents
 from sidecar.resolve import dns_resolver, lookup
 from sidecar.router import Router
 from sidecar.settings import Settings, parse
@@ -62,10 +63,15 @@ async def run(settings: Settings, inherited: Inherited) -> None:
     started = asyncio.Event()
     metrics = Metrics()
     stage_in: StageIn | None = None
+    parents: Parents | None = None
 
     async def from_parent(message: Message) -> Message | None:
         if message["op"] == "start":
             started.set()
+            return None
+        if message["op"] == "parent":
+            if parents is not None:
+                parents.learn(message)
             return None
         if message["op"] != "stats":
             raise ValueError(f"unknown operation {message['op']!r}")
@@ -90,11 +96,9 @@ async def run(settings: Settings, inherited: Inherited) -> None:
     resolver = dns_resolver(settings)
     resolve = functools.partial(lookup, resolver) if resolver else None
     pool = Pool(settings.upstream_timeout, resolve)
+    parents = _parents(settings, metrics, pool, lambda news: keeper.notify("parent", **news))
     upstream = Upstream(
-        settings.ca_dir / bundle.UPSTREAM_TRUST_FILE,
-        settings.upstream_proxy,
-        pool,
-        _parents(settings, metrics, pool),
+        settings.ca_dir / bundle.UPSTREAM_TRUST_FILE, settings.upstream_proxy, pool, parents
     )
     await upstream.open()
     shared = Shared(inherited.shared.fd)
@@ -169,7 +173,9 @@ def _load_mitmproxy() -> types.ModuleType:
     return importlib.import_module("sidecar.embedded")
 
 
-def _parents(settings: Settings, metrics: Metrics, pool: Pool) -> Parents | None:
+def _parents(
+    settings: Settings, metrics: Metrics, pool: Pool, tell: Callable[[News], None]
+) -> Parents | None:
     if not settings.parent:
         return None
     return Parents(
@@ -178,6 +184,7 @@ def _parents(settings: Settings, metrics: Metrics, pool: Pool) -> Parents | None
         settings.parent_timeout,
         pool,
         metrics,
+        tell,
     )
 
 

@@ -311,6 +311,13 @@ class Workers:
                 if all(w.ready for w in self._workers):
                     self.started_all.set()
                 return None
+            if message["op"] == "parent":
+                # What one worker learned of the parent tier, for the others.
+                news = {name: value for name, value in message.items() if name != "op"}
+                for other in self._workers:
+                    if other is not worker and other.channel is not None:
+                        other.channel.notify("parent", **news)
+                return None
             assert self._keeper is not None
             return await self._keeper.handle(worker.index, message)
 
