@@ -46,6 +46,10 @@ MAX_IDLE = 32
 BODY_BUFFER = 256 * 1024  # bytes
 # Status line and fields together; a larger response head is refused.
 MAX_HEAD = 64 * 1024  # bytes
+# What a name resolved to is used for new connections this long; at most this many
+# names are remembered.
+DNS_TTL = 60.0  # seconds
+MAX_NAMES = 1024
 # Methods that may be sent again when a reused connection turns out to be closed.
 _IDEMPOTENT = frozenset(("GET", "HEAD", "PUT", "DELETE", "OPTIONS"))
 
@@ -541,6 +545,7 @@ class Pool:
         self._resolve = resolve
         self._idle: dict[Route, list[_Connection]] = {}
         self._all: set[_Connection] = set()
+        self._resolved: dict[str, tuple[float, list[str]]] = {}  # name -> (until, addresses)
 
     async def request(
         self,
@@ -642,6 +647,8 @@ class Pool:
             raise UpstreamError(f"cannot connect to {target} within {limit:g}s") from None
         except (OSError, ssl.SSLError) as e:
             _abandon(connection)
+            # The name may have moved: resolve it again next time.
+            self._resolved.pop(_unbracket(route.address or route.host), None)
             raise UpstreamError(f"cannot connect to {target}: {e}") from e
         except BaseException:
             _abandon(connection)
@@ -652,12 +659,19 @@ class Pool:
         host = _unbracket(route.address or route.host)
         if is_ip(host):
             return [host]
+        loop = asyncio.get_running_loop()
+        until, addresses = self._resolved.get(host, (0.0, []))
+        if loop.time() < until:
+            return addresses
         if self._resolve is not None:
-            return await self._resolve(host)
-        found: list[Any] = await asyncio.get_running_loop().getaddrinfo(
-            host, route.port, type=socket.SOCK_STREAM
-        )
-        return list(dict.fromkeys(entry[4][0] for entry in found))
+            addresses = await self._resolve(host)
+        else:
+            found: list[Any] = await loop.getaddrinfo(host, route.port, type=socket.SOCK_STREAM)
+            addresses = list(dict.fromkeys(entry[4][0] for entry in found))
+        if len(self._resolved) > MAX_NAMES:
+            self._resolved.clear()
+        self._resolved[host] = (loop.time() + DNS_TTL, addresses)
+        return addresses
 
 
 def _abandon(connection: _Connection | None) -> None:
