@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.image.dockerd import Docker, DockerUnavailable, base_image, pip_build_args
+from tests.image.dockerpod import internal_network
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_TIMEOUT = 900.0  # seconds: a first build downloads the dependencies
@@ -53,8 +54,31 @@ def images(docker: Docker) -> Images:
         "build", "--build-arg", f"BASE={base}", "-t", app, "-",
         stdin=APP_DOCKERFILE, timeout=BUILD_TIMEOUT,
     )  # fmt: skip
+    prune_replaced(docker)
+    return Images(base, burstbuffer, app)
+
+
+@pytest.fixture(scope="session")
+def squid_image(docker: Docker) -> str:
+    """Dockerfile.squid (the chart's parent cache) built on the local base."""
+    squid = "burstbuffer-test/squid:dev"
+    docker.run(
+        "build", "--build-arg", f"BASE={base_image(docker)}", "-t", squid, "-",
+        stdin=(ROOT / "Dockerfile.squid").read_bytes(), timeout=BUILD_TIMEOUT,
+    )  # fmt: skip
+    prune_replaced(docker)
+    return squid
+
+
+def prune_replaced(docker: Docker) -> None:
     if docker.daemon is not None:
         # Our own daemon's store: what a rebuild replaced (about 0.3 GB a source change)
         # is of no further use.
         docker.run("image", "prune", "-f")
-    return Images(base, burstbuffer, app)
+
+
+@pytest.fixture
+def network(docker: Docker) -> Iterator[tuple[str, str]]:
+    """A pod network with no route out: (its name, the node's address on it)."""
+    with internal_network(docker) as made:
+        yield made

@@ -11,12 +11,18 @@ exactly what its spec says, translated flag by flag:
   (`no-new-privileges`), the memory and CPU limits; `RuntimeDefault` seccomp is Docker's
   default profile;
 - an emptyDir is a Docker volume, a tmpfs of `sizeLimit` for medium Memory, mode 0777
-  (as the kubelet makes it); a configMap volume is a read-only directory; a `subPath`
-  mount binds that file of the volume's directory, as the kubelet does;
+  (as the kubelet makes it); a persistentVolumeClaim is a new, empty Docker volume
+  (root's, 0755) that the pod's `fsGroup` is given as the kubelet gives it (group
+  owner, setgid, group-writable); a configMap volume is a read-only directory; a
+  `subPath` mount binds that file of the volume's directory, as the kubelet does; no
+  volume gets a copy of what the image holds at its mount path (Docker's default, never
+  the kubelet's);
 - `command` replaces the image's entrypoint and `args` its CMD; env with `$(VAR)`
   references and downward-API fields resolved as the kubelet does;
 - a native sidecar (an init container with `restartPolicy: Always`) is started and the
-  next container waits for its startupProbe, run from the node against the pod IP.
+  next container waits for its startupProbe, run from the node against the pod IP;
+  `await_probe` waits for a container's readiness (or any other) probe the same way.
+  Probes are httpGet or tcpSocket, their port a number or the name of a container port.
 
 The pod runs on `network`: `internal_network` makes one from which nothing reaches
 beyond this machine, the node's servers listening on its gateway address.
@@ -28,6 +34,8 @@ and `hosts` (names the cluster's DNS would answer) in the sandbox's /etc/hosts.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -126,8 +134,13 @@ class DockerPod:
         if "configMap" in volume:
             self._volumes[name] = str(self._config_map_dir(volume))
             return
+        if "persistentVolumeClaim" in volume:
+            self._claim_volume(name)
+            return
         if "emptyDir" not in volume:
-            raise PodFailed(f"volume {name}: only emptyDir and configMap are supported")
+            raise PodFailed(
+                f"volume {name}: only emptyDir, persistentVolumeClaim and configMap are supported"
+            )
         empty_dir = volume["emptyDir"] or {}
         docker_name = f"{self.prefix}-{name}"
         argv = ["volume", "create"]
@@ -141,6 +154,18 @@ class DockerPod:
         self._volumes[name] = docker_name
         if empty_dir.get("medium") != "Memory":
             self._directory(name).chmod(0o777)
+
+    def _claim_volume(self, name: str) -> None:
+        docker_name = f"{self.prefix}-{name}"
+        self.docker.run("volume", "create", docker_name)
+        self._volumes[name] = docker_name
+        root = self._directory(name)
+        fs_group = (self.spec.get("securityContext") or {}).get("fsGroup")
+        if fs_group is None:
+            root.chmod(0o755)
+        else:
+            os.chown(root, 0, fs_group)
+            root.chmod(0o2775)
 
     def _config_map_dir(self, volume: dict[str, Any]) -> Path:
         source = volume["configMap"]
@@ -184,7 +209,7 @@ class DockerPod:
             elif source.startswith("/"):
                 spec = f"type=bind,src={source}"
             else:
-                spec = f"type=volume,src={source}"
+                spec = f"type=volume,src={source},volume-nocopy"
             spec += f",dst={mount['mountPath']}" + (",readonly" if read_only else "")
             flags += ["--mount", spec]
         return flags
@@ -290,36 +315,69 @@ class DockerPod:
         self.docker.run(*argv)
         return name
 
+    def await_probe(self, name: str, kind: str = "readinessProbe", timeout: float = 60.0) -> None:
+        """Wait until the container's `kind` probe passes, as the kubelet probes it."""
+        container = next(
+            c for c in (self.spec.get("initContainers") or []) + self.spec["containers"]
+            if c["name"] == name
+        )  # fmt: skip
+        self._await_probe(container, kind, time.monotonic() + timeout)
+
     def _await_startup(self, container: dict[str, Any], deadline: float) -> None:
-        probe = container.get("startupProbe")
+        self._await_probe(container, "startupProbe", deadline)
+
+    def _await_probe(self, container: dict[str, Any], kind: str, deadline: float) -> None:
+        probe = container.get(kind)
         if probe is None:
             return
-        if "httpGet" not in probe:
-            raise PodFailed(f"container {container['name']}: only httpGet probes are supported")
-        get = probe["httpGet"]
-        url = f"http://{get.get('host', self.pod_ip)}:{get['port']}{get.get('path', '/')}"
         period = probe.get("periodSeconds", 10)
         name = self.container_name(container["name"])
+        target = self._probe_target(container, probe)
         for _ in range(probe.get("failureThreshold", 3)):
             state = json.loads(self.docker.run("inspect", name).stdout)[0]["State"]
             if not state["Running"]:
                 raise PodFailed(
                     f"container {container['name']} exited {state['ExitCode']} "
-                    f"before its startup probe passed: {self.logs(container['name'])}"
+                    f"before its {kind} passed: {self.logs(container['name'])}"
                 )
-            try:
-                status, _ = http_get(url, timeout=probe.get("timeoutSeconds", 1))
-                if 200 <= status < 400:
-                    return
-            except OSError:
-                pass
+            if self._probe_passes(probe, target):
+                return
             if time.monotonic() > deadline:
                 break
             time.sleep(period)
         raise PodFailed(
-            f"container {container['name']}: startup probe {url} failed: "
-            f"{self.logs(container['name'])}"
+            f"container {container['name']}: {kind} {target} failed: {self.logs(container['name'])}"
         )
+
+    def _probe_target(self, container: dict[str, Any], probe: dict[str, Any]) -> str:
+        """The probe's URL (httpGet) or host:port (tcpSocket), named ports resolved."""
+        kind = "httpGet" if "httpGet" in probe else "tcpSocket"
+        if kind not in probe:
+            raise PodFailed(
+                f"container {container['name']}: only httpGet and tcpSocket probes are supported"
+            )
+        action = probe[kind]
+        port = action["port"]
+        if isinstance(port, str):
+            named = [p for p in container.get("ports") or [] if p.get("name") == port]
+            if not named:
+                raise PodFailed(f"container {container['name']}: no port named {port}")
+            port = named[0]["containerPort"]
+        address = f"{action.get('host', self.pod_ip)}:{port}"
+        return f"http://{address}{action.get('path', '/')}" if kind == "httpGet" else address
+
+    @staticmethod
+    def _probe_passes(probe: dict[str, Any], target: str) -> bool:
+        timeout = probe.get("timeoutSeconds", 1)
+        try:
+            if "httpGet" in probe:
+                status, _ = http_get(target, timeout=timeout)
+                return 200 <= status < 400
+            host, port = target.rsplit(":", 1)
+            socket.create_connection((host, int(port)), timeout=timeout).close()
+            return True
+        except OSError:
+            return False
 
     def stats(self, port: int) -> dict[str, Any]:
         status, body = http_get(f"http://{self.pod_ip}:{port}/stats")
