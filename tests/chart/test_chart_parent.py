@@ -41,7 +41,7 @@ def test_squid_runs_as_a_statefulset_with_a_volume_per_replica() -> None:
     pod = statefulset["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     (squid,) = pod["containers"]
-    assert squid["image"] == "ghcr.io/burstbuffer/squid:5.7"
+    assert squid["image"] == "ghcr.io/burstbuffer/squid:6.13"
     assert squid["securityContext"]["readOnlyRootFilesystem"] is True
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["tls"]["secret"]["secretName"] == "parent-tls"
