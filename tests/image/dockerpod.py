@@ -224,7 +224,9 @@ class DockerPod:
             if container.get("restartPolicy") == "Always":
                 self._await_startup(container, deadline)
             elif (code := self.wait(container["name"], deadline - time.monotonic())) != 0:
-                raise PodFailed(f"init container {name} exited {code}: {self.logs(name)}")
+                raise PodFailed(
+                    f"init container {name} exited {code}: {self.logs(container['name'])}"
+                )
         for container in self.spec["containers"]:
             self._run(container)
             self._await_startup(container, deadline)
