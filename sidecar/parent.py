@@ -24,7 +24,8 @@ The parent never becomes a single point of failure: unreachable, no first byte w
 origin directly (a fill resumes there with Range + If-Range, see `sidecar.segments`),
 and the parent is skipped for a backoff that doubles on each failure up to a cap.
 Failures are counted by reason; the state change is logged once each way. A request
-Squid refuses by itself (its ACL) also goes to the origin, without a backoff.
+Squid answers with its own error page (its ACL refuses it, or it cannot reach or verify
+that origin) also goes to the origin, without a backoff.
 
 What one worker learns, every worker knows: a parent's failure or recovery and an
 object answered privately are told to the others (`News`, relayed by the main
@@ -229,17 +230,18 @@ class Parents:
         except UpstreamError as e:
             self._failed(parent, "unreachable", str(e))
             return None
+        if _SQUID_ERROR in response.headers:
+            # Squid's own answer to this one request: its ACL does not forward to that
+            # host (such as a pod's extra intercepted host), or it could not reach or
+            # verify that origin. Not the origin's answer, and not a failing parent:
+            # one bad origin must not take the parent away from every other.
+            response.release()
+            self._metrics.counters.parent_failures["refused"] += 1
+            return None
         if response.status >= 500 or response.status == 407:
             response.release()
             reason = f"status-{response.status // 100}xx"
             self._failed(parent, reason, f"it answered {response.status}")
-            return None
-        if _SQUID_ERROR in response.headers:
-            # Squid's own refusal of this one request (a host its ACL does not forward
-            # to, such as a pod's extra intercepted host), not the origin's answer and
-            # not a failing parent.
-            response.release()
-            self._metrics.counters.parent_failures["refused"] += 1
             return None
         if parent.health.succeeded():
             logger.info("parent %s: answering again; misses go through it", parent.name)

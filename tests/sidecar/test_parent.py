@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import socketserver
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -263,24 +264,37 @@ def silent_parent() -> Iterator[str]:
         yield f"http://127.0.0.1:{server.getsockname()[1]}"
 
 
+@pytest.fixture
+def unavailable_parent() -> Iterator[str]:
+    """A parent that answers every request 503 itself (a balancer without backends)."""
+
+    class Unavailable(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            while self.rfile.readline() not in (b"\r\n", b""):
+                pass
+            self.wfile.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), Unavailable) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+        server.shutdown()
+
+
 @pytest.mark.parametrize("failure", ["unreachable", "status-5xx", "timeout"])
 def test_a_failing_parent_falls_back_to_the_origin_and_is_skipped(
     failure: str,
     start_sidecar: Callable[..., Sidecar],
-    start_parent: Callable[..., Squid],
     silent_parent: str,
+    unavailable_parent: str,
     origin: OriginServer,
     dataset: Path,
-    tmp_path: Path,
 ) -> None:
     if failure == "unreachable":
         with socket.socket() as unused:
             unused.bind(("127.0.0.1", 0))
             parent = f"http://127.0.0.1:{unused.getsockname()[1]}"
     elif failure == "status-5xx":
-        stranger = tmp_path / "stranger.pem"
-        trustme.CA().cert_pem.write_to_path(str(stranger))
-        parent = start_parent(stranger).url  # cannot verify the origin: 503
+        parent = unavailable_parent
     else:
         parent = silent_parent
     pod = start_sidecar("--parent", parent, "--parent-timeout", "1", "--workers", "2")
@@ -311,23 +325,35 @@ def download_workers(log: str) -> set[str]:
     return {line.split(" [")[1][:2] for line in log.splitlines() if " -> 200, " in line}
 
 
+@pytest.mark.parametrize("why", ["acl", "unverified-origin"])
 def test_a_request_the_parent_refuses_goes_to_the_origin_without_a_backoff(
+    why: str,
     start_sidecar: Callable[..., Sidecar],
     start_parent: Callable[..., Squid],
     origin: OriginServer,
     dataset: Path,
+    tmp_path: Path,
 ) -> None:
-    squid = start_parent()
+    if why == "acl":
+        squid = start_parent()  # its ACL refuses URLs naming `refused-by-parent`
+    else:
+        # A parent that cannot verify the origin answers 503 with its own error page.
+        stranger = tmp_path / "stranger.pem"
+        trustme.CA().cert_pem.write_to_path(str(stranger))
+        squid = start_parent(stranger)
     pod = start_sidecar("--parent", squid.url, "--workers", "1")
-    refused = curl(pod, origin.url("small.bin", case="refused-by-parent"))
+    refused = curl(pod, origin.url("small.bin", case=f"refused-by-parent-{why}"))
     assert refused.body == body_of(dataset, "small.bin"), refused.stderr
-    assert curl(pod, origin.url("medium.bin", case="after-refusal")).returncode == 0
+    assert origin.count("small.bin", case=f"refused-by-parent-{why}") == 1
     stats = pod.stats()
-    assert stats["parent_failures"] == {"refused": 1} and stats["parent_state"] == {squid.url: 1}
-    assert origin.count("small.bin", case="refused-by-parent") == 1
-    assert [code for code, _, url in squid.access_log() if "after-refusal" in url] == [
-        "TCP_MISS/200"
-    ]
+    assert stats["parent_failures"] == {"refused": 1}
+    assert stats["parent_state"] == {squid.url: 1}  # no backoff: still in use
+    assert curl(pod, origin.url("medium.bin", case="after-refusal")).returncode == 0
+    assert pod.stats()["parent_requests"] == 2  # the next object asked the parent again
+    if why == "acl":
+        assert [code for code, _, url in squid.access_log() if "after-refusal" in url] == [
+            "TCP_MISS/200"
+        ]
 
 
 def test_two_parents_split_objects_by_the_hash(
