@@ -71,7 +71,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from email.utils import formatdate, parsedate_to_datetime
+from email.utils import formatdate
 from typing import NamedTuple
 from urllib.parse import unquote_plus, urljoin, urlsplit
 
@@ -613,13 +613,56 @@ def _entity_tag(value: str) -> _EntityTag | None:
     return _EntityTag(match[1] is not None, match[2]) if match else None
 
 
+_DAY = "(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_MONTH = f"({'|'.join(_MONTHS)})"
+_TIME = "([0-9]{2}):([0-9]{2}):([0-9]{2})"
+# RFC 9110 §5.6.7, exactly (the grammar is case-sensitive): IMF-fixdate
+# `Sun, 06 Nov 1994 08:49:37 GMT`, rfc850-date `Sunday, 06-Nov-94 08:49:37 GMT`,
+# asctime-date `Sun Nov  6 08:49:37 1994`. Groups: day, month, year, hour, minute, second.
+_IMF_FIXDATE = re.compile(f"{_DAY}, ([0-9]{{2}}) {_MONTH} ([0-9]{{4}}) {_TIME} GMT")
+_RFC850_DATE = re.compile(
+    f"(?:Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday), "
+    f"([0-9]{{2}})-{_MONTH}-([0-9]{{2}}) {_TIME} GMT"
+)
+_ASCTIME_DATE = re.compile(f"{_DAY} {_MONTH} ([0-9]{{2}}| [0-9]) {_TIME} ([0-9]{{4}})")
+
+
 def _http_date(value: str) -> datetime | None:
-    """An HTTP-date in any of RFC 9110 §5.6.7's three formats, as an aware UTC datetime."""
-    try:
-        moment = parsedate_to_datetime(value.strip())
-    except (TypeError, ValueError, IndexError):
+    """An HTTP-date in one of RFC 9110 §5.6.7's three formats, as an aware UTC datetime;
+    None for anything else.
+
+    Strict on purpose: lenient parsers read `Thu, 18 Aug 50 ...`, a `UTC` or `AEST` zone or
+    a one-digit hour as some moment, but "a cache recipient MUST interpret invalid date
+    formats ... as representing a time in the past (i.e., 'already expired')" (RFC 9111
+    §5.3), and invalid `If-Modified-Since`/`If-Unmodified-Since` values MUST be ignored
+    (RFC 9110 §13.1.3, §13.1.4). A two-digit rfc850 year more than 50 years ahead is
+    "the most recent year in the past that had the same last two digits".
+    """
+    text = value.strip()
+    if match := _IMF_FIXDATE.fullmatch(text):
+        day, month, year, hour, minute, second = match.groups()
+    elif match := _ASCTIME_DATE.fullmatch(text):
+        month, day, hour, minute, second, year = match.groups()
+    elif match := _RFC850_DATE.fullmatch(text):
+        day, month, short_year, hour, minute, second = match.groups()
+        this_year = datetime.now(UTC).year
+        year_value = this_year - this_year % 100 + int(short_year)
+        year = str(year_value - 100 if year_value > this_year + 50 else year_value)
+    else:
         return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    try:
+        return datetime(
+            int(year),
+            _MONTHS.index(month) + 1,
+            int(day),
+            int(hour),
+            int(minute),
+            min(int(second), 59),  # 60 is a leap second
+            tzinfo=UTC,
+        )
+    except ValueError:  # Feb 30, hour 25, ...
+        return None
 
 
 def if_range_allows(if_range: str | None, etag: str | None, last_modified: str | None) -> bool:
@@ -827,7 +870,10 @@ def generated_at(
     """
     moment = _http_date(date) if date is not None else None
     apparent = max(0.0, response_time - moment.timestamp()) if moment is not None else 0.0
-    corrected = _delta_seconds(age) + (response_time - request_time)
+    # "a cache encountering a message with a list-based Age field value SHOULD use the
+    # first member of the field value, discarding subsequent ones" (RFC 9111 §5.1).
+    members = _split_list(age or "")
+    corrected = _delta_seconds(members[0] if members else None) + (response_time - request_time)
     return response_time - max(apparent, corrected)
 
 

@@ -592,6 +592,7 @@ def test_generated_at_follows_the_age_calculation_of_rfc_9111() -> None:
     assert policy.generated_at(at + 9, at + 10, date, "30") == at + 10 - 31
     assert policy.generated_at(at - 60, at - 50, date, None) == at - 60  # a Date ahead of us
     assert policy.generated_at(at, at, None, "junk") == at
+    assert policy.generated_at(at, at, None, "7200, 0") == at - 7200  # the first member
     assert policy.current_age(at - 100.5, at) == 100
     assert policy.current_age(at + 5, at) == 0
 
@@ -673,6 +674,29 @@ def test_freshness_lifetime_prefers_max_age_then_expires_then_the_heuristic() ->
     assert lifetime([expires], None, at - 600) == 3600 + 600  # received stands in for Date
     assert lifetime([modified], date, at) == 720  # a tenth of two hours
     assert lifetime([], date, at) == 0
+
+
+@pytest.mark.parametrize(
+    "expires, lifetime",
+    [
+        ("Sun, 06 Nov 1994 09:49:37 GMT", 3600),
+        ("Sunday, 06-Nov-94 09:49:37 GMT", 3600),
+        ("Sun Nov  6 09:49:37 1994", 3600),
+        ("Sun, 06 Nov 1994 09:49:37 UTC", 0),
+        ("Sun, 06 Nov 94 09:49:37 GMT", 0),
+        ("Sun 06 Nov 1994 09:49:37 GMT", 0),
+        ("Sun, 06  Nov  1994 09:49:37 GMT", 0),
+        ("Sun, 06-Nov-1994 09:49:37 GMT", 0),
+        ("Sun, 06 Nov 1994 09.49.37 GMT", 0),
+        ("Sun, 06 Nov 1994 9:49:37 GMT", 0),
+        ("sun, 06 nov 1994 09:49:37 gmt", 0),
+        ("Sun, 31 Feb 1994 09:49:37 GMT", 0),
+    ],
+)
+def test_only_the_three_http_date_formats_are_dates(expires: str, lifetime: int) -> None:
+    date = "Sun, 06 Nov 1994 08:49:37 GMT"
+    at = parsedate_to_datetime(date).timestamp()
+    assert policy.freshness_lifetime([("Expires", expires)], date, at) == lifetime
 
 
 def test_freshness_honours_no_cache_request_max_age_and_stale_prohibitions() -> None:

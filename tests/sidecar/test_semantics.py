@@ -284,3 +284,34 @@ def test_a_body_longer_than_its_content_length_over_plain_http_is_not_stored_eit
     assert sidecar.stats()["entries"] == 0
     assert sidecar.stats()["misses"] == 2
     assert sidecar.log().count("the origin sent more than its Content-Length") == 2
+
+
+def test_http_freshness_reads_only_valid_http_dates_and_the_first_age(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    sidecar = start_sidecar("--http-freshness", "origin.test")
+    hour = time.gmtime(time.time() + 3600)
+    fixdate = time.strftime("%a, %d %b %Y %H:%M:%S GMT", hour)
+    expires = {  # RFC 9110 §5.6.7: three formats; anything else is already expired
+        "imf.bin": (fixdate, 1),
+        "rfc850.bin": (time.strftime("%A, %d-%b-%y %H:%M:%S GMT", hour), 1),
+        "asctime.bin": (time.strftime("%a %b %e %H:%M:%S %Y", hour), 1),
+        "utc.bin": (fixdate.replace("GMT", "UTC"), 2),
+        "short-year.bin": (time.strftime("%a, %d %b %y %H:%M:%S GMT", hour), 2),
+        "no-comma.bin": (fixdate.replace(",", ""), 2),
+        "dashes.bin": (time.strftime("%a, %d-%b-%Y %H:%M:%S GMT", hour), 2),
+    }
+    for name, (value, _) in expires.items():
+        served_file(dataset, name, name.encode() * 10, ("Expires", value))
+    # RFC 9111 §5.1: a list-based Age counts by its first member.
+    max_age = ("Cache-Control", "max-age=3600")
+    served_file(dataset, "old-age.bin", b"old\n" * 10, max_age, ("Age", "7200, 0"))
+    served_file(dataset, "young-age.bin", b"young\n" * 10, max_age, ("Age", "0, 7200"))
+    expected = {name: requests for name, (_, requests) in expires.items()}
+    expected |= {"old-age.bin": 2, "young-age.bin": 1}
+    for name in expected:
+        assert curl(sidecar, origin.url(name)).body == (dataset / name).read_bytes()
+    sidecar.wait_for_entries(len(expected))
+    for name in expected:
+        assert curl(sidecar, origin.url(name)).body == (dataset / name).read_bytes()
+    assert {name: origin.count(name) for name in expected} == expected
