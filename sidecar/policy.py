@@ -903,6 +903,21 @@ def http_date(now: float) -> str:
     return _formatted_date(int(now))
 
 
+def dated(fields: Sequence[tuple[str, str]], received: float) -> list[tuple[str, str]]:
+    """A stored response's fields with a valid `Date`: its own, else `received` as one.
+
+    RFC 9110 §6.6.1: "A recipient with a clock that receives a response message without a
+    Date header field MUST add one if that message is cached or forwarded downstream",
+    and one that "receives a response with an invalid Date header field value MAY replace
+    that value with the time that response was received".
+    """
+    date = header(fields, "Date")
+    if date is not None and _http_date(date) is not None:
+        return list(fields)
+    undated = [(name, value) for name, value in fields if name.lower() != "date"]
+    return [*undated, ("Date", http_date(received))]
+
+
 # --- freshness -------------------------------------------------------------------------
 
 # For hosts named by `--http-freshness`, stored objects follow RFC 9111's expiration

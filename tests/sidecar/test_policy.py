@@ -597,6 +597,18 @@ def test_generated_at_follows_the_age_calculation_of_rfc_9111() -> None:
     assert policy.current_age(at + 5, at) == 0
 
 
+def test_a_stored_response_without_a_valid_date_gets_the_time_it_came() -> None:
+    date = "Sun, 06 Nov 1994 08:49:37 GMT"
+    at = parsedate_to_datetime(date).timestamp()
+    assert policy.dated([("ETag", '"e"'), ("Date", date)], at + 60) == [
+        ("ETag", '"e"'),
+        ("Date", date),
+    ]
+    for fields in ([("ETag", '"e"')], [("Date", ""), ("ETag", '"e"')], [("date", "now")]):
+        assert policy.dated(fields, at)[-1] == ("Date", date)
+        assert len([name for name, _ in policy.dated(fields, at) if name.lower() == "date"]) == 1
+
+
 def test_relayed_headers_keep_end_to_end_fields_and_drop_hop_by_hop_and_framing() -> None:
     relayed = policy.relayed_headers(
         aiohttp_headers(
