@@ -410,10 +410,12 @@ HOP_BY_HOP = frozenset(
     " proxy-authenticate proxy-authentication-info proxy-authorization".split()
 )
 
-# Fields never replayed from a stored response.
+# Fields never replayed from a stored response. `Date` is: it is "the date and time at
+# which the message was originated" (RFC 9110 §6.6.1), and the `Age` of each answer
+# tells how long ago that was.
 _NOT_REPLAYED = HOP_BY_HOP | frozenset(
-    # The responder's: they describe the bytes and the moment of this answer.
-    "content-length content-range content-encoding date age"
+    # The responder's: they describe the bytes and the age of this answer.
+    "content-length content-range content-encoding age"
     # Cookies are set once, for the exchange that earned them.
     " set-cookie set-cookie2"
     # The origin's own connection options, meaningless behind the interception.
@@ -447,7 +449,7 @@ def stored_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
     vendor fields that clients read (`x-amz-version-id`, `x-goog-hash`,
     `x-goog-generation`, `Content-MD5`, `X-Repo-Commit`, `X-Linked-Etag`, ...) survive.
     Dropped: hop-by-hop fields and the fields `Connection` names; `Content-Length`,
-    `Content-Range`, `Content-Encoding`, `Date` and `Age`, which the responder sets;
+    `Content-Range`, `Content-Encoding` and `Age`, which the responder sets;
     `Set-Cookie`; `Alt-Svc`; the `Access-Control-*` fields, which depend on the request's
     `Origin` (a Vary this cache accepts); and the fields named by a qualified
     `no-cache="..."`, which "MUST NOT be sent in the response to a subsequent request

@@ -64,7 +64,7 @@ class Representation:
     """A complete 200 response that can be served in whole or in part.
 
     `generated_at` (see `policy.generated_at`) for a stored response, which is answered
-    with a `Date` of its own and the `Age` it has; None for the origin's response to the
+    with its stored `Date` and the `Age` it has; None for the origin's response to the
     request that started a fill, whose `Date` and `Age` are the origin's.
     """
 
@@ -82,20 +82,25 @@ class Representation:
 
     @functools.cached_property
     def replayed(self) -> tuple[tuple[str, str], ...]:
-        """The stored fields as sent with every answer (ranges always accepted)."""
+        """The stored fields as sent with every answer (ranges always accepted), dated
+        (`policy.dated`) when stored."""
         fields = [(k, v) for k, v in self.headers if k.lower() != "accept-ranges"]
+        if self.generated_at is not None:
+            fields = policy.dated(fields, self.generated_at)
         return (*fields, ("Accept-Ranges", "bytes"))
 
     def stamped(self, now: float) -> tuple[tuple[str, str], ...]:
-        """`replayed` with the `Date` and `Age` of an answer at `now` (RFC 9110 §6.6.1,
-        RFC 9111 §5.1), made once per second: hits only compare a number. The Age is
-        the one at the second's end, so it is never younger than the truth."""
+        """`replayed` with the `Age` of an answer at `now` (RFC 9111 §5.1), made once
+        per second: hits only compare a number. The Age is the one at the second's end,
+        so it is never younger than the truth. The stored `Date` stays: it says when
+        the origin generated the response, and with the Age it lets the client's own
+        caches compute the same freshness this one does."""
         assert self.generated_at is not None
         second = int(now)
         stamp: tuple[int, tuple[tuple[str, str], ...]] | None = self.__dict__.get("_stamp")
         if stamp is None or stamp[0] != second:
             age = policy.current_age(self.generated_at, second + 1)
-            fields = (*self.replayed, ("Date", policy.http_date(second)), ("Age", str(age)))
+            fields = (*self.replayed, ("Age", str(age)))
             stamp = self.__dict__["_stamp"] = (second, fields)
         return stamp[1]
 

@@ -338,6 +338,7 @@ def test_stored_headers_replays_end_to_end_fields_in_order() -> None:
     )
     assert policy.stored_headers(upstream) == [
         ("Content-Type", "application/x-tar"),
+        ("Date", "Sun, 06 Nov 1994 08:49:37 GMT"),
         ("ETag", '"abc"'),
         ("Last-Modified", "Sun, 06 Nov 1994 08:49:37 GMT"),
         ("Content-Disposition", 'attachment; filename="f.tar"'),
@@ -667,6 +668,7 @@ def test_a_304_replaces_the_stored_fields_it_names_but_not_the_framing() -> None
         ("ETag", '"a"'),
         ("Cache-Control", "max-age=3600"),
         ("X-Meta", "3"),
+        ("Date", "now"),
     ]
 
 
