@@ -1,9 +1,9 @@
 """The front end: accepts every client connection and decides who terminates it.
 
 - A CONNECT to an intercepted host on the proxy port: answered here, TLS with the
-  host's leaf certificate, then the lean HTTP/1.1 server (`sidecar.http1`). This is
-  the path of every dataset download through the proxy variables, kept free of
-  mitmproxy's per-request machinery.
+  host's leaf certificate (or plain HTTP, when that is what the client tunnels), then
+  the lean HTTP/1.1 server (`sidecar.http1`). This is the path of every dataset
+  download through the proxy variables, kept free of mitmproxy's per-request machinery.
 - Everything else (CONNECT to other hosts, which are tunnelled untouched, plain-HTTP
   proxy requests, the hostAliases and transparent listeners): handed to mitmproxy
   exactly as it arrived. The first bytes are only peeked (MSG_PEEK), never read,
@@ -16,6 +16,7 @@ worker; `Balance` keeps each worker's share of the open connections even.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import socket
 import ssl
@@ -40,6 +41,8 @@ TLS_HANDSHAKE_TIMEOUT = 30.0  # seconds
 # that the least busy worker takes it (unless that one is too busy to get there first).
 ACCEPT_DELAY = 0.002  # seconds
 _ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
+# The first byte of every TLS connection: a handshake record (RFC 8446 §5.1).
+_TLS_HANDSHAKE_RECORD = b"\x16"
 
 
 @dataclass(frozen=True)
@@ -177,9 +180,24 @@ class Front:
 
     async def _serve_tunnel(self, client: socket.socket, connect: Connect) -> bool:
         """Answer the CONNECT, then TLS and the lean server. True once it owns the
-        connection (its close is counted by the protocol)."""
+        connection (its close is counted by the protocol).
+
+        A client may tunnel plain HTTP too (an http URL through a proxy that it always
+        CONNECTs to, as Node's fetch and undici's ProxyAgent do): what it sends first
+        tells, since every TLS connection starts with a handshake record.
+        """
         client.recv(connect.head_length)  # exactly the head peeked; nothing follows yet
         client.send(_ESTABLISHED)
+        await asyncio.wait_for(_readable(client), TLS_HANDSHAKE_TIMEOUT)
+        first = client.recv(1, socket.MSG_PEEK)
+        if not first:
+            raise ConnectionResetError("closed inside the tunnel before its first byte")
+        if first != _TLS_HANDSHAKE_RECORD:
+            tunnel = dataclasses.replace(connect.tunnel, tls=False)
+            protocol = Http1Connection(tunnel, self._router, self._balance.closed)
+            loop = asyncio.get_running_loop()
+            await loop.connect_accepted_socket(lambda: protocol, client)
+            return True
         context = self._tls_context(connect.tunnel.host)
         sock = context.wrap_socket(client, server_side=True, do_handshake_on_connect=False)
         try:

@@ -50,14 +50,17 @@ _CLOSE = object()  # ends a body stream
 
 @dataclass(frozen=True)
 class Tunnel:
-    """The origin a CONNECT named: `host` as in the request (IPv6 in brackets)."""
+    """The origin a CONNECT named: `host` as in the request (IPv6 in brackets); `tls`:
+    whether the client speaks TLS inside (https URLs) or plain HTTP (http URLs)."""
 
     host: str
     port: int
+    tls: bool = True
 
     def url(self, target: str) -> str:
-        authority = self.host if self.port == 443 else f"{self.host}:{self.port}"
-        return f"https://{authority}{target}"
+        scheme, default_port = ("https", 443) if self.tls else ("http", 80)
+        authority = self.host if self.port == default_port else f"{self.host}:{self.port}"
+        return f"{scheme}://{authority}{target}"
 
 
 class BadRequest(Exception):
@@ -196,7 +199,7 @@ class _Pending:
 
 
 class Http1Connection(asyncio.Protocol):
-    """One client's TLS tunnel to one intercepted origin."""
+    """One client's tunnel to one intercepted origin (TLS, or plain HTTP)."""
 
     def __init__(self, tunnel: Tunnel, router: Router, on_close: Callable[[], None]) -> None:
         self._tunnel = tunnel
@@ -225,7 +228,7 @@ class Http1Connection(asyncio.Protocol):
     # -- transport events ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)  # a stream: TLS over TCP
+        self._transport = cast(asyncio.Transport, transport)  # a stream: (TLS over) TCP
         self._transport.set_write_buffer_limits(high=WRITE_BUFFER)
         self._idle_timer = self._loop.call_later(IDLE_TIMEOUT, self._check_idle)
 

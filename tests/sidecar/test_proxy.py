@@ -421,6 +421,19 @@ def test_plain_http_to_an_intercepted_host_is_cached_too(
     assert (stats["misses"], stats["hits"]) == (1, 1)
 
 
+def test_plain_http_tunnelled_through_connect_is_cached(
+    sidecar: Sidecar, plain_origin: int, dataset: Path
+) -> None:
+    # Node's fetch and undici's ProxyAgent CONNECT even for http URLs, as `curl -p` does.
+    url = f"http://origin.test:{plain_origin}/files/small.bin?case=tunnelled"
+    for _ in range(2):
+        download = curl(sidecar, url, "--proxytunnel")
+        assert download.returncode == 0, download.stderr
+        assert download.body == body_of(dataset, "small.bin")
+    stats = sidecar.stats()
+    assert (stats["misses"], stats["hits"]) == (1, 1)
+
+
 def test_requests_mitmproxy_relays_itself_are_passes_with_their_reason(
     sidecar: Sidecar, plain_origin: int, dataset: Path
 ) -> None:
