@@ -619,27 +619,31 @@ _DAY = "(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 _MONTH = f"({'|'.join(_MONTHS)})"
 _TIME = "([0-9]{2}):([0-9]{2}):([0-9]{2})"
-# RFC 9110 §5.6.7, exactly (the grammar is case-sensitive): IMF-fixdate
-# `Sun, 06 Nov 1994 08:49:37 GMT`, rfc850-date `Sunday, 06-Nov-94 08:49:37 GMT`,
-# asctime-date `Sun Nov  6 08:49:37 1994`. Groups: day, month, year, hour, minute, second.
-_IMF_FIXDATE = re.compile(f"{_DAY}, ([0-9]{{2}}) {_MONTH} ([0-9]{{4}}) {_TIME} GMT")
+# RFC 9110 §5.6.7: IMF-fixdate `Sun, 06 Nov 1994 08:49:37 GMT`, rfc850-date
+# `Sunday, 06-Nov-94 08:49:37 GMT`, asctime-date `Sun Nov  6 08:49:37 1994`. The grammar
+# is case-sensitive, but a name in the wrong case still says which day it means.
+_IMF_FIXDATE = re.compile(f"{_DAY}, ([0-9]{{2}}) {_MONTH} ([0-9]{{4}}) {_TIME} GMT", re.IGNORECASE)
 _RFC850_DATE = re.compile(
     f"(?:Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday), "
-    f"([0-9]{{2}})-{_MONTH}-([0-9]{{2}}) {_TIME} GMT"
+    f"([0-9]{{2}})-{_MONTH}-([0-9]{{2}}) {_TIME} GMT",
+    re.IGNORECASE,
 )
-_ASCTIME_DATE = re.compile(f"{_DAY} {_MONTH} ([0-9]{{2}}| [0-9]) {_TIME} ([0-9]{{4}})")
+_ASCTIME_DATE = re.compile(
+    f"{_DAY} {_MONTH} ([0-9]{{2}}| [0-9]) {_TIME} ([0-9]{{4}})", re.IGNORECASE
+)
 
 
 def _http_date(value: str) -> datetime | None:
     """An HTTP-date in one of RFC 9110 §5.6.7's three formats, as an aware UTC datetime;
     None for anything else.
 
-    Strict on purpose: lenient parsers read `Thu, 18 Aug 50 ...`, a `UTC` or `AEST` zone or
-    a one-digit hour as some moment, but "a cache recipient MUST interpret invalid date
-    formats ... as representing a time in the past (i.e., 'already expired')" (RFC 9111
-    §5.3), and invalid `If-Modified-Since`/`If-Unmodified-Since` values MUST be ignored
-    (RFC 9110 §13.1.3, §13.1.4). A two-digit rfc850 year more than 50 years ahead is
-    "the most recent year in the past that had the same last two digits".
+    Strict on purpose (but for the case of names): lenient parsers read `Thu, 18 Aug 50
+    ...`, a `UTC` or `AEST` zone or a one-digit hour as some moment, but "a cache
+    recipient MUST interpret invalid date formats ... as representing a time in the
+    past (i.e., 'already expired')" (RFC 9111 §5.3), and invalid `If-Modified-Since` and
+    `If-Unmodified-Since` values MUST be ignored (RFC 9110 §13.1.3, §13.1.4). A
+    two-digit rfc850 year more than 50 years ahead is "the most recent year in the past
+    that had the same last two digits".
     """
     text = value.strip()
     if match := _IMF_FIXDATE.fullmatch(text):
@@ -656,7 +660,7 @@ def _http_date(value: str) -> datetime | None:
     try:
         return datetime(
             int(year),
-            _MONTHS.index(month) + 1,
+            _MONTHS.index(month.capitalize()) + 1,
             int(day),
             int(hour),
             int(minute),

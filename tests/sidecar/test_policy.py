@@ -703,7 +703,7 @@ def test_freshness_lifetime_prefers_max_age_then_expires_then_the_heuristic() ->
         ("Sun, 06-Nov-1994 09:49:37 GMT", 0),
         ("Sun, 06 Nov 1994 09.49.37 GMT", 0),
         ("Sun, 06 Nov 1994 9:49:37 GMT", 0),
-        ("sun, 06 nov 1994 09:49:37 gmt", 0),
+        ("sun, 06 NOV 1994 09:49:37 gmt", 3600),
         ("Sun, 31 Feb 1994 09:49:37 GMT", 0),
     ],
 )
