@@ -964,16 +964,27 @@ def is_fresh(
     Not when it says `no-cache` (§5.2.2.4: "MUST NOT be used to satisfy any other
     request without forwarding it for validation"; a `no-cache="field"` only withholds
     fields, see `stored_headers()`), nor when the request's `max-age` is below its age
-    (§5.2.1.1); otherwise while its age is below its freshness lifetime.
+    (§5.2.1.1), nor when it will not stay fresh for the request's `min-fresh` (§5.2.1.3);
+    otherwise while its age is below its freshness lifetime, or beyond it by no more
+    than the request's `max-stale` (§5.2.1.2; no value: any staleness) when the response
+    allows serving it stale (`may_serve_stale()`).
     """
     directives = _cache_directives(headers)
     if "no-cache" in directives and directives["no-cache"] is None:
         return False
     age = now - generated
-    wanted = _cache_directives(request_headers).get("max-age")
-    if wanted and age > _delta_seconds(wanted):
+    wanted = _cache_directives(request_headers)
+    max_age = wanted.get("max-age")
+    if max_age and age > _delta_seconds(max_age):
         return False
-    return age < lifetime
+    if "min-fresh" in wanted and lifetime - age < _delta_seconds(wanted["min-fresh"]):
+        return False
+    if age < lifetime:
+        return True
+    if "max-stale" not in wanted or not may_serve_stale(headers):
+        return False
+    max_stale = wanted["max-stale"]
+    return max_stale is None or age - lifetime <= _delta_seconds(max_stale)
 
 
 def may_serve_stale(headers: Headers) -> bool:
@@ -1002,6 +1013,15 @@ def client_asks_no_cache(request_headers: Headers) -> bool:
         return "no-cache" in _cache_directives(request_headers)
     pragma = header(request_headers, "Pragma") or ""
     return any(member.lower() == "no-cache" for member in _split_list(pragma))
+
+
+def only_if_cached(request_headers: Headers) -> bool:
+    """Does the client want a stored response or nothing (`only-if-cached`)?
+
+    RFC 9111 §5.2.1.7: "a cache SHOULD either respond using a stored response consistent
+    with the other constraints of the request or respond with a 504 (Gateway Timeout)".
+    """
+    return "only-if-cached" in _cache_directives(request_headers)
 
 
 def needs_revalidation(revalidate: bool, request_headers: Headers) -> bool:

@@ -721,6 +721,16 @@ def test_freshness_honours_no_cache_request_max_age_and_stale_prohibitions() -> 
     assert fresh([("Cache-Control", 'no-cache="Set-Cookie2"')], 60, 1000, {}, 1001)
     assert not fresh([], 60, 1000, {"Cache-Control": "max-age=0"}, 1001)
     assert fresh([], 60, 1000, {"Cache-Control": "max-age=5"}, 1001)
+    assert fresh([], 60, 1000, {"Cache-Control": "min-fresh=10"}, 1050)
+    assert not fresh([], 60, 1000, {"Cache-Control": "min-fresh=10"}, 1051)
+    assert fresh([], 60, 1000, {"Cache-Control": "max-stale=10"}, 1070)
+    assert not fresh([], 60, 1000, {"Cache-Control": "max-stale=10"}, 1071)
+    assert fresh([], 60, 1000, {"Cache-Control": "max-stale"}, 10**9)
+    assert not fresh(
+        [("Cache-Control", "must-revalidate")], 60, 1000, {"Cache-Control": "max-stale"}, 1061
+    )
+    assert policy.only_if_cached({"Cache-Control": "max-age=5, Only-If-Cached"})
+    assert not policy.only_if_cached({"Pragma": "only-if-cached"})
     assert policy.may_serve_stale([("Cache-Control", "max-age=0")])
     assert not policy.may_serve_stale([("Cache-Control", "max-age=0, must-revalidate")])
     assert not policy.may_serve_stale([("Cache-Control", "no-cache")])
