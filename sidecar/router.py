@@ -81,6 +81,12 @@ class Representation:
         return policy.header(self.headers, "Last-Modified")
 
     @functools.cached_property
+    def modified(self) -> str | None:
+        """What `If-Modified-Since` is compared with: the Last-Modified, else the Date
+        (RFC 9111 §4.3.2: "a cache SHOULD use the stored response's Date field value")."""
+        return self.last_modified or policy.header(self.replayed, "Date")
+
+    @functools.cached_property
     def replayed(self) -> tuple[tuple[str, str], ...]:
         """The stored fields as sent with every answer (ranges always accepted), dated
         (`policy.dated`) when stored."""
@@ -137,7 +143,7 @@ def answer(request: Request, representation: Representation, now: float) -> Answ
         base = representation.stamped(now)
     if not policy.preconditions_hold(request.fields, etag, last_modified):
         return Answer(412, [("Content-Length", "0")])
-    if policy.not_modified(request.fields, etag, last_modified):
+    if policy.not_modified(request.fields, etag, representation.modified):
         return Answer(304, [(k, v) for k, v in base if k.lower() != "content-type"])
     wanted = policy.parse_range(request.header("Range"), size)
     if not policy.if_range_allows(request.header("If-Range"), etag, last_modified):
@@ -213,7 +219,13 @@ class Router:
         key = policy.cache_key(request.url)
         entry = self._lookup(key)
         fetched: Fetched | None = None
-        if entry is not None and self._must_validate(request, key, entry):
+        must_validate = entry is not None and self._must_validate(request, key, entry)
+        if policy.only_if_cached(request.fields) and (entry is None or must_validate):
+            await self._error(
+                channel, 504, "burstbuffer: only-if-cached, and no stored response may answer"
+            )
+            return
+        if entry is not None and must_validate:
             entry, fetched = await self._revalidate(request, key, entry)
             if entry is None and fetched is None:
                 await self._error(

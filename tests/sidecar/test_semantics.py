@@ -322,3 +322,51 @@ def test_http_freshness_reads_only_valid_http_dates_and_the_first_age(
     for name in expected:
         assert curl(sidecar, origin.url(name)).body == (dataset / name).read_bytes()
     assert {name: origin.count(name) for name in expected} == expected
+
+
+def test_a_client_s_max_stale_min_fresh_and_only_if_cached_are_honoured(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    sidecar = start_sidecar("--http-freshness", "origin.test")
+    served_file(dataset, "lax.bin", b"lax\n" * 10, ("Cache-Control", "max-age=1"))
+    strict = ("Cache-Control", "max-age=1, must-revalidate")
+    served_file(dataset, "must.bin", b"must\n" * 10, strict)
+    served_file(dataset, "long.bin", b"long\n" * 10, ("Cache-Control", "max-age=600"))
+    names = ("lax.bin", "must.bin", "long.bin")
+    for name in names:
+        assert curl(sidecar, origin.url(name)).body == (dataset / name).read_bytes()
+    sidecar.wait_for_entries(3)
+    time.sleep(1.1)  # lax.bin and must.bin are stale now
+
+    def ask(name: str, cache_control: str) -> int:
+        download = curl(sidecar, origin.url(name), "-H", f"Cache-Control: {cache_control}")
+        assert download.returncode == 0, download.stderr
+        assert download.body == (dataset / name).read_bytes()
+        return origin.count(name)
+
+    assert ask("lax.bin", "max-stale=60") == 1  # RFC 9111 §5.2.1.2
+    assert ask("lax.bin", "max-stale") == 1
+    assert ask("must.bin", "max-stale=60") == 2  # must-revalidate: never served stale
+    assert ask("long.bin", "min-fresh=60") == 1  # RFC 9111 §5.2.1.3
+    assert ask("long.bin", "min-fresh=6000") == 2
+    # RFC 9111 §5.2.1.7: a stored response that may answer, else 504.
+    assert ask("long.bin", "only-if-cached") == 2
+    for url in (origin.url("lax.bin"), origin.url("small.bin", case="never-fetched")):
+        refused = curl(sidecar, url, "-H", "Cache-Control: only-if-cached", "-w", "%{http_code}")
+        assert refused.returncode != 0 and refused.stdout.endswith("504")
+    assert origin.count("lax.bin") == 1 and origin.count("small.bin", case="never-fetched") == 0
+
+
+def test_if_modified_since_is_compared_with_the_date_of_a_response_without_last_modified(
+    sidecar: Sidecar, origin: OriginServer
+) -> None:
+    url = origin.url("small.bin", novalidators=1, case="ims")
+    _, miss = fetch(sidecar, url)
+    assert "last-modified" not in miss and "etag" not in miss
+    sidecar.wait_for_entries(1)
+    date = email.utils.parsedate_to_datetime(miss["date"][0]).timestamp()
+    for since, status in ((date, "304"), (date + 60, "304"), (date - 60, "200")):
+        header = f"If-Modified-Since: {email.utils.formatdate(since, usegmt=True)}"
+        answered = curl(sidecar, url, "-H", header, "-w", "%{http_code}")
+        assert answered.stdout.endswith(status), (since - date, answered.stdout)
+    assert origin.count("small.bin", novalidators=1, case="ims") == 1
