@@ -415,7 +415,7 @@ HOP_BY_HOP = frozenset(
 # tells how long ago that was.
 _NOT_REPLAYED = HOP_BY_HOP | frozenset(
     # The responder's: they describe the bytes and the age of this answer.
-    "content-length content-range content-encoding age"
+    "content-length content-encoding age"
     # Cookies are set once, for the exchange that earned them.
     " set-cookie set-cookie2"
     # The origin's own connection options, meaningless behind the interception.
@@ -423,8 +423,9 @@ _NOT_REPLAYED = HOP_BY_HOP | frozenset(
 )
 
 
-# Fields every answer frames itself (`router.answer()` sets them for its status and range).
-_FRAMING = frozenset(("content-length", "content-range"))
+# The field every answer frames itself (`router.answer()` sets it for its status and
+# range; a 206 answer replaces a stored `Content-Range` with its own).
+_FRAMING = frozenset(("content-length",))
 
 
 def relayed_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -449,7 +450,7 @@ def stored_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
     vendor fields that clients read (`x-amz-version-id`, `x-goog-hash`,
     `x-goog-generation`, `Content-MD5`, `X-Repo-Commit`, `X-Linked-Etag`, ...) survive.
     Dropped: hop-by-hop fields and the fields `Connection` names; `Content-Length`,
-    `Content-Range`, `Content-Encoding` and `Age`, which the responder sets;
+    `Content-Encoding` and `Age`, which the responder sets;
     `Set-Cookie`; `Alt-Svc`; the `Access-Control-*` fields, which depend on the request's
     `Origin` (a Vary this cache accepts); and the fields named by a qualified
     `no-cache="..."`, which "MUST NOT be sent in the response to a subsequent request

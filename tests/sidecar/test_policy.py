@@ -348,6 +348,7 @@ def test_stored_headers_replays_end_to_end_fields_in_order() -> None:
         ("x-amz-version-id", "v7"),
         ("X-Repo-Commit", "0123"),
         ("Accept-Ranges", "bytes"),
+        ("Content-Range", "bytes 0-9/10"),  # on a 200, the origin's to say; a 206 has its own
     ]
 
 
