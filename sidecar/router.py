@@ -111,6 +111,10 @@ class Representation:
         return stamp[1]
 
 
+# Representation metadata a 304 leaves out (RFC 9110 §15.4.5): the client keeps its own.
+_NOT_IN_304 = frozenset(("content-type", "content-range"))
+
+
 @dataclass(frozen=True)
 class Answer:
     """What a representation answers to one request: status, fields, body bytes
@@ -144,7 +148,7 @@ def answer(request: Request, representation: Representation, now: float) -> Answ
     if not policy.preconditions_hold(request.fields, etag, last_modified):
         return Answer(412, [("Content-Length", "0")])
     if policy.not_modified(request.fields, etag, representation.modified):
-        return Answer(304, [(k, v) for k, v in base if k.lower() != "content-type"])
+        return Answer(304, [(k, v) for k, v in base if k.lower() not in _NOT_IN_304])
     wanted = policy.parse_range(request.header("Range"), size)
     if not policy.if_range_allows(request.header("If-Range"), etag, last_modified):
         wanted = policy.FULL
@@ -153,7 +157,9 @@ def answer(request: Request, representation: Representation, now: float) -> Answ
     if isinstance(wanted, policy.ByteRange):
         start, end = wanted.start, wanted.end + 1
         content_range = policy.content_range(wanted.start, wanted.end, size)
-        headers = [*base, ("Content-Range", content_range), ("Content-Length", str(end - start))]
+        # A stored Content-Range (meaningless on the origin's 200) gives way to the part's.
+        fields = [(k, v) for k, v in base if k.lower() != "content-range"]
+        headers = [*fields, ("Content-Range", content_range), ("Content-Length", str(end - start))]
         status = 206
     else:
         start, end = 0, size

@@ -370,3 +370,22 @@ def test_if_modified_since_is_compared_with_the_date_of_a_response_without_last_
         answered = curl(sidecar, url, "-H", header, "-w", "%{http_code}")
         assert answered.stdout.endswith(status), (since - date, answered.stdout)
     assert origin.count("small.bin", novalidators=1, case="ims") == 1
+
+
+def test_a_content_range_on_a_200_is_kept_and_gives_way_to_a_part_s_own(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    # RFC 9111 §3.1: every field is stored; the field means nothing on a 200 (RFC 9110
+    # §14.4) but is the origin's to send.
+    body = b"0123456789" * 10
+    served_file(dataset, "odd-range.bin", body, ("Content-Range", "bytes 0-9/10"))
+    url = origin.url("odd-range.bin")
+    for _ in ("miss", "hit"):
+        got, fields = fetch(sidecar, url)
+        assert got == body and fields["content-range"] == ["bytes 0-9/10"]
+        sidecar.wait_for_entries(1)
+    got, part = fetch(sidecar, url, "-r", "5-9")
+    assert got == b"56789" and part["content-range"] == ["bytes 5-9/100"]
+    download = curl(sidecar, url, "-D", "-", "-H", f"If-None-Match: {fields['etag'][0]}")
+    assert " 304 " in download.stdout and "content-range" not in response_fields(download.stdout)
+    assert sidecar.stats()["hits"] == 3
