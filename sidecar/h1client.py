@@ -13,8 +13,9 @@ itself, with llhttp (through httptools, as the front end parses requests):
   cache), or through a proxy's CONNECT tunnel (`--upstream-proxy`).
 
 Origin certificates are always verified with the context the caller gives. A kept-alive
-connection that the origin closed just as it was reused is retried once on a new one,
-for idempotent requests without a body; anything else fails with `UpstreamError`.
+connection that the origin closed just as it was reused is retried once on a new one;
+requests that could not be sent twice (a body, a method that is not idempotent) always
+get a new connection. Anything else that fails is an `UpstreamError`.
 """
 
 from __future__ import annotations
@@ -558,12 +559,16 @@ class Pool:
     ) -> Response:
         """Send a request on `route` and return its final response (body unread)."""
         parts = urlsplit(url)
+        if body is not None or method not in _IDEMPOTENT:
+            # It could not be sent again if a kept-alive connection turned out closed
+            # (as Squid, it never gets one).
+            connection = await self._connect(route)
+            return await connection.exchange(method, parts, fields, body, interim)
         connection = self._idle_connection(route) or await self._connect(route)
         try:
             return await connection.exchange(method, parts, fields, body, interim)
         except _Stale:
-            if body is not None or method not in _IDEMPOTENT:
-                raise
+            pass
         # Once more on a new connection, which cannot be stale.
         connection = await self._connect(route)
         return await connection.exchange(method, parts, fields, body, interim)

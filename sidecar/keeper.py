@@ -21,9 +21,10 @@ Calls and their replies (`sidecar.ipc`):
 | `start_fill {key, size, head}` | `{rid, path}` or `{refused: reason}` |
 | `commit {rid, key, sha256, headers, generated_at, lifetime}` | `{}`, `{error}`, `{invalidated}` |
 | `invalidate {keys}` | `{}` once the objects are gone and their fills will not commit |
+| `update {key, file, headers, generated_at, lifetime}` (after a 304) | `{}` once recorded |
 
 Notifications: `decline {key, reason}`, `abort {rid}`, `remove {key}`, `failure {}`,
-`touch {keys}`, `update {key, file, headers, generated_at, lifetime}` (after a 304).
+`touch {keys}`.
 """
 
 from __future__ import annotations
@@ -101,14 +102,15 @@ class Keeper:
             return self._commit(message)
         if op == "invalidate":
             return self._invalidate(message["keys"])
+        if op == "update":
+            self._update(message)
+            return {}
         if op == "decline":
             self._settle(message["key"], worker, {"declined": message["reason"]})
         elif op == "abort":
             self._abort(message["rid"])
         elif op == "remove":
             self._remove(message["key"])
-        elif op == "update":
-            self._update(message)
         elif op == "failure":
             self.store.report_failure(message["why"])
         elif op == "touch":
@@ -356,10 +358,12 @@ class Buffer:
     def remove(self, key: str) -> None:
         self._keeper.notify("remove", key=key)
 
-    def update(self, key: str, entry: StoredObject) -> None:
-        """Record the fields and age of an object a 304 validated (in this worker at once)."""
+    async def update(self, key: str, entry: StoredObject) -> None:
+        """Record the fields and age of an object a 304 validated; returns once every
+        worker's next lookup sees them (the validated response is served after that).
+        StoreError if the keeper cannot be asked."""
         self._known[key] = entry
-        self._keeper.notify(
+        await self._call(
             "update",
             key=key,
             file=entry.file,

@@ -353,7 +353,7 @@ class Router:
         status = fetched.response.status
         if status == 304:
             fetched.response.release()
-            return self._refreshed(key, entry, fetched), None
+            return await self._refreshed(key, entry, fetched), None
         if status >= 500:
             # RFC 9111 §4.3.3: on a 5xx the cache "can ... act as if the server failed to
             # respond", as for an unreachable origin, or relay it.
@@ -390,7 +390,7 @@ class Router:
             self._freshness_hosts[netloc] = known
         return known
 
-    def _refreshed(self, key: str, entry: StoredObject, fetched: Fetched) -> StoredObject:
+    async def _refreshed(self, key: str, entry: StoredObject, fetched: Fetched) -> StoredObject:
         """The stored object with the fields of the 304 that validated it (RFC 9111
         §4.3.4), and an age that starts again from the 304."""
         headers = policy.updated_headers(entry.headers, fetched.response.headers)
@@ -400,7 +400,10 @@ class Router:
             generated_at=fetched.generated_at,
             lifetime=fetched.lifetime(headers),
         )
-        self.buffer.update(key, refreshed)
+        try:
+            await self.buffer.update(key, refreshed)
+        except StoreError as e:
+            self.metrics.buffer_trouble("recording a validated object", e)
         return refreshed
 
     # -- responses --------------------------------------------------------------------
