@@ -45,6 +45,8 @@ KEEPALIVE = 15.0  # seconds
 MAX_IDLE = 32
 # Reading from the origin pauses while this much body waits for its reader.
 BODY_BUFFER = 256 * 1024  # bytes
+# Closing waits this long for the connections' TLS shutdowns.
+CLOSE_TIMEOUT = 1.0  # seconds
 # Status line and fields together; a larger response head is refused.
 MAX_HEAD = 64 * 1024  # bytes
 # What a name resolved to is used for new connections this long; at most this many
@@ -198,6 +200,20 @@ class Response:
             else:
                 await connection.wait_body()
 
+    @property
+    def complete(self) -> bool:
+        """The whole response has arrived (its body may still wait to be read)."""
+        return self._connection.complete
+
+    async def settle(self) -> bool:
+        """`overlong`, once what the origin sent right after the response has been read:
+        a stray write of its own (another TLS record or segment) is in the socket by the
+        time the event loop reads it again. Two turns: the first queues the read behind
+        this task, the second runs this task after it."""
+        for _ in range(2):
+            await asyncio.sleep(0)
+        return self.overlong
+
     async def read(self, limit: int) -> bytes:
         """The body up to `limit` bytes (more may be read, not returned)."""
         data = bytearray()
@@ -233,6 +249,7 @@ class _Connection(asyncio.Protocol):
         self._can_write = asyncio.Event()
         self._can_write.set()
         self._idle_timer: asyncio.TimerHandle | None = None
+        self.gone = asyncio.Event()  # set once the connection is closed
         self.used = False  # it carried an exchange before the current one
         self._clear()
 
@@ -289,6 +306,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        self.gone.set()
         self._can_write.set()
         if self._idle_timer is not None:
             self._idle_timer.cancel()
@@ -588,9 +606,16 @@ class Pool:
                 del self._idle[connection.route]  # origins come and go
 
     async def close(self) -> None:
-        for connection in list(self._all):
+        """Close every connection, and wait (briefly) until they are closed."""
+        connections = list(self._all)
+        for connection in connections:
             connection._close()
         self._idle.clear()
+        if connections:
+            waits = [asyncio.ensure_future(c.gone.wait()) for c in connections]
+            _, pending = await asyncio.wait(waits, timeout=CLOSE_TIMEOUT)
+            for wait in pending:
+                wait.cancel()
 
     def _idle_connection(self, route: Route) -> _Connection | None:
         idle = self._idle.get(route)

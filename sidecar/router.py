@@ -573,7 +573,7 @@ class Router:
                     raise FillFailed(f"upstream broke off: {e}") from e
                 if length is not None and channel.body_bytes != int(length):
                     raise FillFailed("upstream body shorter than its Content-Length")
-                if response.overlong:
+                if await response.settle():
                     logger.warning(
                         "%s: the origin sent more than its Content-Length; relayed its"
                         " first %d bytes",

@@ -191,7 +191,8 @@ class SegmentedCopy:
                         self._target.validators,
                     )
                 await self._copy(index, response)
-                self.overlong |= response.overlong
+                if response.complete:
+                    self.overlong |= await response.settle()
                 error: BaseException = UpstreamError(f"segment {index} ended early")
                 broke = response
             except CannotResume as e:

@@ -7,7 +7,10 @@ bytes a test scripts, so framing, reuse and failure are exercised on real socket
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
@@ -147,6 +150,49 @@ def test_bytes_after_the_content_length_are_cut_and_the_connection_is_not_reused
         assert await body(second) == b"hello" and not second.overlong
 
     assert run(ca, answer(OK + FORGED, OK), test).connections == 2
+
+
+def test_a_stray_write_right_after_the_body_is_found_before_the_body_is_trusted(
+    ca: trustme.CA,
+) -> None:
+    # The origin runs in a thread, so its second write can be in the client's socket
+    # while the client's event loop has not read it yet.
+    origin = Origin(ca, answer())
+    body_read, stray_sent = threading.Event(), threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        with origin.context.wrap_socket(connection, server_side=True) as tls:
+            while not tls.recv(4096).endswith(b"\r\n\r\n"):
+                pass
+            tls.sendall(OK)
+            body_read.wait(5)
+            tls.sendall(FORGED)  # a TLS record of its own, after the body was read
+            stray_sent.set()
+            tls.recv(1)  # until the client closes
+
+    async def main() -> None:
+        url = f"https://{HOST}:{listener.getsockname()[1]}/f"
+        pool = Pool(read_timeout=2.0, resolve=loopback)
+        route = direct_route(urlsplit(url), client_context(ca))
+        response = await pool.request(route, "GET", url, [])
+        assert b"".join([chunk async for chunk in response.chunks()]) == b"hello"
+        body_read.set()
+        assert stray_sent.wait(5)
+        time.sleep(0.1)  # in this socket's buffer now, and not read: the loop is held
+        assert not response.overlong
+        assert await response.settle()
+        response.release()
+        await pool.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        asyncio.run(asyncio.wait_for(main(), 20))
+    finally:
+        listener.close()
+        thread.join(5)
 
 
 def test_bytes_on_an_idle_connection_close_it(ca: trustme.CA) -> None:
