@@ -16,7 +16,7 @@ exactly what its spec says, translated flag by flag:
   owner, setgid, group-writable); a configMap volume is a read-only directory; a
   `subPath` mount binds that file of the volume's directory, as the kubelet does; no
   volume gets a copy of what the image holds at its mount path (Docker's default, never
-  the kubelet's);
+  the kubelet's); a secret volume is made as a configMap volume is;
 - `command` replaces the image's entrypoint and `args` its CMD; env with `$(VAR)`
   references and downward-API fields resolved as the kubelet does;
 - a native sidecar (an init container with `restartPolicy: Always`) is started and the
@@ -27,7 +27,8 @@ exactly what its spec says, translated flag by flag:
 The pod runs on `network`: `internal_network` makes one from which nothing reaches
 beyond this machine, the node's servers listening on its gateway address.
 What the harness supplies because the cluster would: the images (`images` maps the
-pod's image names to local ones), the ConfigMaps, the `kubernetes` service variables,
+pod's image names to local ones), the ConfigMaps and Secrets (their decoded data), the
+`kubernetes` service variables,
 and `hosts` (names the cluster's DNS would answer) in the sandbox's /etc/hosts.
 """
 
@@ -74,6 +75,7 @@ class DockerPod:
     workdir: Path
     network: str
     config_maps: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    secrets: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     hosts: Mapping[str, str] = field(default_factory=dict)
     prefix: str = field(default_factory=lambda: f"bbpod-{uuid.uuid4().hex[:10]}")
     pod_ip: str = ""
@@ -131,15 +133,16 @@ class DockerPod:
 
     def _make_volume(self, volume: dict[str, Any]) -> None:
         name = volume["name"]
-        if "configMap" in volume:
-            self._volumes[name] = str(self._config_map_dir(volume))
+        if "configMap" in volume or "secret" in volume:
+            self._volumes[name] = str(self._key_files_dir(volume))
             return
         if "persistentVolumeClaim" in volume:
             self._claim_volume(name)
             return
         if "emptyDir" not in volume:
             raise PodFailed(
-                f"volume {name}: only emptyDir, persistentVolumeClaim and configMap are supported"
+                f"volume {name}: only emptyDir, persistentVolumeClaim, configMap and secret"
+                " are supported"
             )
         empty_dir = volume["emptyDir"] or {}
         docker_name = f"{self.prefix}-{name}"
@@ -167,11 +170,17 @@ class DockerPod:
             os.chown(root, 0, fs_group)
             root.chmod(0o2775)
 
-    def _config_map_dir(self, volume: dict[str, Any]) -> Path:
-        source = volume["configMap"]
-        data = self.config_maps.get(source["name"])
+    def _key_files_dir(self, volume: dict[str, Any]) -> Path:
+        """A configMap or secret volume: a directory of its keys (or `items`) as files."""
+        if "configMap" in volume:
+            source, kind, objects = volume["configMap"], "ConfigMap", self.config_maps
+            object_name = source["name"]
+        else:
+            source, kind, objects = volume["secret"], "Secret", self.secrets
+            object_name = source["secretName"]
+        data = objects.get(object_name)
         if data is None:
-            raise PodFailed(f"volume {volume['name']}: no ConfigMap {source['name']}")
+            raise PodFailed(f"volume {volume['name']}: no {kind} {object_name}")
         directory = self.workdir / "volumes" / volume["name"]
         directory.mkdir(parents=True)
         items = source.get("items") or [{"key": k, "path": k} for k in data]

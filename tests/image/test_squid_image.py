@@ -14,6 +14,11 @@ The second origin's CA was added to the CA ConfigMap after Squid started (Squid 
 its CA files at start): the sidecars trust that origin, Squid does not. Squid refuses
 to fetch from it, and the sidecars, which take any failure of the parent as a reason to
 go to the origin, still download it.
+
+With parentCache.tls the sidecars' parent is Squid's https_port: its certificate, from a
+trustme CA for the name the chart documents (`*.<fullname>-parent.<namespace>.svc`), is
+the Secret the chart mounts, and that CA is in the CA ConfigMap, the only place the
+chart lets a sidecar learn it from.
 """
 
 from __future__ import annotations
@@ -21,8 +26,11 @@ from __future__ import annotations
 import http.client
 import json
 import random
+import socket
+import ssl
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import trustme
@@ -42,14 +50,21 @@ HOST = "datasets.test"  # its CA is Squid's too
 NEW_HOST = "new-datasets.test"  # its CA only the sidecars'
 ORIGIN_CA_CONFIG_MAP = "origin-ca"
 PARENT = "burstbuffer-parent"  # the chart's Squid objects (release "burstbuffer")
-VALUES = {
-    "parentCache": {"enabled": True, "replicas": 1, "cacheSizeGi": 1},
-    "sidecar": {
-        "intercept": [HOST, NEW_HOST],
-        "upstreamCA": {"configMapName": ORIGIN_CA_CONFIG_MAP, "key": "ca.crt"},
-    },
-}
+PARENT_TLS_SECRET = "parent-tls"
 DATA_SIZE = 2 * 2**20 + 123
+
+
+def chart_values(tls: bool) -> dict[str, Any]:
+    parent_cache = {"enabled": True, "replicas": 1, "cacheSizeGi": 1}
+    if tls:
+        parent_cache["tls"] = {"enabled": True, "secretName": PARENT_TLS_SECRET}
+    return {
+        "parentCache": parent_cache,
+        "sidecar": {
+            "intercept": [HOST, NEW_HOST],
+            "upstreamCA": {"configMapName": ORIGIN_CA_CONFIG_MAP, "key": "ca.crt"},
+        },
+    }
 
 
 def replica_pod(statefulset: dict[str, Any], ordinal: int) -> dict[str, Any]:
@@ -70,10 +85,14 @@ def replica_pod(statefulset: dict[str, Any], ordinal: int) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
-def through_squid(squid: str, url: str) -> tuple[int, dict[str, str]]:
-    """A GET of `url` (absolute-form, as a sidecar sends it) to Squid: (status, headers)."""
-    host, port = squid.removeprefix("http://").rsplit(":", 1)
-    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+def through_squid(
+    address: str, port: int, url: str, tls: ssl.SSLContext | None, server_hostname: str
+) -> tuple[int, dict[str, str]]:
+    """A GET of `url` (absolute-form, as a sidecar sends it) to Squid's listener at
+    `address`:`port`, over TLS verified for `server_hostname` if `tls`: (status, headers)."""
+    connection = http.client.HTTPConnection(address, port, timeout=30)
+    sock = socket.create_connection((address, port), timeout=30)
+    connection.sock = tls.wrap_socket(sock, server_hostname=server_hostname) if tls else sock
     try:
         connection.request("GET", url)
         response = connection.getresponse()
@@ -132,7 +151,9 @@ def test_the_image_runs_squid_with_openssl_as_a_user_and_holds_no_key(
     assert found.stdout == b"", found.stdout.decode()  # no setuid file, no private key
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["http-parent", "https-parent"])
 def test_the_charts_squid_serves_the_second_pod_and_refuses_an_unverified_origin(
+    tls: bool,
     docker: Docker,
     images: Images,
     squid_image: str,
@@ -149,11 +170,28 @@ def test_the_charts_squid_serves_the_second_pod_and_refuses_an_unverified_origin
     new_url = f"https://{NEW_HOST}:{new_base.rsplit(':', 1)[1]}/files/data.bin"
     hosts = {HOST: node_ip, NEW_HOST: node_ip}
 
-    documents = helmchart.render(VALUES)
+    documents = helmchart.render(chart_values(tls))
     statefulset = helmchart.one(documents, "StatefulSet", PARENT)
     squid_conf = helmchart.one(documents, "ConfigMap", PARENT)["data"]
     (parent_url,) = helmchart.injector_config(documents)["parents"]
-    squid_image_name = statefulset["spec"]["template"]["spec"]["containers"][0]["image"]
+    parent = urlsplit(parent_url)
+    assert parent.scheme == ("https" if tls else "http"), parent_url
+    assert parent.hostname is not None and parent.port is not None, parent_url
+    squid_container = statefulset["spec"]["template"]["spec"]["containers"][0]
+    squid_image_name = squid_container["image"]
+    # The CA ConfigMap holds the origins' CAs and, with TLS, the parent's.
+    parent_ca = trustme.CA() if tls else None
+    parent_ca_pem = parent_ca.cert_pem.bytes() if parent_ca else b""
+    secrets = {}
+    listener = None
+    if parent_ca:
+        # The certificate the chart asks for: *.<fullname>-parent.<namespace>.svc.
+        cert = parent_ca.issue_cert(f"*.{PARENT}.{helmchart.NAMESPACE}.svc")
+        secrets[PARENT_TLS_SECRET] = {
+            "tls.crt": cert.cert_chain_pems[0].bytes().decode(),
+            "tls.key": cert.private_key_pem.bytes().decode(),
+        }
+        listener = ssl.create_default_context(cadata=parent_ca_pem.decode())
     squid = DockerPod(
         docker,
         replica_pod(statefulset, 0),
@@ -162,22 +200,24 @@ def test_the_charts_squid_serves_the_second_pod_and_refuses_an_unverified_origin
         workdir=tmp_path / "squid",
         config_maps={
             PARENT: squid_conf,
-            ORIGIN_CA_CONFIG_MAP: {"ca.crt": origin_ca.cert_pem.bytes().decode()},
+            ORIGIN_CA_CONFIG_MAP: {"ca.crt": (origin_ca.cert_pem.bytes() + parent_ca_pem).decode()},
         },
+        secrets=secrets,
         hosts=hosts,
         network=network_name,
     )
-    both_cas = (origin_ca.cert_pem.bytes() + new_ca.cert_pem.bytes()).decode()
+    all_cas = (origin_ca.cert_pem.bytes() + new_ca.cert_pem.bytes() + parent_ca_pem).decode()
     config = yaml.safe_dump(helmchart.injector_config(documents))
     try:
         with squid:
             squid.start(timeout=120)
             squid.await_probe("squid", "readinessProbe", timeout=60)
-            parent_host = parent_url.removeprefix("http://").rsplit(":", 1)[0]
-            direct_parent = parent_url.replace(parent_host, squid.pod_ip)
-
-            # Squid verifies origins against the CA it was given, and only against it.
-            status, headers = through_squid(direct_parent, new_url)
+            # Squid verifies origins against the CA it was given, and only against it;
+            # asked on the sidecars' listener (with TLS: its certificate verified for
+            # the name the sidecars use).
+            status, headers = through_squid(
+                squid.pod_ip, parent.port, new_url, listener, parent.hostname
+            )
             assert status == 503 and headers.get("X-Squid-Error", "").startswith(
                 "ERR_SECURE_CONNECT_FAIL"
             ), (status, headers, squid.logs("squid"))
@@ -192,13 +232,14 @@ def test_the_charts_squid_serves_the_second_pod_and_refuses_an_unverified_origin
                 rendered = render(pod, config, tmp_path)
                 args = sidecar_of(rendered)["args"]
                 assert args[args.index("--parent") + 1] == parent_url, args
+                assert "--parent-ca" not in args, args  # the parent's CA: the origins' trust
                 stats = run_pod(
                     docker,
                     rendered,
                     images,
                     tmp_path / f"pod-{number}",
-                    config_maps={ORIGIN_CA_CONFIG_MAP: {"ca.crt": both_cas}},
-                    hosts={**hosts, parent_host: squid.pod_ip},
+                    config_maps={ORIGIN_CA_CONFIG_MAP: {"ca.crt": all_cas}},
+                    hosts={**hosts, parent.hostname: squid.pod_ip},
                     network=network_name,
                     expected=data,
                 )
