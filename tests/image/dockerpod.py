@@ -13,10 +13,10 @@ exactly what its spec says, translated flag by flag:
 - an emptyDir is a Docker volume, a tmpfs of `sizeLimit` for medium Memory, mode 0777
   (as the kubelet makes it); a persistentVolumeClaim is a new, empty Docker volume
   (root's, 0755) that the pod's `fsGroup` is given as the kubelet gives it (group
-  owner, setgid, group-writable); a configMap volume is a read-only directory; a
-  `subPath` mount binds that file of the volume's directory, as the kubelet does; no
-  volume gets a copy of what the image holds at its mount path (Docker's default, never
-  the kubelet's); a secret volume is made as a configMap volume is;
+  owner, setgid, group-writable); a configMap or secret volume is a read-only
+  directory; a `subPath` mount binds that file of the volume's directory, as the kubelet
+  does; no volume gets a copy of what the image holds at its mount path (Docker's
+  default, never the kubelet's);
 - `command` replaces the image's entrypoint and `args` its CMD; env with `$(VAR)`
   references and downward-API fields resolved as the kubelet does;
 - a native sidecar (an init container with `restartPolicy: Always`) is started and the
@@ -28,8 +28,8 @@ The pod runs on `network`: `internal_network` makes one from which nothing reach
 beyond this machine, the node's servers listening on its gateway address.
 What the harness supplies because the cluster would: the images (`images` maps the
 pod's image names to local ones), the ConfigMaps and Secrets (their decoded data), the
-`kubernetes` service variables,
-and `hosts` (names the cluster's DNS would answer) in the sandbox's /etc/hosts.
+`kubernetes` service variables, and `hosts` (names the cluster's DNS would answer) in
+the sandbox's /etc/hosts.
 """
 
 from __future__ import annotations

@@ -232,7 +232,8 @@ def test_the_charts_squid_serves_the_second_pod_and_refuses_an_unverified_origin
                 rendered = render(pod, config, tmp_path)
                 args = sidecar_of(rendered)["args"]
                 assert args[args.index("--parent") + 1] == parent_url, args
-                assert "--parent-ca" not in args, args  # the parent's CA: the origins' trust
+                # No --parent-ca: the sidecar trusts its parent as its origins (--upstream-ca).
+                assert "--parent-ca" not in args and "--upstream-ca" in args, args
                 stats = run_pod(
                     docker,
                     rendered,
