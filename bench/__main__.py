@@ -33,6 +33,7 @@ from mitmproxy import version as mitmproxy_version
 from bench import (
     bench_coalescing,
     bench_cold_miss,
+    bench_first_epoch,
     bench_large_hit,
     bench_loader,
     bench_momenta,
@@ -63,6 +64,7 @@ BENCHMARKS: dict[str, ModuleType] = {
         bench_ready,
         bench_small,
         bench_loader,
+        bench_first_epoch,
         bench_nezha,
         bench_momenta,
         bench_coalescing,

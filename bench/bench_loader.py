@@ -23,6 +23,7 @@ import os
 import random
 import statistics
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,8 +46,8 @@ CLIENT_TIMEOUT = 900  # seconds for one epoch
 class Shape:
     name: str
     workers: int
-    connection: str  # "keep-alive" or "per-file" (bench.loader_client --shape)
-    required: Requirement
+    connection: str  # "keep-alive", "per-file" or "absolute-form" (bench.loader_client --shape)
+    required: Requirement | None
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,28 @@ def file_sizes(count: int) -> list[int]:
         min(LARGEST, max(SMALLEST, int(rng.lognormvariate(MEDIAN_LOG, SIGMA_LOG))))
         for _ in range(count)
     ]
+
+
+@dataclass(frozen=True)
+class File:
+    name: str
+    size: int
+    sha256: str
+
+
+def make_files(lab: Lab, sizes: list[int]) -> list[File]:
+    """The file set in the lab's data directory."""
+    files = []
+    for index, size in enumerate(sizes):
+        path = lab.make_file(f"loader-{index:05d}.jpg", size)
+        files.append(File(path.name, size, hashlib.sha256(path.read_bytes()).hexdigest()))
+    return files
+
+
+def write_manifest(path: Path, files: list[File], url: Callable[[str, str], str]) -> Path:
+    """The client's manifest of `files`, each at `url(name, HOST)`."""
+    path.write_text("".join(f"{url(f.name, HOST)} {f.size} {f.sha256}\n" for f in files))
+    return path
 
 
 def shapes(profile: Profile) -> list[Shape]:
@@ -106,15 +129,9 @@ def run(profile: Profile, lab: Lab) -> Result:
         f"Data loader: {count} files of {SMALLEST // KiB} KiB–{LARGEST // KiB} KiB "
         f"(median {statistics.median(sizes) / KiB:.0f} KiB), all hits",
     )
-    manifest_lines = []
     cores = len(os.sched_getaffinity(0))
     nginx = lab.nginx(workers=cores)
-    for index, size in enumerate(sizes):
-        path = lab.make_file(f"loader-{index:05d}.jpg", size)
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        manifest_lines.append(f"{nginx.url(path.name, HOST)} {size} {digest}\n")
-    manifest = lab.dir / "loader-manifest.txt"
-    manifest.write_text("".join(manifest_lines))
+    manifest = write_manifest(lab.dir / "loader-manifest.txt", make_files(lab, sizes), nginx.url)
     sidecar = lab.sidecar(nginx.ca_pem, "--buffer-size", str(2 * sum(sizes)))
     direct, pod = lab.direct(nginx), lab.through(sidecar)
     fill = Shape("fill", profile.loader_workers, "keep-alive", ratio_at_least(0))
@@ -160,4 +177,3 @@ def run(profile: Profile, lab: Lab) -> Result:
         "16th body's SHA-256 checked"
     )
     return result
-

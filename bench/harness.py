@@ -105,6 +105,21 @@ def cpu_seconds(pid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def settle(pid: int, timeout: float = 20.0) -> None:
+    """Wait until `pid`'s process tree is idle (under 2% of a core over a quarter of a
+    second): what a server does right after it is ready (the sidecar's workers load
+    mitmproxy then) is not part of what a benchmark then measures."""
+    deadline = time.monotonic() + timeout
+    before = cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        now = cpu_seconds(pid)
+        if now - before < 0.005:
+            return
+        before = now
+    raise TimeoutError(f"process {pid} still busy after {timeout}s")
+
+
 def port_open(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0

@@ -59,6 +59,7 @@ class Profile:
     parallel_rate: float  # bytes/s per origin connection for it
     loader_files: int  # the data loader's file set (ImageNet-like sizes)
     loader_workers: int  # its worker processes in the multi-worker shapes
+    epoch_large_bytes: int  # the large object of the first epoch
     soak_seconds: float  # the soak's length (after a warm-up of a tenth of it)
     parent_pods: int  # sidecars reading one dataset, with and without a parent cache
     parent_objects: int  # the objects of that dataset
@@ -84,6 +85,7 @@ FULL = Profile(
     parallel_rate=3.49e6,
     loader_files=1500,
     loader_workers=4,
+    epoch_large_bytes=256 * MiB,
     soak_seconds=180.0,
     parent_pods=8,
     parent_objects=20,
@@ -108,6 +110,7 @@ QUICK = Profile(
     parallel_rate=10e6,
     loader_files=40,
     loader_workers=2,
+    epoch_large_bytes=4 * MiB,
     soak_seconds=6.0,
     parent_pods=2,
     parent_objects=4,
@@ -207,13 +210,13 @@ class Lab:
         return seconds
 
     def nginx(self, workers: int = 1) -> Nginx:
-        server = start_nginx(self.data, self.ca, [HOST], self._fresh("nginx"), workers)
+        server = start_nginx(self.data, self.ca, [HOST], self.scratch("nginx"), workers)
         self._stack.callback(server.stop)
         return server
 
     def origin(self, rate: float | None = None) -> OriginServer:
         """The Python origin, throttled to `rate` bytes/s per response (if given)."""
-        workdir = self._fresh("origin")
+        workdir = self.scratch("origin")
         server = start_origin(self.data, self.ca, [HOST, TUNNEL_HOST], workdir, rate=rate)
         self._stack.callback(server.process.stop)
         return server
@@ -221,7 +224,7 @@ class Lab:
     def sidecar(self, upstream_ca: Path, *args: str, start: bool = True) -> Sidecar:
         """A sidecar intercepting HOST, trusting `upstream_ca` for the origin."""
         argv = ["--intercept", HOST, "--upstream-ca", str(upstream_ca), *args]
-        sidecar = Sidecar(self._fresh("sidecar"), self.hosts, argv)
+        sidecar = Sidecar(self.scratch("sidecar"), self.hosts, argv)
         self._stack.callback(sidecar.stop)
         if start:
             sidecar.start()
@@ -234,7 +237,7 @@ class Lab:
         return squid
 
     def mitmdump(self, upstream_ca: Path) -> Mitmdump:
-        proxy = start_mitmdump(self._fresh("mitmdump"), self.hosts, upstream_ca)
+        proxy = start_mitmdump(self.scratch("mitmdump"), self.hosts, upstream_ca)
         self._stack.callback(proxy.stop)
         return proxy
 
@@ -249,5 +252,6 @@ class Lab:
     def through_mitmdump(self, proxy: Mitmdump) -> Route:
         return Route(proxy.ca_pem, self.hosts, proxy.proxy)
 
-    def _fresh(self, prefix: str) -> Path:
+    def scratch(self, prefix: str) -> Path:
+        """A new directory of the lab's (deleted with it)."""
         return Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=self.dir))

@@ -1,14 +1,16 @@
 """A data loader's download pattern, as a program: N worker processes read a file set.
 
-    python -m bench.loader_client --manifest FILE --workers N --shape keep-alive|per-file
-        --cafile PEM [--proxy http://127.0.0.1:3128]
+    python -m bench.loader_client --manifest FILE --workers N
+        --shape keep-alive|per-file|absolute-form --cafile PEM [--proxy http://127.0.0.1:3128]
 
 The manifest holds one `URL SIZE SHA256` line per file. Like a PyTorch DataLoader,
 the epoch is sharded over the workers (worker i reads files i, i+N, ...); every
 worker starts behind one barrier. `keep-alive` workers each keep one connection
 (`http.client`, what requests and urllib3 keep underneath; through the proxy, one
 CONNECT tunnel); `per-file` workers open a new connection for every file with
-`urllib.request`, which sends `Connection: close`. Every body is checked against its
+`urllib.request`, which sends `Connection: close`; `absolute-form` workers keep one
+plain HTTP connection to the proxy and ask it for each URL (`GET https://...`), as a
+sidecar asks its parent cache. Every body is checked against its
 size, and every 16th against its SHA-256, so a wrong path cannot look fast.
 
 Prints one JSON object: the epoch's wall time (from the barrier to the last worker's
@@ -55,17 +57,24 @@ def _check(entry: Entry, position: int, body: bytes) -> None:
         raise SystemExit(f"{entry.url}: wrong bytes")
 
 
-def _keep_alive(proxy: str | None, cafile: str) -> Callable[[str], bytes]:
-    """One kept-alive connection (through the proxy: one CONNECT tunnel), the one a
-    `requests.Session` keeps, without the work requests itself adds per request."""
+def _keep_alive(proxy: str | None, cafile: str, absolute: bool) -> Callable[[str], bytes]:
+    """One kept-alive connection (through the proxy: one CONNECT tunnel, or with
+    `absolute` plain HTTP to the proxy itself), the one a `requests.Session` keeps,
+    without the work requests itself adds per request."""
     context = ssl.create_default_context(cafile=cafile)
-    connection: http.client.HTTPSConnection | None = None
+    connection: http.client.HTTPConnection | None = None
 
     def get(url: str) -> bytes:
         nonlocal connection
         parts = urllib.parse.urlsplit(url)
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
         if connection is None:
-            if proxy:
+            if proxy and absolute:
+                address = urllib.parse.urlsplit(proxy)
+                connection = http.client.HTTPConnection(
+                    address.hostname or "", address.port, timeout=60
+                )
+            elif proxy:
                 address = urllib.parse.urlsplit(proxy)
                 connection = http.client.HTTPSConnection(
                     address.hostname or "", address.port, context=context, timeout=60
@@ -75,7 +84,7 @@ def _keep_alive(proxy: str | None, cafile: str) -> Callable[[str], bytes]:
                 connection = http.client.HTTPSConnection(
                     parts.hostname or "", parts.port, context=context, timeout=60
                 )
-        connection.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""))
+        connection.request("GET", url if absolute else target)
         response = connection.getresponse()
         body = response.read()
         if response.status != 200:
@@ -107,7 +116,10 @@ def _worker(
     barrier: Barrier,
     results: Queue[tuple[float, list[float]]],
 ) -> None:
-    get = (_keep_alive if shape == "keep-alive" else _per_file)(proxy, cafile)
+    if shape == "per-file":
+        get = _per_file(proxy, cafile)
+    else:
+        get = _keep_alive(proxy, cafile, absolute=shape == "absolute-form")
     latencies = []
     barrier.wait()
     for position, entry in enumerate(entries):
@@ -122,7 +134,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.loader_client")
     parser.add_argument("--manifest", required=True)
     parser.add_argument("--workers", type=int, required=True)
-    parser.add_argument("--shape", choices=("keep-alive", "per-file"), required=True)
+    parser.add_argument(
+        "--shape", choices=("keep-alive", "per-file", "absolute-form"), required=True
+    )
     parser.add_argument("--cafile", required=True)
     parser.add_argument("--proxy")
     args = parser.parse_args(argv)

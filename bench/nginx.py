@@ -1,5 +1,7 @@
 """The reference web server: nginx serving a directory over HTTPS, as the benchmarks'
-"as fast as it gets" baseline and as the unthrottled origin behind the sidecar.
+"as fast as it gets" baseline and as the unthrottled origin behind the sidecar; and
+nginx as a caching reverse proxy in front of such an origin (`proxy_cache`), a peer a
+user might run instead of the sidecar.
 
 Everything nginx needs (config, certificate, pid file, temp paths, error log) lives in
 one temporary directory; nothing under /etc/nginx is read or written. Debian's
@@ -49,15 +51,37 @@ http {{
     sendfile on;
     keepalive_requests 100000;
     keepalive_timeout 60s;
+{http}
     server {{
         listen 127.0.0.1:{port} ssl;
         ssl_certificate {dir}/server.pem;
         ssl_certificate_key {dir}/server.key;
         ssl_protocols TLSv1.2 TLSv1.3;
-        location /files/ {{ alias {root}/; }}
+        {location}
     }}
 }}
 """
+STATIC = "location /files/ {{ alias {root}/; }}"
+# The caching peer, as it was measured (`shared/notes/peers.md`): origin connections
+# kept alive and TLS sessions reused, the origin verified (TLS 1.3 named: nginx's
+# default list lacks it, and the origin may refuse anything older).
+CACHE_HTTP = """\
+    proxy_cache_path {dir}/cache levels=1:2 keys_zone=c:10m max_size=4g use_temp_path=off;
+    upstream origin {{ server 127.0.0.1:{origin_port}; keepalive 32; }}"""
+CACHE_LOCATION = """location /files/ {{
+            proxy_pass https://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host {host};
+            proxy_ssl_server_name on;
+            proxy_ssl_name {host};
+            proxy_ssl_verify on;
+            proxy_ssl_trusted_certificate {dir}/ca.pem;
+            proxy_ssl_session_reuse on;
+            proxy_ssl_protocols TLSv1.2 TLSv1.3;
+            proxy_cache c;
+            proxy_cache_valid 200 1d;
+        }}"""
 
 
 class NginxMissing(RuntimeError):
@@ -104,6 +128,22 @@ def start_nginx(
 ) -> Nginx:
     """nginx serving `root` under https://<name>:<port>/files/, certificate from `ca`,
     with `workers` worker processes."""
+    return _start(ca, names, workdir, workers, "", STATIC.format(root=root))
+
+
+def start_nginx_cache(
+    origin: Nginx, ca: trustme.CA, names: list[str], workdir: Path, workers: int = 1
+) -> Nginx:
+    """nginx caching `origin` (whose certificate `ca` signed, as it signs this one's)
+    under https://<name>:<port>/files/, its cache in `workdir`."""
+    http = CACHE_HTTP.format(dir=workdir, origin_port=origin.port)
+    location = CACHE_LOCATION.format(dir=workdir, host=names[0])
+    return _start(ca, names, workdir, workers, http, location)
+
+
+def _start(
+    ca: trustme.CA, names: list[str], workdir: Path, workers: int, http: str, location: str
+) -> Nginx:
     binary = ensure_installed()
     workdir.mkdir(parents=True, exist_ok=True)
     cert = ca.issue_cert(*names, "127.0.0.1")
@@ -116,7 +156,9 @@ def start_nginx(
     user = "user root;" if os.geteuid() == 0 else ""
     config = workdir / "nginx.conf"
     config.write_text(
-        CONFIG.format(dir=workdir, root=root, port=port, user=user, workers=workers)
+        CONFIG.format(
+            dir=workdir, port=port, user=user, workers=workers, http=http, location=location
+        )
     )
     argv = [binary, "-e", str(workdir / "error.log"), "-p", str(workdir), "-c", str(config)]
     process = start_process(argv, workdir / "nginx.out")

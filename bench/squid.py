@@ -1,4 +1,5 @@
-"""A real Squid as the shared parent cache, for the parent-tier tests and benchmark.
+"""A real Squid: the shared parent cache of the parent-tier tests and benchmark, and
+the ssl-bump forward proxy a user might run instead of the sidecar (a benchmark peer).
 
 Everything Squid needs (config, cache_dir, logs, pid file, the origins' CA, a hosts
 file naming the test origins) lives in one temporary directory; nothing under
@@ -6,7 +7,9 @@ file naming the test origins) lives in one temporary directory; nothing under
 root it drops to `cache_effective_user` (Debian's `proxy`), so the directory is made
 theirs. The config is the one the chart renders, minus Kubernetes: one object is
 fetched from the origin once however it is asked for (ranges join the whole fetch,
-concurrent misses collapse, an abandoned fetch still completes).
+concurrent misses collapse, an abandoned fetch still completes). As a peer (`bump`)
+it intercepts CONNECT with ssl-bump, minting leaf certificates from the given CA, and
+keeps small objects in memory, as the peers were measured (`shared/notes/peers.md`).
 
 Squid must be built with OpenSSL (Debian's `squid-openssl`): Debian's `squid` 5.7 is
 built with GnuTLS, which broke off every TLS 1.3 response from the test origins and,
@@ -33,14 +36,15 @@ DEBIAN_PACKAGE = "squid-openssl"
 START_TIMEOUT = 20.0  # seconds for Squid to listen
 
 CONFIG = """\
-http_port 127.0.0.1:{port}
+http_port 127.0.0.1:{port}{bump_options}
 {https_port}
+{bump}
 pid_filename {dir}/squid.pid
 cache_effective_user {user}
-cache_dir ufs {dir}/cache 512 4 16
-cache_mem 16 MB
+cache_dir ufs {dir}/cache {cache_dir_mb} 4 16
+cache_mem {cache_mem_mb} MB
 maximum_object_size 4 GB
-maximum_object_size_in_memory 1 MB
+maximum_object_size_in_memory {in_memory}
 access_log stdio:{dir}/access.log squid
 cache_store_log none
 cache_log {dir}/cache.log
@@ -65,6 +69,16 @@ via off
 # The tests tell objects apart by their query strings (Squid strips them by default).
 strip_query_terms off
 """
+# What a bumping peer adds: certificates minted by a helper from `bump.pem` (the CA
+# and its key), every CONNECT peeked at and bumped.
+BUMP = """\
+sslcrtd_program {certgen} -s {dir}/certs -M 16MB
+sslcrtd_children 4 startup=1 idle=1
+acl step1 at_step SslBump1
+ssl_bump peek step1
+ssl_bump bump all
+"""
+CERTGEN = "/usr/lib/squid/security_file_certgen"
 
 
 class SquidMissing(RuntimeError):
@@ -124,13 +138,21 @@ def ensure_installed() -> str:
     return version.split("\n")[0].removeprefix("Squid Cache: Version ").strip()
 
 
-def start_squid(origin_ca: Path, names: list[str], tls: trustme.LeafCert | None = None) -> Squid:
+def start_squid(
+    origin_ca: Path,
+    names: list[str],
+    tls: trustme.LeafCert | None = None,
+    bump: trustme.CA | None = None,
+    under: Path | None = None,
+) -> Squid:
     """Squid on a free loopback port, trusting `origin_ca` for origins and resolving
-    `names` to 127.0.0.1, and with `tls` on a second port over TLS (https_port);
-    `remove()` it when done."""
+    `names` to 127.0.0.1; with `tls` on a second port over TLS (https_port); with
+    `bump`, intercepting CONNECT with leaf certificates from that CA. Its directory is
+    made in `under` (default: the system's temporary directory). `remove()` it when
+    done."""
     ensure_installed()
     # Not under pytest's private tmp: the unprivileged Squid user must reach it.
-    directory = Path(tempfile.mkdtemp(prefix="burstbuffer-squid-"))
+    directory = Path(tempfile.mkdtemp(prefix="burstbuffer-squid-", dir=under))
     os.chmod(directory, 0o755)
     user = pwd.getpwnam("proxy") if os.geteuid() == 0 else pwd.getpwuid(os.geteuid())
     port = free_port()
@@ -139,14 +161,30 @@ def start_squid(origin_ca: Path, names: list[str], tls: trustme.LeafCert | None 
     if tls is not None:
         tls.private_key_and_cert_chain_pem.write_to_path(str(directory / "tls.pem"))
         https_port = f"https_port 127.0.0.1:{tls_port} tls-cert={directory}/tls.pem"
+    sizes = {"cache_dir_mb": 512, "cache_mem_mb": 16, "in_memory": "1 MB"}
+    bump_options = bump_config = ""
+    if bump is not None:
+        (directory / "bump.pem").write_bytes(bump.cert_pem.bytes() + bump.private_key_pem.bytes())
+        bump_options = f" ssl-bump generate-host-certificates=on tls-cert={directory}/bump.pem"
+        bump_config = BUMP.format(certgen=CERTGEN, dir=directory)
+        _run([CERTGEN, "-c", "-s", str(directory / "certs"), "-M", "16MB"])
+        sizes = {"cache_dir_mb": 4000, "cache_mem_mb": 1200, "in_memory": "2 MB"}
     config = directory / "squid.conf"
     config.write_text(
-        CONFIG.format(port=port, dir=directory, user=user.pw_name, https_port=https_port)
+        CONFIG.format(
+            port=port,
+            dir=directory,
+            user=user.pw_name,
+            https_port=https_port,
+            bump_options=bump_options,
+            bump=bump_config,
+            **sizes,
+        )
     )
     shutil.copyfile(origin_ca, directory / "origin-ca.pem")
     (directory / "hosts").write_text("127.0.0.1 localhost " + " ".join(names) + "\n")
     (directory / "cache").mkdir()
-    for path in [directory, *directory.iterdir()]:
+    for path in [directory, *directory.rglob("*")]:
         os.chown(path, user.pw_uid, user.pw_gid)
     argv = [SQUID, "-N", "-f", str(config)]
     initialised = start_process([*argv, "-z"], directory / "squid-z.out")
@@ -156,7 +194,8 @@ def start_squid(origin_ca: Path, names: list[str], tls: trustme.LeafCert | None 
 
     def listening() -> bool:
         if process.popen.poll() is not None:
-            log = (directory / "cache.log").read_text(errors="replace")
+            cache_log = directory / "cache.log"
+            log = cache_log.read_text(errors="replace") if cache_log.exists() else ""
             raise RuntimeError(f"squid exited:\n{process.output()}{log}")
         return port_open(port)
 
@@ -166,3 +205,9 @@ def start_squid(origin_ca: Path, names: list[str], tls: trustme.LeafCert | None 
         squid.remove()
         raise
     return squid
+
+
+def _run(argv: list[str]) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=START_TIMEOUT)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()}")

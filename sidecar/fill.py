@@ -35,7 +35,7 @@ from typing import Any
 
 from sidecar import policy
 from sidecar.h1client import Response, UpstreamError
-from sidecar.keeper import BUFFER_UNAVAILABLE, Buffer
+from sidecar.keeper import BUFFER_UNAVAILABLE, PROVISIONAL, Buffer
 from sidecar.metrics import Metrics
 from sidecar.progress import Progress, State
 from sidecar.segments import SegmentedCopy, SegmentFailed, Target, may_split
@@ -125,6 +125,8 @@ class Fill:
         # it stays valid across the rename of a commit and the unlink of a failure.
         self._fd: int | None = None
         self._shared: Progress | None = None  # the record readers in other workers follow
+        # The room the keeper held when the claim began (rid, partial body), if any.
+        self.provisional: tuple[str, Path] | None = None
         self._readers = 0
         self._ended = False
 
@@ -295,13 +297,20 @@ class Fills:
     """The fills this worker runs or follows, and the pumps that drive its own."""
 
     def __init__(
-        self, buffer: Buffer, upstream: Upstream, metrics: Metrics, connections: int
+        self,
+        buffer: Buffer,
+        upstream: Upstream,
+        metrics: Metrics,
+        connections: int,
+        log_stored: bool = False,
     ) -> None:
-        """`connections`: how many origin connections one large fill may use."""
+        """`connections`: how many origin connections one large fill may use;
+        `log_stored`: an INFO line per object stored (`--access-log`)."""
         self._buffer = buffer
         self._upstream = upstream
         self._metrics = metrics
         self._connections = connections
+        self._log_stored = log_stored
         self._active: dict[str, Fill] = {}
         self._claiming: dict[str, asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -372,6 +381,8 @@ class Fills:
             answer = await self._buffer.claim(key)
             if "begin" in answer:
                 fill = self._active[key] = Fill(key, url, self._buffer.invalidations)
+                if "rid" in answer:
+                    fill.provisional = answer["rid"], Path(answer["path"])
         except StoreError as e:
             self._metrics.buffer_trouble("claiming a fill", e)
             raise Declined(BUFFER_UNAVAILABLE) from e
@@ -393,6 +404,7 @@ class Fills:
             return await self._decide(fill, request_headers, fetched)
         except BaseException as e:
             if not fill.head.done():
+                self._release_provisional(fill)
                 self._buffer.decline(key, "upstream-error")
                 self._end(fill, e if isinstance(e, Exception) else FillFailed("cancelled"))
             raise
@@ -413,16 +425,22 @@ class Fills:
         head = Head(
             size, stored, validators, headers, fetched.generated_at, fetched.lifetime(stored)
         )
-        try:
-            answer = await self._buffer.start_fill(fill.key, size, head.to_message())
-        except StoreError as e:
-            self._metrics.buffer_trouble("reserving room", e)
-            answer = {"refused": BUFFER_UNAVAILABLE}
-        if "refused" in answer:
-            if answer["refused"] == "no-room":
-                self._metrics.counters.admissions_refused += 1
-            return self._decline(fill, response, answer["refused"])
-        rid, path = answer["rid"], Path(answer["path"])
+        if fill.provisional is not None and size <= PROVISIONAL:
+            rid, path = fill.provisional
+            fill.provisional = None  # the fill's own room now
+            self._buffer.filling(rid, fill.key, size, head.to_message())
+        else:
+            self._release_provisional(fill)
+            try:
+                answer = await self._buffer.start_fill(fill.key, size, head.to_message())
+            except StoreError as e:
+                self._metrics.buffer_trouble("reserving room", e)
+                answer = {"refused": BUFFER_UNAVAILABLE}
+            if "refused" in answer:
+                if answer["refused"] == "no-room":
+                    self._metrics.counters.admissions_refused += 1
+                return self._decline(fill, response, answer["refused"])
+            rid, path = answer["rid"], Path(answer["path"])
         try:
             out, fill._fd = _open_partial(path)
             fill._shared = Progress(path)
@@ -441,7 +459,13 @@ class Fills:
             task.add_done_callback(self._tasks.discard)
         return Acquired(fill, "miss", relayed=tuple(policy.relayed_headers(response.headers)))
 
+    def _release_provisional(self, fill: Fill) -> None:
+        if fill.provisional is not None:
+            self._buffer.abort(fill.provisional[0])
+            fill.provisional = None
+
     def _decline(self, fill: Fill, response: Response, reason: str) -> Acquired:
+        self._release_provisional(fill)
         self._buffer.decline(fill.key, reason)
         self._end(fill, Declined(reason))
         return Acquired(None, "miss", response, reason)
@@ -510,7 +534,7 @@ class Fills:
                 rid, fill.key, sha256, head.headers, head.generated_at, head.lifetime
             )
             elapsed = time.monotonic() - started
-            if committed:
+            if committed and self._log_stored:
                 logger.info(
                     "stored %s: %d bytes in %.2fs (%.1f MB/s)",
                     loggable_url(fill.url),
@@ -518,7 +542,7 @@ class Fills:
                     elapsed,
                     head.size / max(elapsed, 1e-6) / 1e6,
                 )
-            else:
+            elif not committed:
                 # Its readers finish it; what a later request gets comes from the origin.
                 logger.info(
                     "not stored %s: written to while it was fetched", loggable_url(fill.url)

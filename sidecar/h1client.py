@@ -34,6 +34,8 @@ from urllib.parse import SplitResult, unquote, urlsplit
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from sidecar import tls
+
 logger = logging.getLogger(__name__)
 
 # A connect (TCP, and TLS or a proxy's CONNECT) that takes longer than this fails.
@@ -429,11 +431,17 @@ class _Connection(asyncio.Protocol):
             self._close()
 
     def next_chunk(self) -> bytes | None:
+        """All the body that has arrived and not been read, in one piece (each of them
+        costs its reader a turn: a write, a digest update)."""
         if not self._chunks:
             if self._error is not None and not self.complete:
                 raise self._error
             return None
-        chunk = self._chunks.popleft()
+        if len(self._chunks) == 1:
+            chunk = self._chunks.popleft()
+        else:
+            chunk = b"".join(self._chunks)
+            self._chunks.clear()
         self._buffered -= len(chunk)
         if self._paused and self._buffered < BODY_BUFFER // 2 and self.transport is not None:
             self._paused = False
@@ -635,7 +643,6 @@ class Pool:
         def protocol() -> _Connection:
             return _Connection(self, route, self._read_timeout)
 
-        tls = route.context if route.tunnel is None else None
         limit = min(CONNECT_TIMEOUT, self._read_timeout)
         try:
             async with asyncio.timeout(limit):
@@ -643,17 +650,18 @@ class Pool:
                 last: OSError | None = None
                 for address in addresses:
                     try:
-                        _, connection = await loop.create_connection(
-                            protocol,
-                            address,
-                            route.port,
-                            ssl=tls,
-                            server_hostname=route.host if tls else None,
-                        )
+                        if route.context is not None and route.tunnel is None:
+                            connection = protocol()
+                            await _connect_tls(address, route, connection)
+                        else:
+                            _, connection = await loop.create_connection(
+                                protocol, address, route.port
+                            )
                         break
                     except ssl.SSLCertVerificationError:
                         raise
                     except OSError as e:
+                        connection = None
                         last = e
                 if connection is None:
                     raise last or OSError(f"{route.host} resolves to no address")
@@ -702,6 +710,32 @@ class Pool:
             self._resolved.clear()
         self._resolved[host] = (loop.time() + DNS_TTL, addresses)
         return addresses
+
+
+async def _connect_tls(address: str, route: Route, connection: _Connection) -> None:
+    """Connect to `address` and verify the origin as `route.host`, on the lean TLS
+    transport (`sidecar.tls`): OpenSSL writes into the socket itself, where asyncio's
+    TLS transport encrypts into memory and copies the records out, in Python, for every
+    request and every body chunk."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await asyncio.get_running_loop().sock_connect(sock, (address, route.port))
+        assert route.context is not None
+        secure = route.context.wrap_socket(
+            sock, server_hostname=route.host, do_handshake_on_connect=False
+        )
+    except BaseException:
+        sock.close()
+        raise
+    try:
+        await tls.handshake(secure, CONNECT_TIMEOUT)
+    except BaseException:
+        secure.close()
+        raise
+    tls.TlsTransport(secure, connection).start()
 
 
 def _abandon(connection: _Connection | None) -> None:

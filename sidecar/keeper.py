@@ -17,14 +17,22 @@ Calls and their replies (`sidecar.ipc`):
 
 | call | reply |
 | --- | --- |
-| `claim {key}` | `{begin}` (fetch it), `{join: fill}`, `{stored}` or `{declined: reason}` |
+| `claim {key}` | `{begin}` (fetch it; see below), `{join: fill}`, `{stored}`, `{declined}` |
 | `start_fill {key, size, head}` | `{rid, path}` or `{refused: reason}` |
 | `commit {rid, key, sha256, headers, generated_at, lifetime}` | `{}`, `{error}`, `{invalidated}` |
 | `invalidate {keys}` | `{}` once the objects are gone and their fills will not commit |
 | `update {key, file, headers, generated_at, lifetime}` (after a 304) | `{}` once recorded |
 
-Notifications: `decline {key, reason}`, `abort {rid}`, `remove {key}`, `failure {}`,
-`touch {keys}`.
+Notifications: `filling {rid, key, size, head}`, `decline {key, reason}`, `abort {rid}`,
+`remove {key}`, `failure {}`, `touch {keys}`.
+
+Most objects are small, and a miss waits for every round trip it makes here. So a
+`begin` comes with room for an object of up to PROVISIONAL bytes, held against the cap
+like any fill's (`rid`, `path`; none unless that much is free: nothing is evicted for
+it). A body that fits is announced with the `filling` notification, and its miss costs
+two round trips (claim, commit) instead of three; a larger one asks with `start_fill`,
+and the provisional room is returned. Near a full buffer, provisional room held by
+fills in progress may briefly turn away another object that would have fit.
 """
 
 from __future__ import annotations
@@ -49,6 +57,8 @@ INVALIDATED = "invalidated"
 TOUCH_INTERVAL = 0.5  # seconds
 # Stored objects a worker remembers (each a few hundred bytes: its headers).
 REMEMBERED = 100_000
+# Room held for the fill of every claim that begins, until its size is known.
+PROVISIONAL = 1024 * 1024  # bytes
 
 
 @dataclass
@@ -105,7 +115,9 @@ class Keeper:
         if op == "update":
             self._update(message)
             return {}
-        if op == "decline":
+        if op == "filling":
+            self._filling(message)
+        elif op == "decline":
             self._settle(message["key"], worker, {"declined": message["reason"]})
         elif op == "abort":
             self._abort(message["rid"])
@@ -137,7 +149,13 @@ class Keeper:
                 # Committed after the worker looked it up: one fetch per object still.
                 return {"stored": True}
             self._claims[key] = _Claim(worker)
-            return {"begin": True}
+            # Only free room: nothing is evicted for an object that may be small.
+            reservation = self._reserve(PROVISIONAL, evict=False)[0]
+            if reservation is None:
+                return {"begin": True}
+            rid = reservation.path.name
+            self._reservations[rid] = (worker, key, reservation)
+            return {"begin": True, "rid": rid, "path": str(reservation.path)}
         if claim.invalidated:
             return {"declined": INVALIDATED}
         if claim.fill is not None:
@@ -150,27 +168,46 @@ class Keeper:
         claimed = self._claims.get(key)
         if claimed is not None and claimed.invalidated:
             return {"refused": INVALIDATED}  # the worker's decline settles the claim
-        reservation, reason = None, BUFFER_UNAVAILABLE
-        if self.store.unavailable is None:
-            try:
-                reservation = self.store.reserve(size)
-                reason = "no-room"
-            except StoreError as e:
-                self.metrics.buffer_trouble("reserving room", e)
-                self.store.report_failure(str(e))
+        reservation, reason = self._reserve(size)
         if reservation is None:
             self._settle(key, worker, {"declined": reason})
             return {"refused": reason}
         rid = reservation.path.name
         self._reservations[rid] = (worker, key, reservation)
-        claim = self._claims.setdefault(key, _Claim(worker))
+        self._announce(self._claims.setdefault(key, _Claim(worker)), rid, reservation, head)
+        return {"rid": rid, "path": str(reservation.path)}
+
+    def _filling(self, message: Message) -> None:
+        """A body that fits its claim's provisional room is being stored."""
+        found = self._reservations.get(message["rid"])
+        if found is None:
+            return  # its worker died, or the claim was settled meanwhile
+        _, key, reservation = found
+        self.store.resize(reservation, message["size"])
+        claim = self._claims.get(key)
+        if claim is not None:
+            self._announce(claim, message["rid"], reservation, message["head"])
+
+    def _reserve(self, size: int, evict: bool = True) -> tuple[Reservation | None, str]:
+        """Room for a fill of `size` bytes (see `Store.reserve`), or None and why not."""
+        if self.store.unavailable is not None:
+            return None, BUFFER_UNAVAILABLE
+        try:
+            return self.store.reserve(size, evict), "no-room"
+        except StoreError as e:
+            self.metrics.buffer_trouble("reserving room", e)
+            self.store.report_failure(str(e))
+            return None, BUFFER_UNAVAILABLE
+
+    @staticmethod
+    def _announce(claim: _Claim, rid: str, reservation: Reservation, head: Message) -> None:
+        """The claim's body is being stored: whoever waits for it joins it."""
         claim.rid = rid
-        claim.fill = {**head, "size": size, "path": str(reservation.path)}
+        claim.fill = {**head, "size": reservation.size, "path": str(reservation.path)}
         for waiter in claim.waiters:
             if not waiter.done():
                 waiter.set_result({"join": claim.fill})
         claim.waiters.clear()
-        return {"rid": rid, "path": str(reservation.path)}
 
     def _commit(self, message: Message) -> Message:
         rid = message["rid"]
@@ -304,6 +341,10 @@ class Buffer:
         """Fetch `key`, or join whoever does (see the table above); StoreError if the
         keeper cannot be asked."""
         return await self._call("claim", key=key)
+
+    def filling(self, rid: str, key: str, size: int, head: Message) -> None:
+        """A claimed body that fits its provisional room (`rid`) is being stored."""
+        self._keeper.notify("filling", rid=rid, key=key, size=size, head=head)
 
     async def start_fill(self, key: str, size: int, head: Message) -> Message:
         return await self._call("start_fill", key=key, size=size, head=head)

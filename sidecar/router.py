@@ -448,7 +448,7 @@ class Router:
                 if kind == "hit":
                     self.metrics.counters.bytes_from_buffer += len(chunk)
         channel.finish()
-        if kind != "hit" or self.settings.access_log:
+        if self.settings.access_log:
             _log_object(kind, request, plan.status, channel.body_bytes, started)
 
     def hit_now(self, request: Request) -> Immediate | None:

@@ -300,7 +300,8 @@ class Settings:
     stage_in_parallel: int = 4
     # workers, default: the CPUs the container may use. Proxy processes sharing the port.
     workers: int | None = None
-    # access_log, default off. One INFO line per response (hits included).
+    # access_log, default off. One INFO line per response served from the buffer or a
+    # fill (hits, misses, joins) and per object stored; passes and errors are always logged.
     access_log: bool = False
 
 
@@ -345,7 +346,7 @@ _FLAGS: tuple[_Flag, ...] = (
     _Flag("stage_in", parse_stage_in, "URLs to prefetch at start: brace ranges, @manifest URLs"),
     _Flag("stage_in_parallel", parse_count, "stage-in objects fetched at once (4)"),
     _Flag("workers", parse_count, "proxy worker processes (default: the CPUs it may use)"),
-    _Flag("access_log", None, "log every response, hits included (default: misses and passes)"),
+    _Flag("access_log", None, "log every response and object stored (default: passes, errors)"),
 )
 _FLAGS_BY_FIELD = {flag.field: flag for flag in _FLAGS}
 

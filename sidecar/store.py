@@ -257,34 +257,41 @@ class Store:
 
     # -- admission, commit, abort -------------------------------------------------------
 
-    def reserve(self, size: int) -> Reservation | None:
-        """Hold room for a `size`-byte fill, or None if the policy admits no more.
+    def reserve(self, size: int, evict: bool = True) -> Reservation | None:
+        """Hold room for a `size`-byte fill, or None if the policy admits no more;
+        without `evict`, only room that is free now.
 
         None is not an error: the object is then passed through uncached.
         """
         if size > self.capacity:
             return None
-        try:
-            # Someone may have emptied the buffer directory under us: start again.
-            self.partial_dir.mkdir(parents=True, exist_ok=True)
-            self.objects_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise StoreError(f"cannot prepare the buffer directory: {_describe(e)}") from e
-        if self.eviction == "lru":
+        if self.eviction == "lru" and evict:
             self._evict_until_free(size)
         if self.used + self.reserved + size > self.capacity:
             return None
         reservation = Reservation(self, size, self.partial_dir / uuid.uuid4().hex)
         try:
-            # Created here, so that readers in any worker can open them at once.
-            reservation.path.touch(mode=0o600, exist_ok=False)
-            progress.create(reservation.path)
+            try:
+                _create_partial(reservation.path)
+            except FileNotFoundError:
+                # Someone emptied the buffer directory under us: start again.
+                self.partial_dir.mkdir(parents=True, exist_ok=True)
+                self.objects_dir.mkdir(parents=True, exist_ok=True)
+                _create_partial(reservation.path)
         except OSError as e:
             with contextlib.suppress(OSError):
                 reservation.path.unlink(missing_ok=True)
             raise StoreError(f"cannot create a partial body: {_describe(e)}") from e
         self.reserved += size
         return reservation
+
+    def resize(self, reservation: Reservation, size: int) -> None:
+        """Hold `size` bytes for a fill instead of what it reserved (never more: room
+        is only ever taken by `reserve`)."""
+        if reservation.settled or size > reservation.size:
+            raise StoreError(f"cannot grow a reservation of {reservation.size} bytes to {size}")
+        self.reserved -= reservation.size - size
+        reservation.size = size
 
     def _evict_until_free(self, size: int) -> None:
         while self._recency and self.used + self.reserved + size > self.capacity:
@@ -457,6 +464,13 @@ def _open_index(directory: Path) -> diskcache.Cache:
         timeout=_INDEX_TIMEOUT,
         statistics=False,
     )
+
+
+def _create_partial(path: Path) -> None:
+    """An empty partial body and its progress record, made by the keeper so that
+    readers in any worker can open them at once."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    progress.create(path)
 
 
 def _unlink_quietly(path: Path) -> None:

@@ -1,12 +1,13 @@
-"""A TLS server connection driven by the event loop, on a non-blocking `ssl.SSLSocket`.
+"""A TLS connection driven by the event loop, on a non-blocking `ssl.SSLSocket`.
 
-The lean front end's transport. asyncio's own TLS transport encrypts into a memory
+The transport of the lean front end's client connections and of the connections to
+origins (`sidecar.h1client`). asyncio's own TLS transport encrypts into a memory
 BIO, copies the records out and hands them to a socket transport: for a 110 KiB hit
 that costs three times the CPU of `SSLSocket.send`, which encrypts straight into
 the socket (measured: 228 µs against 74 µs per write). Here OpenSSL talks to the
 socket itself; the event loop only says when the socket is readable or writable.
 
-It offers the slice of `asyncio.Transport` that `sidecar.http1` uses (write with
+It offers the slice of `asyncio.Transport` that its protocols use (write with
 flow control, pause/resume reading, close, abort) and calls the protocol's
 `data_received`, `eof_received`, `connection_lost`, `pause_writing` and
 `resume_writing`, like any transport.
@@ -34,7 +35,8 @@ _DEFAULT_HIGH_WATER = 256 * 1024  # bytes of plaintext waiting to be encrypted a
 
 
 async def handshake(sock: ssl.SSLSocket, timeout: float) -> None:
-    """Complete the server side of a TLS handshake on a non-blocking SSLSocket."""
+    """Complete a TLS handshake (either side, as the socket was wrapped) on a
+    non-blocking SSLSocket; the client side verifies the peer here."""
     loop = asyncio.get_running_loop()
     async with asyncio.timeout(timeout):
         while True:
@@ -82,10 +84,9 @@ class TlsTransport:
         """Tell the protocol it is connected and start reading."""
         self._protocol.connection_made(self)
         if not self._closed:
+            # The handshake may have left request bytes inside OpenSSL already: then
+            # resume_reading() reads them at once.
             self.resume_reading()
-            # The handshake may have left request bytes inside OpenSSL already.
-            if self._sock.pending():
-                self._loop.call_soon(self._read_ready)
 
     # -- the slice of asyncio.Transport -----------------------------------------------------
 
@@ -125,6 +126,9 @@ class TlsTransport:
         if not self._reading and not self._closing and not self._closed:
             self._reading = True
             self._loop.add_reader(self._fd, self._read_ready)
+            # Bytes already decrypted inside OpenSSL make the socket no more readable.
+            if self._sock.pending():
+                self._loop.call_soon(self._read_ready)
 
     def close(self) -> None:
         """Send what is buffered, then close_notify, then close."""
@@ -151,24 +155,46 @@ class TlsTransport:
             if self._out:
                 self._loop.add_writer(self._fd, self._write_ready)
         while self._reading and not self._closed:
-            try:
-                data = self._sock.recv(_READ_SIZE)
-            except ssl.SSLWantReadError:
+            # OpenSSL returns one record (16 KiB at most) per call: what has arrived is
+            # gathered first and handed over in one piece, up to _READ_SIZE.
+            received: list[bytes] = []
+            size = 0
+            outcome: BaseException | bytes | None = None  # why the gathering stopped
+            while size < _READ_SIZE:
+                try:
+                    data = self._sock.recv(_READ_SIZE)
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError) as e:
+                    outcome = e
+                    break
+                except (OSError, ssl.SSLError) as e:
+                    outcome = e
+                    break
+                if not data:
+                    outcome = b""
+                    break
+                received.append(data)
+                size += len(data)
+            if received:
+                self._protocol.data_received(
+                    received[0] if len(received) == 1 else b"".join(received)
+                )
+                if self._closed:
+                    return
+            if isinstance(outcome, ssl.SSLWantReadError):
                 return
-            except ssl.SSLWantWriteError:
+            if isinstance(outcome, ssl.SSLWantWriteError):
                 # OpenSSL must write before it can read on (TLS 1.3 key update).
                 self._read_waits_for_writable = True
                 self._loop.add_writer(self._fd, self._read_ready)
                 return
-            except (OSError, ssl.SSLError) as e:
-                self._finish(e)
+            if isinstance(outcome, BaseException):
+                self._finish(outcome)
                 return
-            if not data:
+            if outcome == b"":
                 self.pause_reading()
                 if not self._protocol.eof_received():
                     self.close()
                 return
-            self._protocol.data_received(data)
 
     def _write_ready(self) -> None:
         if not self._out:

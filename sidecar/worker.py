@@ -103,7 +103,7 @@ async def run(settings: Settings, inherited: Inherited) -> None:
     await upstream.open()
     shared = Shared(inherited.shared.fd)
     buffer = Buffer(index, keeper, shared, track_recency=settings.eviction == "lru")
-    fills = Fills(buffer, upstream, metrics, settings.parallel_fetch)
+    fills = Fills(buffer, upstream, metrics, settings.parallel_fetch, settings.access_log)
     router = Router(settings, buffer, fills, upstream, metrics)
     if settings.stage_in and inherited.index == 0:
         stage_in = StageIn(

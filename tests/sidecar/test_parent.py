@@ -297,7 +297,9 @@ def test_a_failing_parent_falls_back_to_the_origin_and_is_skipped(
         parent = unavailable_parent
     else:
         parent = silent_parent
-    pod = start_sidecar("--parent", parent, "--parent-timeout", "1", "--workers", "2")
+    pod = start_sidecar(
+        "--parent", parent, "--parent-timeout", "1", "--workers", "2", "--access-log"
+    )
     started = time.monotonic()
     # The first download holds its connection (a slow body) while the others come: they
     # go to the other worker (mostly: the balance is not strict), which must know of the

@@ -120,6 +120,29 @@ def test_the_cap_holds_with_fills_in_two_workers(
     assert len(list((sidecar.buffer_dir / "objects").iterdir())) == 2
 
 
+def test_small_objects_in_two_workers_fill_the_cap_exactly_and_lru_evicts_only_what_it_must(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    """Room held for small objects before their size is known is never more than was
+    free: LRU evicts one object per new one, never to make that room."""
+    small = FILES["small.bin"]
+    sidecar = start_sidecar("--workers", "2", "--buffer-size", f"{12 * small}", "--eviction", "lru")
+    expected = (dataset / "small.bin").read_bytes()
+    urls = [origin.url("small.bin", case=f"workers-small-{i}") for i in range(16)]
+    with ThreadPoolExecutor(4) as pool:
+        downloads = list(pool.map(lambda u: curl(sidecar, u), urls[:8]))
+    assert all(d.returncode == 0 and d.body == expected for d in downloads)
+    sidecar.wait_for_entries(8)
+    for url in urls[8:]:  # one at a time, so that each evicts exactly one
+        assert curl(sidecar, url).body == expected
+    sidecar.wait_for_entries(12)
+    stats = sidecar.stats()
+    assert stats["buffer_bytes"] == 12 * small and stats["reserved_bytes"] == 0, stats
+    assert stats["misses"] == 16 and stats["passes"] == 0, stats
+    assert len(list((sidecar.buffer_dir / "objects").iterdir())) == 12
+    assert not list((sidecar.buffer_dir / "partial").iterdir())
+
+
 def test_a_killed_worker_is_replaced_and_nothing_it_half_wrote_is_served(
     start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
 ) -> None:
