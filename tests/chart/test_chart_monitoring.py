@@ -125,16 +125,6 @@ def test_the_rules_carry_the_configured_labels() -> None:
     assert labels["release"] == "prom" and labels["app.kubernetes.io/name"] == "burstbuffer"
 
 
-def test_the_buffer_full_alert_needs_a_full_buffer_and_refused_objects() -> None:
-    names = metric_names(str(_alerts(RULE_VALUES)["BurstbufferBufferFull"]["expr"]))
-    assert names == {
-        "burstbuffer_buffer_bytes",
-        "burstbuffer_reserved_bytes",
-        "burstbuffer_capacity_bytes",
-        "burstbuffer_admissions_refused_total",
-    }
-
-
 def test_the_hit_ratio_is_the_one_definition() -> None:
     hit_ratio = [expr for title, expr in dashboard_expressions() if title == "Hit ratio"]
     collapsed = [expr for alert, expr in rule_expressions() if alert.endswith("HitRatioCollapsed")]
