@@ -16,6 +16,8 @@ import yaml
 
 CHART = Path(__file__).resolve().parents[1] / "charts" / "burstbuffer"
 DASHBOARD = CHART / "dashboards" / "burstbuffer.json"
+# promtool's unit tests of the alerts (tests/chart/test_chart_alerts.py runs them).
+ALERT_TESTS = Path(__file__).resolve().parent / "chart" / "alerts.test.yaml"
 RELEASE = "burstbuffer"
 NAMESPACE = "burstbuffer-system"
 
@@ -33,18 +35,22 @@ def promtool() -> str:
     return path
 
 
-def dashboard_queries() -> Iterator[tuple[str, str]]:
-    """(panel title, expression) of every query of the dashboard, variables included
-    (a variable's `label_values(EXPR, label)` gives EXPR)."""
+def dashboard_panels() -> Iterator[tuple[str, str]]:
+    """(panel title, expression) of every query of the dashboard's panels."""
     dashboard = json.loads(DASHBOARD.read_text())
     for panel in dashboard["panels"]:
         for target in panel["targets"]:
             yield panel["title"], target["expr"]
+
+
+def dashboard_variables() -> Iterator[tuple[str, str, str]]:
+    """(name, expression, label) of every query variable: `label_values(EXPR, label)`."""
+    dashboard = json.loads(DASHBOARD.read_text())
     for variable in dashboard["templating"]["list"]:
         if variable["type"] == "query":
-            query = re.fullmatch(r"label_values\((.*),\s*\w+\)", variable["query"]["query"])
+            query = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", variable["query"]["query"])
             assert query, variable["query"]
-            yield f"variable {variable['name']}", query.group(1)
+            yield variable["name"], query.group(1), query.group(2)
 
 
 def rule_groups(values: dict[str, object] | None = None) -> list[dict[str, Any]]:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import yaml
 
+from tests.monitoring import ALERT_TESTS as TESTS
 from tests.monitoring import ALL_RULES, promtool, rendered_rules, write_rule_file
 
-TESTS = Path(__file__).with_name("alerts.test.yaml")
 PROMTOOL_TIMEOUT = 60  # seconds
 
 
