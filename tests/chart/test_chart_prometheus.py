@@ -129,7 +129,7 @@ def scraped(
             download = curl(sidecar, url)
             assert download.returncode == 0 and download.body, download.stderr
         # A slow fill and a client that joins it (coalesced).
-        slow = origin.url("small.bin", rate=200_000)
+        slow = origin.url("small.bin", rate=100_000)
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             filling = pool.submit(curl, sidecar, slow)
             wait_until(lambda: sidecar.stats()["fills_in_progress"] == 1, "the slow fill")
@@ -167,7 +167,7 @@ def _totals(sidecar: Sidecar) -> dict[str, float]:
 
 
 def _scraped_totals(prometheus: Prometheus) -> dict[str, float]:
-    """The last scraped value of each total (-1 before there is one)."""
+    """The last scraped value of each total (-1 while it is 0 or not scraped yet)."""
     names = [f"burstbuffer_{name}_total" for name in SIDECAR_TOTALS] + list(INJECTOR_TOTALS)
     return {name: sum(v for _, v in prometheus.query(name)) or -1 for name in names}
 
