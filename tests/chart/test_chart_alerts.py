@@ -12,8 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.monitoring import ALERT_TESTS as TESTS
-from tests.monitoring import ALL_RULES, promtool, rendered_rules, write_rule_file
+from tests.monitoring import ALERT_TESTS, ALL_RULES, promtool, rendered_rules, write_rule_file
 
 PROMTOOL_TIMEOUT = 60  # seconds
 
@@ -33,8 +32,8 @@ def test_the_rules_pass_promtool_check(tmp_path: Path) -> None:
 
 def test_the_alerts_pass_their_promtool_unit_tests(tmp_path: Path) -> None:
     write_rule_file(tmp_path / "rules.yaml", ALL_RULES)
-    shutil.copy(TESTS, tmp_path / TESTS.name)
-    done = _promtool("test", "rules", TESTS.name, cwd=tmp_path)
+    shutil.copy(ALERT_TESTS, tmp_path / ALERT_TESTS.name)
+    done = _promtool("test", "rules", ALERT_TESTS.name, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
 
@@ -42,7 +41,7 @@ def test_the_alerts_pass_their_promtool_unit_tests(tmp_path: Path) -> None:
 def test_every_alert_has_a_case_where_it_fires_and_one_where_it_does_not() -> None:
     cases = [
         case
-        for group in yaml.safe_load(TESTS.read_text())["tests"]
+        for group in yaml.safe_load(ALERT_TESTS.read_text())["tests"]
         for case in group["alert_rule_test"]
     ]
     firing = {case["alertname"] for case in cases if case.get("exp_alerts")}
