@@ -10,25 +10,38 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from sidecar.metrics import COUNTER_HELP, REASON_COUNTERS
 
 
-def prometheus_text(counters: Mapping[str, Any], gauges: Mapping[str, int]) -> bytes:
+def prometheus_text(
+    counters: Mapping[str, Any], gauges: Mapping[str, int], eviction: str
+) -> bytes:
     """The `/metrics` exposition of the same numbers as `stats()`."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Exporter(counters, gauges))
+    registry.register(_Exporter(counters, gauges, eviction))
     return generate_latest(registry)
 
 
 class _Exporter(Collector):
-    def __init__(self, counters: Mapping[str, Any], gauges: Mapping[str, int]) -> None:
+    def __init__(
+        self, counters: Mapping[str, Any], gauges: Mapping[str, int], eviction: str
+    ) -> None:
         self._counters = counters
         self._gauges = gauges
+        self._eviction = eviction
 
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | InfoMetricFamily]:
+        # An info series (always 1, the policy in a label), as Prometheus exporters give
+        # settings: an alert joins on it to treat a full `none` buffer, which turns new
+        # objects away by design, apart from a full `lru` one, which evicts.
+        yield InfoMetricFamily(
+            "burstbuffer_eviction_policy",
+            "The buffer's eviction policy (--eviction), in the label policy.",
+            value={"policy": self._eviction},
+        )
         for name, help_text in COUNTER_HELP.items():
             yield CounterMetricFamily(f"burstbuffer_{name}", help_text, value=self._counters[name])
         for key, (family, help_text) in REASON_COUNTERS.items():

@@ -72,10 +72,10 @@ async def run(
         return counters, {**keeper.gauges(), **gauges}
 
     async def stats() -> dict[str, object]:
-        return metrics.stats(*await snapshot(), keeper.state())
+        return metrics.stats(*await snapshot(), keeper.state(), settings.eviction)
 
     async def prometheus_text() -> bytes:
-        return exposition.prometheus_text(*await snapshot())
+        return exposition.prometheus_text(*await snapshot(), settings.eviction)
 
     async with contextlib.AsyncExitStack() as cleanup:
         cleanup.callback(store.close)

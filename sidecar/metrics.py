@@ -134,8 +134,8 @@ def add_snapshots(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def stats(
-    counters: Mapping[str, Any], gauges: Mapping[str, int], buffer: str
+    counters: Mapping[str, Any], gauges: Mapping[str, int], buffer: str, eviction: str
 ) -> dict[str, object]:
-    """The `/stats` document: every counter, passes by reason, every gauge, and the
-    buffer's state (`available`, or `unavailable: <why>`)."""
-    return {**counters, **gauges, "buffer": buffer}
+    """The `/stats` document: every counter, passes by reason, every gauge, the buffer's
+    state (`available`, or `unavailable: <why>`) and its eviction policy."""
+    return {**counters, **gauges, "buffer": buffer, "eviction": eviction}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from injector import names
-from tests.promql import DASHBOARD, rendered_rules
+from tests.monitoring import DASHBOARD, rendered_rules
 
 REPO = Path(__file__).resolve().parents[1]
 # Where annotations are listed.

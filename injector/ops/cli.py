@@ -1,7 +1,9 @@
 """`burstbuffer status` and `burstbuffer check`: flags -> OpsSettings -> one command.
 
 The one place that reads flags; exit status 0 on success, 1 when a check fails or the
-cluster cannot be reached, 2 for bad flags (argparse's own).
+cluster cannot be reached, 2 for bad flags (argparse's own). The same commands are the
+kubectl plugin `kubectl burstbuffer` (kubectl runs `kubectl-burstbuffer` from the PATH
+with the arguments after the plugin's name), which only names itself differently.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def _positive(text: str) -> float:
     return value
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--kubeconfig",
@@ -52,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds to wait for one API request (default 10)",
     )
     parser = argparse.ArgumentParser(
-        prog="burstbuffer", description="Operate burstbuffer on a Kubernetes cluster."
+        prog=prog, description="Operate burstbuffer on a Kubernetes cluster."
     )
     commands = parser.add_subparsers(dest="command", required=True)
     status_command = commands.add_parser(
@@ -82,8 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def settings_from(argv: Sequence[str] | None) -> OpsSettings:
-    args = _parser().parse_args(argv)
+def settings_from(argv: Sequence[str] | None, prog: str = "burstbuffer") -> OpsSettings:
+    args = _parser(prog).parse_args(argv)
     return OpsSettings(
         command=args.command,
         target=Target(args.kubeconfig, args.context, args.request_timeout),
@@ -97,12 +99,12 @@ def settings_from(argv: Sequence[str] | None) -> OpsSettings:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    settings = settings_from(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "burstbuffer") -> int:
+    settings = settings_from(argv, prog)
     try:
         kube = connect(settings.target)
     except ConnectError as e:
-        print(f"burstbuffer: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 1
     try:
         namespace = settings.namespace or kube.namespace
@@ -111,10 +113,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return status.run(kube, scope, settings.output, sys.stdout, sys.stderr)
         return check.run(kube, settings.injector, namespace, settings.output, sys.stdout)
     except (ConnectError, ApiError) as e:
-        print(f"burstbuffer: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 1
     finally:
         kube.close()
+
+
+def kubectl_main() -> int:
+    """`kubectl-burstbuffer`: the same CLI as a kubectl plugin."""
+    return main(prog="kubectl burstbuffer")
 
 
 if __name__ == "__main__":

@@ -1,33 +1,22 @@
-"""The Grafana dashboard and the PrometheusRule: off by default, rendered when enabled,
-and reading the metrics by the names the sidecar and the injector export.
+"""The Grafana dashboard and the PrometheusRule as the chart renders them: off by
+default, where Grafana and the Prometheus Operator find them when enabled.
 
-The names themselves are checked against a live `/metrics` in
-tests/sidecar/test_sidecar_metrics_used.py and tests/injector/test_injector_metrics_used.py;
-here the PromQL name parser those tests rely on is checked, so that they can fail.
+What their queries do is tested elsewhere: every alert with promtool
+(test_chart_alerts.py), every panel against a real Prometheus scraping a real sidecar and
+injector (test_chart_prometheus.py).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
-import pytest
 from helmchart import INJECTOR, NAMESPACE, SCENARIOS, notes, of_kind, one, render
 
-from tests.promql import (
-    ALL_RULES,
-    DASHBOARD,
-    dashboard_expressions,
-    metric_names,
-    rendered_rules,
-    rule_expressions,
-)
+from tests.monitoring import ALL_RULES, DASHBOARD, rendered_rules
 
 DASHBOARD_VALUES = {"grafana": {"dashboards": {"enabled": True}}}
 RULE_VALUES = {"prometheus": {"prometheusRule": {"enabled": True}}}
-ORDER = [f"burstbuffer_{name}_total" for name in ("hits", "misses", "coalesced", "passes")]
-HIT_RATIO_COUNTERS = set(ORDER)
 
 
 def _dashboard_config_maps(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -123,57 +112,3 @@ def test_the_rules_render_every_alert() -> None:
 def test_the_rules_carry_the_configured_labels() -> None:
     labels = one(render(SCENARIOS["monitoring"]), "PrometheusRule")["metadata"]["labels"]
     assert labels["release"] == "prom" and labels["app.kubernetes.io/name"] == "burstbuffer"
-
-
-def test_the_buffer_full_alert_needs_a_full_buffer_and_refused_objects() -> None:
-    names = metric_names(str(_alerts(RULE_VALUES)["BurstbufferBufferFull"]["expr"]))
-    assert names == {
-        "burstbuffer_buffer_bytes",
-        "burstbuffer_reserved_bytes",
-        "burstbuffer_capacity_bytes",
-        "burstbuffer_admissions_refused_total",
-    }
-
-
-def test_the_hit_ratio_is_the_one_definition() -> None:
-    hit_ratio = [expr for title, expr in dashboard_expressions() if title == "Hit ratio"]
-    collapsed = [expr for alert, expr in rule_expressions() if alert.endswith("HitRatioCollapsed")]
-    assert len(hit_ratio) == 1 and len(collapsed) == 1
-    for expression in hit_ratio + collapsed:
-        # hits / (hits + misses + coalesced + passes), however the terms are filtered.
-        assert metric_names(expression) == HIT_RATIO_COUNTERS
-        ratios = re.findall(
-            r"\(rate\((\w+).*? / .*?\(rate\((\w+).*?\+ rate\((\w+).*?"
-            r"\+ rate\((\w+).*?\+ rate\((\w+)",
-            expression,
-        )
-        assert ratios and all(
-            names == ("burstbuffer_hits_total", *sorted(HIT_RATIO_COUNTERS, key=ORDER.index))
-            for names in ratios
-        ), expression
-
-
-@pytest.mark.parametrize(
-    ("expression", "names"),
-    [
-        ("burstbuffer_entries", {"burstbuffer_entries"}),
-        (
-            'sum by (namespace, pod) (rate(burstbuffer_hits_total{pod=~"$pod"}[$__rate_interval]))',
-            {"burstbuffer_hits_total"},
-        ),
-        (
-            "histogram_quantile(0.99, sum by (le) (rate(x_seconds_bucket[5m] offset 1h)))",
-            {"x_seconds_bucket"},
-        ),
-        ("sum(rate(a_total[5m])) without (instance) / on (pod) group_left b", {"a_total", "b"}),
-        ('absent(up{job="a b", namespace="ns"} == 1) and bool 1e3 > 0.95', {"up"}),
-        ('label_replace(c, "dst", "$1", "src", "(.*)") unless d:recorded', {"c", "d:recorded"}),
-    ],
-)
-def test_metric_names_are_read_from_promql(expression: str, names: set[str]) -> None:
-    assert metric_names(expression) == names
-
-
-def test_unbalanced_promql_is_refused() -> None:
-    with pytest.raises(AssertionError):
-        metric_names("sum(rate(burstbuffer_hits_total[5m])")

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.injector.podrun import debian_rootfs
+from tests.registries import package_manager_env
 
 START_TIMEOUT = 60.0  # seconds for a started dockerd to answer
 STOP_GRACE = 30.0
@@ -166,7 +167,7 @@ def pip_build_args(docker: Docker, base: str) -> list[str]:
     """
     listed = subprocess.run(
         [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
-        timeout=60,
+        timeout=60, env=package_manager_env(),
     ).stdout  # fmt: skip
     settings = dict(re.findall(r"^[^.\n]*\.([a-z-]+)='(.*)'$", listed, re.M))
     args = []

