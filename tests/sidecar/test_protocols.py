@@ -119,3 +119,11 @@ def test_a_client_offering_h2_and_http11_is_still_served_from_the_buffer(
     stats = sidecar.stats()
     assert (stats["misses"], stats["hits"]) == (1, 1), stats
     assert stats["tunnelled_connections"] == 0, stats
+
+
+def test_an_upgrade_to_an_origin_that_is_down_is_answered_502(sidecar: Sidecar) -> None:
+    url = f"wss://origin.test:{free_port()}/echo"  # nothing listens there
+    reply = run_client(sidecar, WS_CLIENT, url)
+    assert reply.startswith("refused 502 burstbuffer: upgrade failed: cannot connect"), reply
+    stats = sidecar.stats()
+    assert stats["upstream_errors"] == 1 and stats["pass_reasons"] == {"upgrade": 1}, stats
