@@ -31,11 +31,9 @@ from sidecar.respond import Connections
 from sidecar.router import Router
 from sidecar.settings import Settings, host_matches
 from sidecar.tunnel import NOT_INTERCEPTED, Tunnels
+from sidecar.upgrade import UPGRADE
 
 logger = logging.getLogger(__name__)
-
-# The pass reason of an HTTP/1.1 protocol upgrade (RFC 9110 §7.8), a WebSocket.
-UPGRADE = "upgrade"
 
 
 class BurstBuffer:

@@ -7,13 +7,13 @@ request needs: llhttp (through httptools) parses the head, one Python object per
 request, no per-request hooks or events. A hit of a small object is one pass through
 the router and one write into the TLS transport.
 
-Requests are answered strictly in order (pipelined ones wait their turn). An upgrade
-request (a WebSocket) is relayed to the origin after those before it, and the
-connection is then `sidecar.upgrade`'s. A request
-body (PUT, POST) is streamed to the origin as it arrives, with backpressure. The
-connection closes when the client asks for it (`Connection: close`, HTTP/1.0), after
-`IDLE_TIMEOUT` without a request, on a malformed request (after a 400), and as soon as
-the client closes its side: nothing is left half-open.
+Requests are answered strictly in order (pipelined ones wait their turn). A request
+body (PUT, POST) is streamed to the origin as it arrives, with backpressure. An upgrade
+request (a WebSocket) is relayed to the origin after the requests before it, and the
+connection is then `sidecar.upgrade`'s. The connection closes when the client asks for
+it (`Connection: close`, HTTP/1.0), after `IDLE_TIMEOUT` without a request, on a
+malformed request (after a 400), and as soon as the client closes its side: nothing is
+left half-open.
 """
 
 from __future__ import annotations
