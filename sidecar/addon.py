@@ -9,7 +9,7 @@ else (other methods, hosts that are not intercepted) is left to mitmproxy,
 which streams it through without buffering bodies, and is counted here as a pass with
 its reason. An HTTP/1.1 upgrade (a WebSocket) is one of those: mitmproxy relays it,
 and after the origin's `101` it relays the new protocol. Connections mitmproxy tunnels
-untouched (hosts that are not intercepted; TLS clients whose ALPN lacks `http/1.1`,
+untouched (hosts that are not intercepted; TLS clients whose ALPN lacks HTTP/1.x,
 `sidecar.hello`) are counted by reason with their bytes (`sidecar.tunnel`), and each
 such host is named once in the log, so that a forgotten `--intercept` shows where the
 bytes went.

@@ -9,7 +9,7 @@
   destination, and the TLS SNI or HTTP Host names the host.
 
 In both, a connection whose SNI is not an intercepted host is tunnelled untouched, and
-so is one whose ALPN list lacks `http/1.1` (`sidecar.addon`, after `HostRouting` named
+so is one whose ALPN list lacks HTTP/1.x (`sidecar.addon`, after `HostRouting` named
 its origin).
 """
 

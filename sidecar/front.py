@@ -4,7 +4,7 @@
   host's leaf certificate (or plain HTTP, when that is what the client tunnels), then
   the lean HTTP/1.1 server (`sidecar.http1`). This is the path of every dataset
   download through the proxy variables, kept free of mitmproxy's per-request machinery.
-  A TLS client whose ALPN list does not offer `http/1.1` (gRPC, HTTP/2 only) could not
+  A TLS client whose ALPN list offers no HTTP/1.x (gRPC, HTTP/2 only) could not
   speak to that server: its ClientHello, peeked, says so (`sidecar.hello`), and it is
   tunnelled to the origin untouched (`sidecar.tunnel`).
 - Everything else (CONNECT to other hosts, which are tunnelled untouched, plain-HTTP

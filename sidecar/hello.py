@@ -1,11 +1,12 @@
 """What a TLS ClientHello says about the protocol its client will speak inside.
 
 The front end peeks at the first bytes of a client's TLS connection before it decides
-who terminates it. A client whose ALPN list (RFC 7301) does not offer `http/1.1` (gRPC,
+who terminates it. A client whose ALPN list (RFC 7301) offers no HTTP/1.x (gRPC,
 an HTTP/2-only client, any other protocol) could not talk to the lean HTTP/1.1 server:
 it is tunnelled to the origin untouched instead. Nothing such a client sends could be
-cached anyway. A client that sends no ALPN at all is taken to speak HTTP/1.1, as every
-HTTP/1.1 client without ALPN (wget, Python's urllib) does.
+cached anyway. A client that offers `http/1.0` only (`curl --http1.0`) is served: an
+HTTP/1.1 server answers HTTP/1.0 requests. A client that sends no ALPN at all is taken
+to speak HTTP/1.1, as every HTTP/1.1 client without ALPN (wget, Python's urllib) does.
 
 Everything here is pure: bytes in, a list of protocols (or a reason) out.
 """
@@ -21,10 +22,11 @@ _RECORD_HEADER = 5  # type, legacy version (2), length (2)
 _MAX_RECORD = 2**14 + 256  # the largest TLSCiphertext fragment a peer may send (§5.2)
 # RFC 7301 §3.1: the ALPN extension.
 _ALPN_EXTENSION = 16
-HTTP_1_1 = b"http/1.1"
+# The ALPN names of HTTP/1.x (RFC 7301 §6), which the lean HTTP/1.1 server speaks.
+HTTP_1 = frozenset((b"http/1.1", b"http/1.0"))
 
 # Why a TLS client is tunnelled untouched although its host is intercepted.
-ALPN_WITHOUT_HTTP_1_1 = "alpn-without-http/1.1"
+ALPN_WITHOUT_HTTP_1 = "alpn-without-http/1.x"
 
 
 class Incomplete(Exception):
@@ -44,10 +46,10 @@ def client_hello_alpn(data: bytes) -> list[bytes] | None:
 
 def tunnel_reason(alpn: Sequence[bytes] | None) -> str | None:
     """Why a TLS client offering `alpn` must be tunnelled untouched, or None when the
-    HTTP/1.1 server may terminate it (no ALPN, or a list with `http/1.1`)."""
-    if not alpn or HTTP_1_1 in alpn:
+    HTTP/1.1 server may terminate it (no ALPN, or a list with `http/1.1` or `http/1.0`)."""
+    if not alpn or not HTTP_1.isdisjoint(alpn):
         return None
-    return ALPN_WITHOUT_HTTP_1_1
+    return ALPN_WITHOUT_HTTP_1
 
 
 def _client_hello_body(data: bytes) -> memoryview:

@@ -74,7 +74,7 @@ REASON_COUNTERS = {
     "tunnel_reasons": (
         "burstbuffer_tunnels_by_reason",
         "Connections tunnelled untouched, by reason (a host not intercepted, or a client"
-        " whose ALPN does not offer http/1.1).",
+        " whose ALPN offers no HTTP/1.x).",
     ),
     "parent_failures": (
         "burstbuffer_parent_failures_by_reason",

@@ -1,7 +1,7 @@
 """Connections relayed byte for byte: tunnels, and HTTP/1.1 connections after an upgrade.
 
 Some of a client's traffic is nothing a cache can read: TLS for a host that is not
-intercepted, a client whose ALPN list lacks `http/1.1` (`sidecar.hello`), a WebSocket
+intercepted, a client whose ALPN list lacks HTTP/1.x (`sidecar.hello`), a WebSocket
 after its `101`. Each is relayed untouched both ways, with flow control (a side that
 cannot keep up stops the other from being read), and its bytes counted. `Tunnels`
 counts them by reason and names each host once per reason in the log, whichever front
@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from sidecar.hello import ALPN_WITHOUT_HTTP_1_1
+from sidecar.hello import ALPN_WITHOUT_HTTP_1
 from sidecar.metrics import Counters, Metrics
 
 logger = logging.getLogger(__name__)
@@ -27,8 +27,8 @@ NOT_INTERCEPTED = "not-intercepted"
 
 _WHY = {
     NOT_INTERCEPTED: "not intercepted: %s; add it to --intercept to cache it",
-    ALPN_WITHOUT_HTTP_1_1: (
-        "tunnelled untouched: %s, for a client whose ALPN does not offer http/1.1"
+    ALPN_WITHOUT_HTTP_1: (
+        "tunnelled untouched: %s, for a client whose ALPN offers no HTTP/1.x"
         " (gRPC, HTTP/2 only): nothing it sends could be cached"
     ),
 }

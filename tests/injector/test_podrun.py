@@ -792,7 +792,7 @@ PROTOCOL_CLIENTS = {
     "grpcio": (
         ["python", "-c", GRPC_CLIENT, f"{GRPC_HOST}:443", POD_BUNDLE],
         "echo:hello",
-        ("tunnel_reasons", "alpn-without-http/1.1"),
+        ("tunnel_reasons", "alpn-without-http/1.x"),
     ),
     "websockets": (
         ["python", "-c", WS_CLIENT, f"wss://{WS_HOST}/echo", POD_BUNDLE],

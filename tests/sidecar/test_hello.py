@@ -7,7 +7,7 @@ import ssl
 import pytest
 
 from sidecar.hello import (
-    ALPN_WITHOUT_HTTP_1_1,
+    ALPN_WITHOUT_HTTP_1,
     Incomplete,
     client_hello_alpn,
     tunnel_reason,
@@ -69,10 +69,11 @@ def test_every_truncation_is_incomplete(split: int | None) -> None:
 
 
 def test_decisions() -> None:
-    assert tunnel_reason([b"h2"]) == ALPN_WITHOUT_HTTP_1_1
-    assert tunnel_reason([b"grpc-exp", b"h2"]) == ALPN_WITHOUT_HTTP_1_1
+    assert tunnel_reason([b"h2"]) == ALPN_WITHOUT_HTTP_1
+    assert tunnel_reason([b"grpc-exp", b"h2"]) == ALPN_WITHOUT_HTTP_1
     assert tunnel_reason([b"h2", b"http/1.1"]) is None
     assert tunnel_reason([b"http/1.1"]) is None
+    assert tunnel_reason([b"http/1.0"]) is None  # curl --http1.0: HTTP/1.1 serves it
     assert tunnel_reason(None) is None
     assert tunnel_reason([]) is None  # mitmproxy's spelling of "no ALPN"
 

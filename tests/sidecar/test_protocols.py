@@ -28,7 +28,7 @@ from protocol_origin import GRPC_CLIENT, REFUSED_BODY, REFUSED_PATH, WS_CLIENT  
 
 pytestmark = pytest.mark.e2e
 
-ALPN_REASON = "alpn-without-http/1.1"
+ALPN_REASON = "alpn-without-http/1.x"
 
 
 @dataclass
