@@ -7,9 +7,12 @@ tunnels for hosts that are not intercepted). For a GET or HEAD to an intercepted
 this addon hands the request to the router in the `request` hook itself; everything
 else (other methods, hosts that are not intercepted) is left to mitmproxy,
 which streams it through without buffering bodies, and is counted here as a pass with
-its reason. Connections mitmproxy tunnels untouched (hosts that are not intercepted)
-are counted with their bytes, and each such host is named once in the log, so that a
-forgotten `--intercept` shows where the bytes went.
+its reason. An HTTP/1.1 upgrade (a WebSocket) is one of those: mitmproxy relays it,
+and after the origin's `101` it relays the new protocol. Connections mitmproxy tunnels
+untouched (hosts that are not intercepted; TLS clients whose ALPN lacks HTTP/1.x,
+`sidecar.hello`) are counted by reason with their bytes (`sidecar.tunnel`), and each
+such host is named once in the log, so that a forgotten `--intercept` shows where the
+bytes went.
 """
 
 from __future__ import annotations
@@ -18,31 +21,31 @@ import logging
 
 from mitmproxy import http, tls
 from mitmproxy.connection import Client
+from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layer import NextLayer
 from mitmproxy.proxy.layers import TCPLayer
 
-from sidecar import policy
-from sidecar.exchange import ClientGone, Request
+from sidecar import hello, policy
+from sidecar.exchange import ClientGone, Request, asks_upgrade
 from sidecar.respond import Connections
 from sidecar.router import Router
 from sidecar.settings import Settings, host_matches
+from sidecar.tunnel import NOT_INTERCEPTED, Tunnels
+from sidecar.upgrade import UPGRADE
 
 logger = logging.getLogger(__name__)
-
-# Hosts named in the log as not intercepted, at most (a client may tunnel to thousands).
-MAX_NAMED_HOSTS = 1000
-# The pass reason of a plain-HTTP request to a host that is not intercepted.
-NOT_INTERCEPTED = "not-intercepted"
 
 
 class BurstBuffer:
     """The addon. Built once by the entry point with the program's Settings."""
 
-    def __init__(self, settings: Settings, router: Router, connections: Connections) -> None:
+    def __init__(
+        self, settings: Settings, router: Router, connections: Connections, tunnels: Tunnels
+    ) -> None:
         self.settings = settings
         self.router = router
         self.connections = connections
-        self._named_hosts: set[str] = set()
+        self.tunnels = tunnels
 
     def tls_established_client(self, data: tls.TlsData) -> None:
         self.connections.tls_established(data.conn.id, data.ssl_conn)
@@ -56,15 +59,23 @@ class BurstBuffer:
         layer = data.layer
         if not isinstance(layer, TCPLayer) or layer.flow is not None:
             return
-        context = data.context
-        counters = self.router.metrics.counters
-        counters.tunnelled_connections += 1
-        self.connections.tunnelled(context.client.id, counters)
+        self._tunnelled(data.context, NOT_INTERCEPTED)
+
+    def tls_clienthello(self, data: tls.ClientHelloData) -> None:
+        # Runs after capture.HostRouting's, which gave a captured connection its origin.
+        if data.ignore_connection:
+            return
+        reason = hello.tunnel_reason(data.client_hello.alpn_protocols)
+        if reason is not None:
+            # mitmproxy relays it as a TCP layer of its own, without a next_layer event.
+            data.ignore_connection = True
+            self._tunnelled(data.context, reason)
+
+    def _tunnelled(self, context: Context, reason: str) -> None:
         address = context.server.address
         host = context.client.sni or (str(address[0]) if address else "unknown")
-        if host not in self._named_hosts and len(self._named_hosts) < MAX_NAMED_HOSTS:
-            self._named_hosts.add(host)
-            logger.info("not intercepted: %s; add it to --intercept to cache it", host)
+        counters = self.tunnels.opened(host, reason)
+        self.connections.tunnelled(context.client.id, counters)
 
     async def responseheaders(self, flow: http.HTTPFlow) -> None:
         # Only what mitmproxy relays itself gets here. It streams, no body is ever
@@ -94,6 +105,9 @@ class BurstBuffer:
             return
         if not host_matches(request.pretty_host, self.settings.intercept):
             self._relayed(flow, NOT_INTERCEPTED)
+            return
+        if asks_upgrade(request.headers):
+            self._relayed(flow, UPGRADE)
             return
         verdict = policy.request_may_hit(request.method, request.headers)
         if not verdict.cacheable:

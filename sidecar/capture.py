@@ -8,7 +8,9 @@
   the sidecar's) to a transparent listener; mitmproxy reads each connection's original
   destination, and the TLS SNI or HTTP Host names the host.
 
-In both, a connection whose SNI is not an intercepted host is tunnelled untouched.
+In both, a connection whose SNI is not an intercepted host is tunnelled untouched, and
+so is one whose ALPN list lacks HTTP/1.x (`sidecar.addon`, after `HostRouting` named
+its origin).
 """
 
 from __future__ import annotations

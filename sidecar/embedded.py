@@ -32,6 +32,7 @@ from sidecar.addon import BurstBuffer
 from sidecar.listeners import Listener
 from sidecar.router import Router
 from sidecar.settings import Settings, host_glob_regex
+from sidecar.tunnel import Tunnels
 
 
 def allow_hosts(globs: Sequence[str]) -> list[str]:
@@ -48,6 +49,7 @@ class Embedded:
         router: Router,
         resolver: DnsResolver | None,
         listeners: Sequence[Listener],
+        tunnels: Tunnels,
     ) -> None:
         self._master = Master(None)
         ps = proxyserver.Proxyserver()
@@ -58,7 +60,7 @@ class Embedded:
             tlsconfig.TlsConfig(),
             errorcheck.ErrorCheck(),
             capture.HostRouting(settings, resolver),
-            BurstBuffer(settings, router, respond.Connections(ps)),
+            BurstBuffer(settings, router, respond.Connections(ps), tunnels),
         )
         self._master.options.update(
             confdir=str(settings.ca_dir),

@@ -41,6 +41,16 @@ class Request:
         return self.fields.get(name.lower())
 
 
+def asks_upgrade(headers: policy.Headers) -> bool:
+    """Does a request ask to switch protocols (a WebSocket)? RFC 9110 §7.8: an `Upgrade`
+    field, named in `Connection` (it is hop-by-hop), as llhttp decides for the lean front
+    end. Connection options are tokens: never quoted, so a plain split reads them."""
+    if policy.header(headers, "Upgrade") is None:
+        return False
+    options = policy.header(headers, "Connection") or ""
+    return any(option.strip().lower() == "upgrade" for option in options.split(","))
+
+
 class Channel(Protocol):
     """Where one response goes: status and headers, then body bytes, then the end."""
 

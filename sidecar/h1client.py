@@ -599,6 +599,16 @@ class Pool:
         connection = await self._connect(route)
         return await connection.exchange(method, parts, fields, body, interim)
 
+    async def open(self, route: Route) -> asyncio.Transport:
+        """A new connection on `route`, handed over to the caller (a tunnel, a protocol
+        upgrade), who must give its transport a protocol before the next await; the
+        pool forgets it. A route without a TLS context is bare TCP (through the proxy's
+        CONNECT, if any)."""
+        connection = await self._connect(route)
+        self.forget(connection)
+        assert connection.transport is not None
+        return connection.transport
+
     def keep(self, connection: _Connection) -> None:
         idle = self._idle.setdefault(connection.route, [])
         idle.append(connection)
@@ -668,7 +678,8 @@ class Pool:
                 self._all.add(connection)
                 if route.tunnel is not None:
                     await connection.tunnel(route.tunnel, route.proxy_authorization)
-                    assert connection.transport is not None and route.context is not None
+                if route.tunnel is not None and route.context is not None:
+                    assert connection.transport is not None
                     connection.transport = await loop.start_tls(  # type: ignore[assignment]
                         connection.transport,
                         connection,

@@ -8,10 +8,12 @@ request, no per-request hooks or events. A hit of a small object is one pass thr
 the router and one write into the TLS transport.
 
 Requests are answered strictly in order (pipelined ones wait their turn). A request
-body (PUT, POST) is streamed to the origin as it arrives, with backpressure. The
-connection closes when the client asks for it (`Connection: close`, HTTP/1.0), after
-`IDLE_TIMEOUT` without a request, on a malformed request (after a 400), and as soon as
-the client closes its side: nothing is left half-open.
+body (PUT, POST) is streamed to the origin as it arrives, with backpressure. An upgrade
+request (a WebSocket) is relayed to the origin after the requests before it, and the
+connection is then `sidecar.upgrade`'s. The connection closes when the client asks for
+it (`Connection: close`, HTTP/1.0), after `IDLE_TIMEOUT` without a request, on a
+malformed request (after a 400), and as soon as the client closes its side: nothing is
+left half-open.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any, cast
 
 import httptools
 
+from sidecar import upgrade
 from sidecar.exchange import ClientGone, Request
 from sidecar.router import Immediate, Router
 
@@ -224,6 +227,10 @@ class Http1Connection(asyncio.Protocol):
         self._fields: list[tuple[str, str]] = []
         self._head_size = 0
         self._body: _BodyStream | None = None
+        # An upgrade request, from its head until the relay takes the connection over.
+        self._upgrade: Request | None = None
+        self._early = bytearray()  # what the client sent after it
+        self._relaying: asyncio.Task[None] | None = None
 
     # -- transport events ---------------------------------------------------------------
 
@@ -233,9 +240,16 @@ class Http1Connection(asyncio.Protocol):
         self._idle_timer = self._loop.call_later(IDLE_TIMEOUT, self._check_idle)
 
     def data_received(self, data: bytes) -> None:
+        if self._upgrade is not None:
+            self._early += data
+            return
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
+        except httptools.HttpParserUpgrade as e:
+            if self._upgrade is not None:
+                self._early += data[int(e.args[0]) :]
+                self._start_upgrade()
+                return
             self._refuse(
                 BadRequest(
                     HTTPStatus.NOT_IMPLEMENTED,
@@ -290,6 +304,9 @@ class Http1Connection(asyncio.Protocol):
         request = Request(
             method, self._tunnel.url(origin_form_target(self._target)), tuple(self._fields), version
         )
+        if method != "CONNECT" and self._parser.should_upgrade():
+            self._upgrade = request  # relayed once the parser stops after its head
+            return
         if method not in ("GET", "HEAD") and _has_body(self._fields):
             self._body = _BodyStream(self._pause_reading, self._resume_reading)
             if _expects_continue(self._fields) and self._transport is not None:
@@ -398,6 +415,33 @@ class Http1Connection(asyncio.Protocol):
         self._queue.clear()
         asyncio.get_running_loop().create_task(after_the_others())
 
+    def _start_upgrade(self) -> None:
+        """Relay the upgrade request after the requests before it; the relay then owns
+        the connection (and says when it is closed)."""
+        self._pause_reading()
+        request = self._upgrade
+        assert request is not None
+
+        async def after_the_others() -> None:
+            if self._worker is not None:
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(self._worker)
+            if self._closed or self._transport is None:
+                return
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+            self._closed = True  # to this protocol: from here on the relay's
+            await upgrade.relay(
+                request,
+                self._transport,
+                bytes(self._early),
+                self._router.upstream,
+                self._router.metrics,
+                self._on_close,
+            )
+
+        self._relaying = asyncio.get_running_loop().create_task(after_the_others())
+
     def _close(self) -> None:
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()
@@ -416,7 +460,12 @@ class Http1Connection(asyncio.Protocol):
             self._transport.pause_reading()
 
     def _resume_reading(self) -> None:
-        if not self._reading and self._transport is not None and not self._closed:
+        if (
+            not self._reading
+            and self._transport is not None
+            and not self._closed
+            and self._upgrade is None
+        ):
             self._reading = True
             self._transport.resume_reading()
 

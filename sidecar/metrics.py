@@ -42,6 +42,7 @@ class Counters:
     tunnelled_connections: int = 0
     tunnelled_bytes: int = 0
     pass_reasons: collections.Counter[str] = field(default_factory=collections.Counter)
+    tunnel_reasons: collections.Counter[str] = field(default_factory=collections.Counter)
     parent_requests: int = 0
     parent_failures: collections.Counter[str] = field(default_factory=collections.Counter)
     parent_bypasses: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -60,13 +61,21 @@ COUNTER_HELP = {
     "admissions_refused": "Cacheable objects passed through because the buffer had no room.",
     "buffer_errors": "Buffer operations that failed (disk full, read-only, index busy).",
     "client_aborts": "Responses cut short because the client went away.",
-    "tunnelled_connections": "Connections to hosts that are not intercepted, tunnelled untouched.",
-    "tunnelled_bytes": "Bytes relayed through those tunnels, both directions (never cached).",
+    "tunnelled_connections": "Connections tunnelled untouched (see tunnels_by_reason).",
+    "tunnelled_bytes": (
+        "Bytes relayed untouched through tunnels and upgraded connections, both directions"
+        " (never cached)."
+    ),
     "parent_requests": "Requests sent to a parent cache (--parent).",
 }
 # Counters by reason: the /stats key, and the Prometheus family with its help.
 REASON_COUNTERS = {
     "pass_reasons": ("burstbuffer_passes_by_reason", "Passes by reason."),
+    "tunnel_reasons": (
+        "burstbuffer_tunnels_by_reason",
+        "Connections tunnelled untouched, by reason (a host not intercepted, or a client"
+        " whose ALPN offers no HTTP/1.x).",
+    ),
     "parent_failures": (
         "burstbuffer_parent_failures_by_reason",
         "Parent requests that fell back to the origin, by reason.",

@@ -7,8 +7,8 @@ that costs three times the CPU of `SSLSocket.send`, which encrypts straight into
 the socket (measured: 228 µs against 74 µs per write). Here OpenSSL talks to the
 socket itself; the event loop only says when the socket is readable or writable.
 
-It offers the slice of `asyncio.Transport` that its protocols use (write with
-flow control, pause/resume reading, close, abort) and calls the protocol's
+It offers the slice of `asyncio.Transport` that its protocols use (write with flow
+control, pause/resume reading, close, abort, set_protocol) and calls the protocol's
 `data_received`, `eof_received`, `connection_lost`, `pause_writing` and
 `resume_writing`, like any transport.
 
@@ -89,6 +89,10 @@ class TlsTransport:
             self.resume_reading()
 
     # -- the slice of asyncio.Transport -----------------------------------------------------
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        """Hand the connection to another protocol (after an upgrade, a byte relay)."""
+        self._protocol = protocol
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return {"socket": self._sock, "ssl_object": self._sock}.get(name, default)

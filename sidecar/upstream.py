@@ -12,7 +12,9 @@ cache stores bytes as sent.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import dataclasses
 import logging
 import re
 import ssl
@@ -25,6 +27,7 @@ from sidecar.h1client import (
     Interim,
     Pool,
     Response,
+    Route,
     UpstreamError,
     direct_route,
     proxied_route,
@@ -162,12 +165,24 @@ class Upstream:
                 response = await self._parents.fetch(parent, url, headers, method)
                 if response is not None:
                     return response
+        route = self.route(url)
+        return await self._pool.request(route, method, url, headers, body, interim_sink.get())
+
+    def route(self, url: str) -> Route:
+        """How a request for `url` reaches its origin (never through a parent)."""
         parts = urlsplit(url)
         if self._proxy is not None:
-            route = proxied_route(parts, self._proxy, self._ssl)
-        else:
-            route = direct_route(parts, self._ssl)
-        return await self._pool.request(route, method, url, headers, body, interim_sink.get())
+            return proxied_route(parts, self._proxy, self._ssl)
+        return direct_route(parts, self._ssl)
+
+    async def connect(self, url: str, raw: bool = False) -> asyncio.Transport:
+        """A connection of the caller's own to the origin of `url`, never through a
+        parent: TLS verified as for every request, or, `raw`, the bare TCP connection
+        that a client's own TLS goes through (a tunnel). UpstreamError if it fails."""
+        route = self.route(url)
+        if raw:
+            route = dataclasses.replace(route, context=None)
+        return await self._pool.open(route)
 
     async def resume(
         self,

