@@ -75,6 +75,8 @@ from email.utils import formatdate
 from typing import NamedTuple
 from urllib.parse import unquote_plus, urljoin, urlsplit
 
+from multidict import CIMultiDict, CIMultiDictProxy
+
 from sidecar.settings import host_matches
 
 # A headers mapping, or stored fields as (name, value) pairs.
@@ -109,8 +111,12 @@ def header(headers: Headers, name: str) -> str | None:
     line value in order, separated by a comma"). Scanning `items()` works for every
     mapping we meet: a plain dict holds one entry per spelling, mitmproxy's `Headers`
     yields each name once with its lines already joined, aiohttp's multidicts yield
-    every line.
+    every line. The fields of an origin's response (a case-insensitive multidict, asked
+    a score of times per miss) and `Fields` are looked up instead.
     """
+    if isinstance(headers, CIMultiDictProxy | CIMultiDict):
+        lines = headers.getall(name, ())
+        return ", ".join(lines) if lines else None
     wanted = name.lower()
     if isinstance(headers, Fields):
         return headers.get(wanted)
