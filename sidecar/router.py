@@ -183,6 +183,10 @@ class Router:
         self.metrics = metrics
         self._representations: dict[str, Representation] = {}
         self._freshness_hosts: dict[str, bool] = {}  # by host[:port]
+        # The key `hit_now` just found nothing for: `handle()` of the same request,
+        # which follows at once, need not ask the index again (a miss would cost two
+        # queries). Used once; an object stored meanwhile is found by the claim.
+        self._just_missed: str | None = None
 
     async def handle(self, request: Request, channel: Channel, body: Body | None = None) -> None:
         """Answer one request; whatever goes wrong, the client never sees a short success.
@@ -317,6 +321,9 @@ class Router:
         self.buffer.remove(key)
 
     def _lookup(self, key: str) -> StoredObject | None:
+        if key == self._just_missed:
+            self._just_missed = None
+            return None
         try:
             return self.buffer.lookup(key)
         except StoreError as e:
@@ -467,6 +474,7 @@ class Router:
         except (ValueError, StoreError):
             return None
         if entry is None:
+            self._just_missed = key
             return None
         if self.settings.http_freshness and self._must_validate(request, key, entry):
             return None
