@@ -121,8 +121,9 @@ class Fill:
         self.failure: BaseException | None = None
         self.ended = asyncio.Event()
         self._progress_event = asyncio.Event()
-        # One descriptor on the body, shared by all readers (pread needs no position):
-        # it stays valid across the rename of a commit and the unlink of a failure.
+        # One descriptor on the body, written by the pump and shared by all readers
+        # (pwrite and pread need no position): it stays valid across the rename of a
+        # commit and the unlink of a failure, and is closed when the last reader is done.
         self._fd: int | None = None
         self._shared: Progress | None = None  # the record readers in other workers follow
         # The room the keeper held when the claim began (rid, partial body), if any.
@@ -442,7 +443,8 @@ class Fills:
                 return self._decline(fill, response, answer["refused"])
             rid, path = answer["rid"], Path(answer["path"])
         try:
-            out, fill._fd = _open_partial(path)
+            # Made by the keeper, so that readers in other workers could open it at once.
+            fill._fd = os.open(path, os.O_RDWR)
             fill._shared = Progress(path)
         except OSError as e:
             self._buffer.abort(rid)
@@ -453,7 +455,7 @@ class Fills:
         fill.attach()
         fill._last = max(size - 1, 0)
         fill.head.set_result(head)
-        task = asyncio.get_running_loop().create_task(self._pump(fill, response, rid, out))
+        task = asyncio.get_running_loop().create_task(self._pump(fill, response, rid))
         if not task.done():
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -513,13 +515,13 @@ class Fills:
             del self._active[fill.key]
         fill._finish(failure)
 
-    async def _pump(self, fill: Fill, response: Response, rid: str, out: int) -> None:
+    async def _pump(self, fill: Fill, response: Response, rid: str) -> None:
         started = time.monotonic()
         head = fill.head.result()
         failure: BaseException | None = None
         committed = False
         try:
-            sha256, overlong = await self._copy(fill, head, response, out)
+            sha256, overlong = await self._copy(fill, head, response)
             if overlong:
                 # Relayed as announced, as other caches do; the rest of it was a broken
                 # or hostile origin's, and nothing says the announced part is right.
@@ -558,14 +560,11 @@ class Fills:
             failure = e
             logger.warning("fill %s failed: %s", loggable_url(fill.url), e)
         finally:
-            os.close(out)
             if not committed:
                 self._buffer.abort(rid)
             self._end(fill, failure)
 
-    async def _copy(
-        self, fill: Fill, head: Head, response: Response, out: int
-    ) -> tuple[str, bool]:
+    async def _copy(self, fill: Fill, head: Head, response: Response) -> tuple[str, bool]:
         """Copy the body into the partial file; its SHA-256 (hex) when complete, and
         whether the origin sent more than it announced.
 
@@ -575,7 +574,7 @@ class Fills:
         accept_ranges = response.headers.get("Accept-Ranges")
         splittable = may_split(self._connections, head.size, accept_ranges, head.validators)
         assert fill._fd is not None
-        target = Target(fill.url, head.request_headers, head.validators, head.size, out, fill._fd)
+        target = Target(fill.url, head.request_headers, head.validators, head.size, fill._fd)
         copy = SegmentedCopy(
             self._upstream,
             self._metrics,
@@ -606,14 +605,3 @@ def read_file(fd: int, start: int, end: int) -> Iterator[bytes]:
             raise FillFailed("a body file is shorter than recorded")
         offset += len(chunk)
         yield chunk
-
-
-def _open_partial(path: Path) -> tuple[int, int]:
-    """Open a partial body (made by the keeper): a descriptor to write it and one for
-    its readers."""
-    out = os.open(path, os.O_WRONLY)
-    try:
-        return out, os.open(path, os.O_RDONLY)
-    except OSError:
-        os.close(out)
-        raise

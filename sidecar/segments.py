@@ -86,8 +86,8 @@ class Target:
     headers: list[tuple[str, str]]
     validators: Validators
     size: int
-    out: int  # descriptor the segments are written through
-    readback: int  # descriptor the digest reads the contiguous prefix through
+    fd: int  # the file, read and written (segments land at their offsets; the digest
+    # reads back what became contiguous)
 
 
 class SegmentedCopy:
@@ -244,7 +244,7 @@ class SegmentedCopy:
             start, end = self._bounds[index]  # segment 0 may shrink when the body is split
             position = start + self._progress[index]
             piece = data[: end - position]
-            _pwrite_all(self._target.out, piece, position)
+            _pwrite_all(self._target.fd, piece, position)
             if position == self._hashed:
                 # In order: hash it as it is rather than reading it back later.
                 self._hash(partial(self._digest.update, piece))
@@ -278,7 +278,7 @@ class SegmentedCopy:
     def _read_back(self, start: int, end: int) -> None:
         """Hash bytes [start, end) of the file (on the hashing thread)."""
         while start < end:
-            data = os.pread(self._target.readback, min(_HASH_STEP, end - start), start)
+            data = os.pread(self._target.fd, min(_HASH_STEP, end - start), start)
             if not data:
                 raise OSError("the partial body is shorter than what was written")
             self._digest.update(data)
