@@ -154,11 +154,14 @@ def test_a_killed_worker_is_replaced_and_nothing_it_half_wrote_is_served(
         wait_until(lambda: sidecar.stats()["fills_in_progress"] == 1, "the fill to start")
         second = pool.submit(curl, sidecar, url)
         wait_until(lambda: sidecar.stats()["coalesced"] == 1, "a second client to join")
-        # The fill's owner holds the partial body more often (writer and readers) than
-        # a worker that only follows it.
-        held = {pid: fds_on(pid, "/partial/") for pid in workers_of(sidecar)}
-        owner = max(held, key=held.__getitem__)
-        assert sorted(held.values())[0] < held[owner]
+        # The fill's owner is the one worker connected to the origin; the other only
+        # follows its partial body.
+        fetching = [
+            pid for pid in workers_of(sidecar) if sockets(pid, ESTABLISHED, remote_port=origin.port)
+        ]
+        assert len(fetching) == 1
+        (owner,) = fetching
+        assert fds_on(owner, "/partial/")
         os.kill(owner, signal.SIGKILL)
         downloads = [first.result(), second.result()]
     # Whoever was following the dead worker's fill sees an error, never a short success.
