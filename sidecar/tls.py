@@ -29,7 +29,10 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-# Plaintext bytes read from OpenSSL at once (it returns at most one record per call).
+# OpenSSL returns at most one record per read, and a record holds at most 16 KiB of
+# plaintext (RFC 8446 §5.1): asking for more only makes Python allocate more each time.
+_RECORD = 16 * 1024
+# Records read in a row are handed to the protocol together, up to this many bytes.
 _READ_SIZE = 256 * 1024
 _DEFAULT_HIGH_WATER = 256 * 1024  # bytes of plaintext waiting to be encrypted and sent
 
@@ -166,7 +169,7 @@ class TlsTransport:
             outcome: BaseException | bytes | None = None  # why the gathering stopped
             while size < _READ_SIZE:
                 try:
-                    data = self._sock.recv(_READ_SIZE)
+                    data = self._sock.recv(_RECORD)
                 except (ssl.SSLWantReadError, ssl.SSLWantWriteError) as e:
                     outcome = e
                     break
