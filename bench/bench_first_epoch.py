@@ -61,13 +61,7 @@ class Server:
 
 
 def shapes(profile: Profile) -> list[Shape]:
-    workers = profile.loader_workers
-    return [
-        Shape("1 worker, keep-alive", 1, "keep-alive", ratio_at_least(0.45)),
-        Shape(f"{workers} workers, keep-alive", workers, "keep-alive", ratio_at_least(0.35)),
-        Shape(f"{workers} workers, new connection per file", workers, "per-file",
-              ratio_at_least(0.5)),
-    ]  # fmt: skip
+    return bench_loader.shapes(profile, (0.45, 0.35, 0.5))
 
 
 class Sides:

@@ -88,14 +88,15 @@ def write_manifest(path: Path, files: list[File], url: Callable[[str, str], str]
     return path
 
 
-def shapes(profile: Profile) -> list[Shape]:
+def shapes(profile: Profile, bounds: tuple[float, float, float] = (0.6, 0.7, 0.5)) -> list[Shape]:
+    """The three client shapes, each with the ratio to the reference it must reach."""
     workers = profile.loader_workers
+    one, several, per_file = (ratio_at_least(bound) for bound in bounds)
     return [
-        Shape("1 worker, keep-alive", 1, "keep-alive", ratio_at_least(0.6)),
-        Shape(f"{workers} workers, keep-alive", workers, "keep-alive", ratio_at_least(0.7)),
-        Shape(f"{workers} workers, new connection per file", workers, "per-file",
-              ratio_at_least(0.5)),
-    ]  # fmt: skip
+        Shape("1 worker, keep-alive", 1, "keep-alive", one),
+        Shape(f"{workers} workers, keep-alive", workers, "keep-alive", several),
+        Shape(f"{workers} workers, new connection per file", workers, "per-file", per_file),
+    ]
 
 
 def epoch(route: Route, manifest: Path, shape: Shape, server_pid: int, files: int) -> Epoch:
