@@ -42,6 +42,7 @@ from bench import (
     bench_parent,
     bench_ready,
     bench_rss,
+    bench_scale,
     bench_small,
     bench_soak,
     plot,
@@ -71,6 +72,7 @@ BENCHMARKS: dict[str, ModuleType] = {
         bench_parallel_cold,
         bench_soak,
         bench_parent,
+        bench_scale,
     )
 }
 RESULTS = ROOT / "bench" / "results"

@@ -65,6 +65,9 @@ class Profile:
     parent_objects: int  # the objects of that dataset
     parent_bytes: int  # each of its objects
     parent_rate: float  # bytes/s per origin connection
+    scale_counts: tuple[int, ...]  # stored objects a sidecar is restarted on
+    scale_reference: int  # stored objects of the hit rate's reference
+    scale_hits: int  # distinct stored objects read after each restart (at most)
 
 
 FULL = Profile(
@@ -91,6 +94,9 @@ FULL = Profile(
     parent_objects=20,
     parent_bytes=4 * MiB,
     parent_rate=3.49e6,  # Nezha's far host, per connection
+    scale_counts=(10_000, 100_000, 1_000_000),
+    scale_reference=1_000,
+    scale_hits=200_000,
 )
 QUICK = Profile(
     quick=True,
@@ -116,6 +122,9 @@ QUICK = Profile(
     parent_objects=4,
     parent_bytes=256 * 1024,
     parent_rate=10e6,
+    scale_counts=(300, 3_000),
+    scale_reference=100,
+    scale_hits=1_000,
 )
 
 

@@ -2,7 +2,8 @@
 
 `VmRSS` is sampled by a background thread while a transfer runs, for each process of
 a server (the sidecar's main process and its workers) and for all together (the
-figure a pod's memory limit is held against); `VmHWM`, the kernel's own peak of each
+figure a pod's memory limit is held against); `Pss` (smaps_rollup) counts shared pages
+once across a tree; `VmHWM`, the kernel's own peak of each
 process, catches spikes between samples. Writing 5 to /proc/<pid>/clear_refs resets
 that peak, so that the hit and the miss of one process can be measured apart.
 """
@@ -33,6 +34,16 @@ def rss_mb(pid: int) -> float:
 def peak_mb(pid: int) -> float:
     """The process's peak RSS since it started or since `reset_peak`."""
     return status_kb(pid, "VmHWM") * 1024 / MB
+
+
+def pss_mb(pid: int) -> float:
+    """The process's proportional set size: its own pages plus its share of those it
+    shares (forked pages, mapped files), so that a tree's PSS adds up to what it costs."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name == "Pss":
+            return int(value.split()[0]) * 1024 / MB
+    raise KeyError(f"Pss not in /proc/{pid}/smaps_rollup")
 
 
 def reset_peak(pid: int) -> None:

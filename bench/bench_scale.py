@@ -1,0 +1,168 @@
+"""A restarted sidecar on a buffer of many small objects: ready, verified, memory, hits.
+
+For each object count, a buffer holding that many objects of 1–4 KiB (`bench.stored`,
+made through the store's own API) is found by a sidecar with two workers started on
+it, as after a container restart in the same pod. Measured: the seconds from start to
+`/healthz` 200 (against an empty buffer's), whether the first request for a stored
+object is a hit, the seconds until every object found is verified, the hit rate over
+distinct stored objects (two keep-alive loader processes, `bench.loader_client`)
+against the rate with 1,000 stored objects, and the proportional set size (PSS) of
+every process of the sidecar after those hits.
+
+No origin runs: every request must be a hit, and a miss would fail the client (checked
+in `/stats` as well).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench import clients, memory, stored
+from bench.bench_loader import Shape, epoch
+from bench.bench_ready import seconds_since
+from bench.harness import process_tree, wait_until
+from bench.lab import Lab, Profile, WrongPath, counted_since
+from bench.report import Result, Row, Sample, below, ratio_at_least, within
+
+logger = logging.getLogger(__name__)
+
+NAME = "scale"
+WORKERS = 2  # sidecar workers, and loader processes reading through it
+READY_LIMIT_S = 2.0
+VERIFIED_LIMIT_S = 120.0
+PSS_LIMIT_MB = 400.0  # within the injector's 384Mi for a two-worker sidecar
+HIT_RATIO = 0.9  # hits/s with many stored objects against hits/s with few
+VERIFY_TIMEOUT = 900.0  # seconds
+REFERENCE_PASSES = 20  # passes over the few objects of the reference
+
+
+@dataclass(frozen=True)
+class Restart:
+    """What one restart on a buffer of `count` objects measured."""
+
+    count: int
+    ready_s: float
+    first_hit: bool
+    verified_s: float
+    hits_per_s: float
+    hits: int
+    pss_mb: dict[str, float]  # by process
+
+
+def manifest_of(source: Path, target: Path, distinct: int, passes: int, seed: int) -> int:
+    """`distinct` random lines of `source` in `target`, `passes` times over, each pass
+    shuffled; the number of lines written."""
+    lines = source.read_text().splitlines(keepends=True)
+    chance = random.Random(seed)
+    chosen = chance.sample(lines, min(distinct, len(lines)))
+    written = []
+    for _ in range(passes):
+        chance.shuffle(chosen)
+        written.extend(chosen)
+    target.write_text("".join(written))
+    return len(written)
+
+
+def restart(lab: Lab, count: int, distinct: int, passes: int) -> Restart:
+    if count:
+        directory, manifest = stored.buffer(count)
+    else:
+        directory, manifest = lab.dir / "empty-buffer", None
+        directory.mkdir(exist_ok=True)
+    size = str(max(count, 1) * stored.LARGEST * 2)
+    sidecar = lab.sidecar(lab.ca_pem, "--workers", str(WORKERS), "--buffer-size", size, start=False)
+    sidecar.buffer_dir.symlink_to(directory)
+    started = time.perf_counter()
+    sidecar.launch()
+    ready = seconds_since(started, sidecar.healthy)
+    if manifest is None:
+        sidecar.stop()
+        return Restart(0, ready, True, ready, 0.0, 0, {})
+
+    route = lab.through(sidecar)
+    loads = lab.dir / f"manifest-{count}.txt"
+    requests = manifest_of(manifest, loads, distinct, passes, seed=count)
+    first_url = loads.read_text().split(maxsplit=1)[0]
+    try:
+        clients.curl_many(route, [first_url])
+    except clients.ClientFailed:
+        pass  # not served from the buffer, and no origin to ask: counted below
+    first_hit = sidecar.stats()["hits"] == 1
+    wait_until(
+        lambda: sidecar.stats()["unverified_entries"] == 0, "every object verified", VERIFY_TIMEOUT
+    )
+    verified = time.perf_counter() - started
+    if sidecar.stats()["entries"] != count:
+        raise WrongPath(f"{sidecar.stats()['entries']} objects verified of {count}")
+
+    shape = Shape("hits", WORKERS, "keep-alive", ratio_at_least(0))
+    before = sidecar.stats()
+    hits = epoch(route, loads, shape, sidecar.pid, requests)
+    served = counted_since(sidecar, before, "hits", "misses", "upstream_requests")
+    if served != {"hits": requests, "misses": 0, "upstream_requests": 0}:
+        raise WrongPath(f"{requests} requests for stored objects made {served}")
+    pss = {str(pid): memory.pss_mb(pid) for pid in process_tree(sidecar.pid)}
+    sidecar.stop()
+    return Restart(count, ready, first_hit, verified, hits.files_per_s, requests, pss)
+
+
+def run(profile: Profile, lab: Lab) -> Result:
+    result = Result(NAME, "A restarted sidecar on many stored objects of 1–4 KiB, 2 workers")
+    empty = restart(lab, 0, 0, 0)
+    reference = restart(lab, profile.scale_reference, profile.scale_reference, REFERENCE_PASSES)
+    for count in profile.scale_counts:
+        logger.info("%s: %d stored objects", NAME, count)
+        found = restart(lab, count, profile.scale_hits, 1)
+        largest = count == max(profile.scale_counts)
+        label = f"{count:,} stored"
+        result.rows += [
+            Row(
+                f"{label}: ready after start",
+                "s",
+                Sample.of([found.ready_s]),
+                Sample.of([empty.ready_s]),
+                "empty buffer",
+                below(READY_LIMIT_S, "s") if largest else None,
+            ),
+            Row(
+                f"{label}: first request a hit",
+                "hits",
+                Sample.of([float(found.first_hit)]),
+                required=within(1, 0, "a hit"),
+            ),
+            Row(
+                f"{label}: every object verified after start",
+                "s",
+                Sample.of([found.verified_s]),
+                required=below(VERIFIED_LIMIT_S, "s") if largest else None,
+            ),
+            Row(
+                f"{label}: {found.hits:,} distinct hits",
+                "hits/s",
+                Sample.of([found.hits_per_s]),
+                Sample.of([reference.hits_per_s]),
+                f"{profile.scale_reference:,} stored",
+                ratio_at_least(HIT_RATIO) if largest else None,
+            ),
+            Row(
+                f"{label}: PSS of all sidecar processes after them",
+                "MB",
+                Sample.of([sum(found.pss_mb.values())]),
+                Sample.of([sum(reference.pss_mb.values())]),
+                f"{profile.scale_reference:,} stored",
+                below(PSS_LIMIT_MB, "MB") if largest else None,
+            ),
+        ]
+        per_process = ", ".join(f"{mb:.0f}" for mb in found.pss_mb.values())
+        result.notes.append(f"{label}: PSS by process (main, fork server, workers): {per_process}")
+    result.notes.append(
+        f"one restart per size; the reference's rate is over {REFERENCE_PASSES} shuffled "
+        f"passes of its {profile.scale_reference:,} objects, each size's over distinct objects"
+        f" (one pass); buffers on the machine's disk (page-cached), made once by "
+        f"bench.stored in {stored.CACHE}"
+    )
+    return result

@@ -1,0 +1,88 @@
+"""Buffers of many stored objects, made through `sidecar.store`'s own API.
+
+A restarted sidecar finds what an earlier one committed; making that through real
+fills would time the fills, not the restart. So the objects (random bodies of 1–4 KiB,
+as a small-image dataset's) are reserved, written and committed through `store.Store`
+exactly as the keeper would, and the sidecar is then started on the directory.
+
+Large buffers take minutes to make, so they are made once and kept outside the
+checkout (`~/.cache/burstbuffer/stored/`), one per object count and per version of
+`sidecar/store.py` (whose format they follow), with a manifest of every object's URL,
+size and SHA-256 for `bench.loader_client`. A run of the sidecar on such a buffer
+only serves hits from it: what it finds is what the next run finds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import random
+import shutil
+from pathlib import Path
+
+from sidecar import policy
+from sidecar.store import Store
+
+logger = logging.getLogger(__name__)
+
+CACHE = Path.home() / ".cache" / "burstbuffer" / "stored"
+SMALLEST, LARGEST = 1024, 4096  # bytes per body
+HOST = "datasets.bench.test"  # port 443: the key the sidecar computes for the URL
+LAST_MODIFIED = "Mon, 01 Jan 2024 00:00:00 GMT"
+GENERATED_AT = 1_704_067_200.0  # the same instant
+LOG_EVERY = 100_000
+
+
+def url(index: int) -> str:
+    return f"https://{HOST}/files/img-{index:07d}.jpg"
+
+
+def format_version() -> str:
+    """Buffers follow the store's format: one set per version of its source."""
+    source = (Path(__file__).resolve().parents[1] / "sidecar" / "store.py").read_bytes()
+    return hashlib.sha256(source).hexdigest()[:12]
+
+
+def buffer(count: int) -> tuple[Path, Path]:
+    """The buffer directory holding `count` objects and its manifest, made if missing."""
+    home = CACHE / format_version() / str(count)
+    directory, manifest = home / "buffer", home / "manifest.txt"
+    if manifest.is_file():
+        return directory, manifest
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True)
+    logger.info("making a buffer of %d stored objects in %s", count, directory)
+    lines = make(directory, count)
+    partial = manifest.with_suffix(".partial")
+    partial.write_text("".join(lines))
+    partial.rename(manifest)  # last: a buffer with a manifest is complete
+    return directory, manifest
+
+
+def make(directory: Path, count: int) -> list[str]:
+    """Commit `count` objects into a new buffer at `directory`; their manifest lines."""
+    chance = random.Random(count)
+    store = Store(directory, count * LARGEST * 2, "none")
+    store.open()
+    lines = []
+    try:
+        for index in range(count):
+            body = os.urandom(chance.randint(SMALLEST, LARGEST))
+            digest = hashlib.sha256(body).hexdigest()
+            reservation = store.reserve(len(body))
+            assert reservation is not None, "the buffer is sized to hold every object"
+            reservation.path.write_bytes(body)
+            headers = (
+                ("Content-Type", "image/jpeg"),
+                ("ETag", f'"{digest[:16]}"'),
+                ("Last-Modified", LAST_MODIFIED),
+            )
+            key = policy.cache_key(url(index))
+            store.commit(reservation, key, digest, headers, GENERATED_AT, 0.0)
+            lines.append(f"{url(index)} {len(body)} {digest}\n")
+            if (index + 1) % LOG_EVERY == 0:
+                logger.info("  %d objects stored", index + 1)
+    finally:
+        store.close()
+    return lines
