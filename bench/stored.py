@@ -6,8 +6,8 @@ as a small-image dataset's) are reserved, written and committed through `store.S
 exactly as the keeper would, and the sidecar is then started on the directory.
 
 Large buffers take minutes to make, so they are made once and kept outside the
-checkout (`~/.cache/burstbuffer/stored/`), one per object count and per version of
-`sidecar/store.py` (whose format they follow), with a manifest of every object's URL,
+checkout (`~/.cache/burstbuffer/stored/`), one per object count and per format of the
+store's index (FORMAT), with a manifest of every object's URL,
 size and SHA-256 for `bench.loader_client`. A run of the sidecar on such a buffer
 only serves hits from it: what it finds is what the next run finds.
 """
@@ -38,15 +38,13 @@ def url(index: int) -> str:
     return f"https://{HOST}/files/img-{index:07d}.jpg"
 
 
-def format_version() -> str:
-    """Buffers follow the store's format: one set per version of its source."""
-    source = (Path(__file__).resolve().parents[1] / "sidecar" / "store.py").read_bytes()
-    return hashlib.sha256(source).hexdigest()[:12]
+# The store's index format the buffers are made in: changed with it.
+FORMAT = "sizes-in-tags"
 
 
 def buffer(count: int) -> tuple[Path, Path]:
     """The buffer directory holding `count` objects and its manifest, made if missing."""
-    home = CACHE / format_version() / str(count)
+    home = CACHE / FORMAT / str(count)
     directory, manifest = home / "buffer", home / "manifest.txt"
     if manifest.is_file():
         return directory, manifest

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,7 +50,18 @@ from sidecar import ipc
 from sidecar.ipc import Message
 from sidecar.metrics import Metrics
 from sidecar.shared import Shared
-from sidecar.store import Index, Reservation, Store, StoredObject, StoreError
+from sidecar.store import (
+    Corrupt,
+    Index,
+    Reservation,
+    Store,
+    StoredObject,
+    StoreError,
+    check_body,
+    decode,
+)
+
+logger = logging.getLogger(__name__)
 
 # The pass reason of objects not stored because the buffer does not work (see /stats).
 BUFFER_UNAVAILABLE = "buffer-unavailable"
@@ -56,11 +69,17 @@ BUFFER_UNAVAILABLE = "buffer-unavailable"
 INVALIDATED = "invalidated"
 # Served keys are reported to the keeper (for `lru`) at most this often.
 TOUCH_INTERVAL = 0.5  # seconds
-# Stored objects a worker remembers (each a few hundred bytes: its headers).
-REMEMBERED = 100_000
 # Room held for the fill of a claim that begins, until its size is known: nine in ten
 # of an ImageNet-like set's files fit in it.
 PROVISIONAL = 256 * 1024  # bytes
+# Bytes a worker spends remembering stored objects (so that a hit costs no SQLite
+# query): each is kept as the index holds it, a few hundred bytes, and decoded per hit
+# (microseconds), where a decoded one costs about 3 KB of Python objects.
+REMEMBERED_BYTES = 16 * 2**20
+_REMEMBERED_OVERHEAD = 200  # bytes of dict slot, tuple and objects around each one
+# An object found at start that nobody has checked yet is hashed before its first hit:
+# at once when it is this small (a millisecond), else in a thread.
+CHECK_AT_ONCE = 1024 * 1024  # bytes
 
 
 @dataclass
@@ -129,7 +148,7 @@ class Keeper:
         elif op == "failure":
             self.store.report_failure(message["why"])
         elif op == "touch":
-            self.store.touch(message["keys"])
+            self._touch(message["keys"])
         else:
             raise ValueError(f"unknown operation {op!r}")
         return None
@@ -278,6 +297,12 @@ class Keeper:
         except StoreError as e:
             self.metrics.buffer_trouble("updating an object", e)
 
+    def _touch(self, keys: list[str]) -> None:
+        try:
+            self.store.touch(keys)
+        except StoreError as e:
+            self.metrics.buffer_trouble("recording what was used", e)
+
     def _remove(self, key: str) -> None:
         try:
             self.store.remove(key)
@@ -300,12 +325,26 @@ class Keeper:
             del self._claims[key]
 
 
+@dataclass
+class _Known:
+    """A stored object this worker remembers: its index row and value, and whether its
+    body is known to match its digest."""
+
+    rowid: int
+    encoded: bytes
+    checked: bool
+
+
 class Buffer:
     """A worker's handle on the buffer: the index it reads, the keeper it asks.
 
-    Stored objects found in the index are remembered (a hit then costs no SQLite
-    query) until the keeper removes any object: that bumps the shared index
-    generation, and everything remembered is looked up again.
+    Stored objects found in the index are remembered, least recently used forgotten
+    first beyond REMEMBERED_BYTES, until the keeper removes any object: that bumps the
+    shared index generation, and everything remembered is looked up again.
+
+    An object whose index row was found at start and is beyond the store's background
+    check (`Shared.checked_through`) is hashed before this worker serves it; one that
+    does not match is removed and never served.
     """
 
     def __init__(
@@ -315,31 +354,103 @@ class Buffer:
         self._index = index
         self._keeper = keeper
         self._shared = shared
-        self._known: dict[str, StoredObject] = {}
+        self._known: collections.OrderedDict[str, _Known] = collections.OrderedDict()
+        self._known_bytes = 0
         self._known_generation = shared.generation
         self._track_recency = track_recency
         self._touched: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._last_touch_report = time.monotonic()
 
     def lookup(self, key: str) -> StoredObject | None:
-        """The stored, verified object of `key`, or None; StoreError if the index fails."""
-        generation = self._shared.generation
-        if generation != self._known_generation:
-            self._known.clear()
-            self._known_generation = generation
-        entry = self._known.get(key)
+        """The stored object of `key`, or None; StoreError if the index fails. A large
+        one that still needs its check (`unchecked`) must pass `check` first."""
+        known = self._remembered(key)
+        if known is None:
+            return None
+        entry = decode(known.encoded)
         if entry is None:
-            entry = self._index.lookup(key)
-            if entry is None:
+            return None
+        if not known.checked and entry.size <= CHECK_AT_ONCE:
+            if not self._check_now(key, known, entry):
                 return None
-            if len(self._known) >= REMEMBERED:
-                del self._known[next(iter(self._known))]
-            self._known[key] = entry
         if self._track_recency:
             self._touched[key] = None
             self._touched.move_to_end(key)
             self._report_touches()
         return entry
+
+    def unchecked(self, key: str) -> bool:
+        """Must the object `lookup` just found for `key` pass `check` before a hit?"""
+        known = self._known.get(key)
+        return known is not None and not known.checked
+
+    async def check(self, key: str, entry: StoredObject) -> StoredObject | None:
+        """`entry` once its body matches its digest (hashed in a thread), or None: a
+        body that does not match is removed, and the request is a miss."""
+        known = self._known.get(key)
+        try:
+            fd = self.open_body(entry)
+        except StoreError:
+            return None
+        try:
+            await asyncio.to_thread(check_body, fd, entry)
+        except Corrupt:
+            self._drop_corrupt(key)
+            return None
+        finally:
+            os.close(fd)
+        if known is not None:
+            known.checked = True
+        return entry
+
+    def _remembered(self, key: str) -> _Known | None:
+        generation = self._shared.generation
+        if generation != self._known_generation:
+            self._known.clear()
+            self._known_bytes = 0
+            self._known_generation = generation
+        known = self._known.get(key)
+        if known is not None:
+            self._known.move_to_end(key)
+            return known
+        found = self._index.find(key)
+        if found is None:
+            return None
+        checked = (
+            found.rowid > self._shared.found_through
+            or found.rowid <= self._shared.checked_through
+        )
+        known = self._known[key] = _Known(found.rowid, found.encoded, checked)
+        self._known_bytes += _cost(key, known)
+        while self._known_bytes > REMEMBERED_BYTES:
+            forgotten, oldest = self._known.popitem(last=False)
+            self._known_bytes -= _cost(forgotten, oldest)
+        return known
+
+    def _check_now(self, key: str, known: _Known, entry: StoredObject) -> bool:
+        try:
+            fd = self.open_body(entry)
+        except StoreError:
+            return False
+        try:
+            check_body(fd, entry)
+        except Corrupt:
+            self._drop_corrupt(key)
+            return False
+        finally:
+            os.close(fd)
+        known.checked = True
+        return True
+
+    def _drop_corrupt(self, key: str) -> None:
+        logger.warning("buffer: a stored body found at start does not match its digest")
+        self._forget(key)
+        self.remove(key)
+
+    def _forget(self, key: str) -> None:
+        known = self._known.pop(key, None)
+        if known is not None:
+            self._known_bytes -= _cost(key, known)
 
     def open_body(self, entry: StoredObject) -> int:
         return self._index.open_body(entry)
@@ -417,7 +528,7 @@ class Buffer:
         """Record the fields and age of an object a 304 validated; returns once every
         worker's next lookup sees them (the validated response is served after that).
         StoreError if the keeper cannot be asked."""
-        self._known[key] = entry
+        self._forget(key)  # looked up again, as the keeper recorded it
         await self._call(
             "update",
             key=key,
@@ -430,3 +541,7 @@ class Buffer:
     def report_failure(self, why: str) -> None:
         """A write into the buffer failed: the keeper admits nothing for a while."""
         self._keeper.notify("failure", why=why)
+
+
+def _cost(key: str, known: _Known) -> int:
+    return len(key) + len(known.encoded) + _REMEMBERED_OVERHEAD

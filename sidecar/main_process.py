@@ -51,7 +51,11 @@ async def run(
     check_buffer_dir(settings.buffer_dir)
     # Workers remember stored objects; a removal tells them to look again.
     store = Store(
-        settings.buffer_dir, settings.buffer_size, settings.eviction, shared.bump_generation
+        settings.buffer_dir,
+        settings.buffer_size,
+        settings.eviction,
+        shared.bump_generation,
+        shared.publish_checks,
     )
     try:
         store.open()

@@ -55,8 +55,11 @@ logger = logging.getLogger(__name__)
 RANGE_WAIT_WINDOW = 8 * 1024 * 1024  # bytes
 # Hits up to this size are read and written in one go (`hit_now`); larger ones stream.
 IMMEDIATE_LIMIT = 1024 * 1024  # bytes
-# Representations remembered by stored body (their replayed fields are computed once).
+# Hosts remembered by whether they follow RFC 9111 freshness.
 REMEMBERED = 100_000
+# Representations remembered by stored body (their replayed fields are computed once per
+# object while it is read often): each holds a few KB of fields, so few of them.
+REPRESENTATIONS = 4096
 
 
 @dataclass(frozen=True)
@@ -228,6 +231,8 @@ class Router:
     async def _serve(self, request: Request, channel: Channel) -> None:
         key = policy.cache_key(request.url)
         entry = self._lookup(key)
+        if entry is not None and self.buffer.unchecked(key):
+            entry = await self.buffer.check(key, entry)  # found at start: hashed first
         fetched: Fetched | None = None
         must_validate = entry is not None and self._must_validate(request, key, entry)
         if policy.only_if_cached(request.fields) and (entry is None or must_validate):
@@ -476,6 +481,8 @@ class Router:
         if entry is None:
             self._just_missed = key
             return None
+        if self.buffer.unchecked(key):  # found at start: `handle()` checks it first
+            return None
         if self.settings.http_freshness and self._must_validate(request, key, entry):
             return None
         representation = self._representation(entry)
@@ -505,8 +512,9 @@ class Router:
 
     def _representation(self, entry: StoredObject) -> Representation:
         known = self._representations.get(entry.file)
-        if known is None or known.headers is not entry.headers:  # new, or updated by a 304
-            if len(self._representations) >= REMEMBERED:
+        if known is None or (known.headers, known.generated_at) != (entry.headers, entry.born):
+            # new, or updated by a 304
+            if len(self._representations) >= REPRESENTATIONS:
                 self._representations.clear()
             known = self._representations[entry.file] = Representation(
                 entry.size, entry.headers, entry.born

@@ -8,12 +8,17 @@ on the platforms pods run on), so no lock is needed:
 | --- | --- | --- |
 | 0 | the main process | index generation: bumped whenever a stored object is removed |
 | 1 | the main process | invalidations: bumped whenever a write invalidates a URL |
-| 2 + i | worker i | its open client connections (`front.Balance`) |
+| 2 | the main process | found through: index rows up to this one were there at start |
+| 3 | the main process | checked through: rows found at start up to this one are verified |
+| 4 + i | worker i | its open client connections (`front.Balance`) |
 
 Workers remember stored objects between requests; a changed generation tells them
 to forget what they remember (`keeper.Buffer`). A worker lets a new request join a
 fill it runs without asking the keeper only while no invalidation happened since the
-fill began (`fill.Fills`): a fill that a write made stale must not gain readers.
+fill began (`fill.Fills`): a fill that a write made stale must not gain readers. A
+stored object whose index row was found at start and is not checked yet is verified by
+the worker that serves it first (`keeper.Buffer`); until the store has opened the
+index, every row counts as found at start and unchecked.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import mmap
 import os
 
 _SLOT = 8  # bytes
-_COMMON = 2  # slots before the per-worker ones
+_COMMON = 4  # slots before the per-worker ones
+_UNKNOWN = 2**63 - 1  # "found through" before the store has looked: every row
 
 
 class Shared:
@@ -37,7 +43,9 @@ class Shared:
     def create(cls, workers: int) -> Shared:
         fd = os.memfd_create("burstbuffer-shared", 0)  # inherited by workers on purpose
         os.ftruncate(fd, (workers + _COMMON) * _SLOT)
-        return cls(fd)
+        shared = cls(fd)
+        shared._slots[2] = _UNKNOWN
+        return shared
 
     @property
     def generation(self) -> int:
@@ -52,6 +60,20 @@ class Shared:
 
     def bump_invalidations(self) -> None:
         self._slots[1] += 1
+
+    @property
+    def found_through(self) -> int:
+        return int(self._slots[2])
+
+    @property
+    def checked_through(self) -> int:
+        return int(self._slots[3])
+
+    def publish_checks(self, found_through: int, checked_through: int) -> None:
+        """Rows up to `found_through` were found at start; of those, rows up to
+        `checked_through` are verified (or gone)."""
+        self._slots[3] = checked_through
+        self._slots[2] = found_through
 
     @property
     def connections(self) -> memoryview:

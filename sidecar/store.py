@@ -20,10 +20,16 @@ whole pod evicted. So the hard cap and the admission policy live here:
 Fills in progress reserve their full Content-Length up front, so concurrent fills
 can never overshoot the cap together.
 
-Entries found at start (a restarted sidecar on the same emptyDir) are only served
-once their body has been checked against the size and SHA-256 recorded at commit;
-until then they are tagged `unverified` in the index and count as misses. The check
-runs in the background so that the sidecar is ready at once.
+Nothing is done per stored object before a restarted sidecar is ready. The index's
+`tag` column holds each object's body size, so the accounting is one indexed sum; its
+rowids say what was found at start: every row up to the largest rowid at open
+(`found_through`). A background check reads those rows in rowid order at the speed of
+the disk, hashes their bodies against the size and SHA-256 recorded at commit, drops
+those that do not match, and publishes how far it has come (`checked_through`). A row
+found at start and not checked yet is verified by the worker that serves it first
+(`keeper.Buffer`). New commits get larger rowids, and an object moved to the end of the
+`lru` order (a new rowid) was served, hence verified. What was found at start is
+neither rewritten nor held in memory.
 
 Two sides share the directory: `Store`, in the parent process, is the one writer of
 the index and keeps the accounting (cap, reservations, recency); `Index`, in every
@@ -33,20 +39,23 @@ for several processes: a worker sees an object as soon as its commit is written.
 
 from __future__ import annotations
 
+import array
 import asyncio
-import collections
+import bisect
 import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
+import io
 import logging
 import os
+import pickle
 import shutil
 import sqlite3
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,12 +68,17 @@ logger = logging.getLogger(__name__)
 
 # Bytes hashed per read when verifying a body after a restart.
 _VERIFY_CHUNK = 1024 * 1024
+# Index rows the background check reads and hashes per batch (between two reports of
+# how far it has come, and two turns of the event loop for removals).
+_CHECK_BATCH = 2048
+# SQLite's page cache per connection (diskcache's default is 32 MiB), and no memory
+# map: an index of a million rows is hundreds of MB, and each process mapping the part
+# it touched would hold it again. Lookups are one indexed query; the OS caches pages.
+SQLITE_CACHE_KIB = 4096
 # diskcache waits this long for SQLite's lock before raising Timeout. Index calls run
 # on the event loop and only the parent writes the index, so a lock held longer
 # means something is wrong: fail open quickly rather than stall every client.
 _INDEX_TIMEOUT = 0.25  # seconds
-# The index tag of an entry found at start whose body is not checked yet.
-UNVERIFIED = "unverified"
 # Deletes removed bodies off the event loop, in order.
 _JANITOR = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="unlink")
 # After a failed write (disk full, read-only), admit nothing for this long: downloads
@@ -74,6 +88,10 @@ FAILURE_BACKOFF = 30.0  # seconds
 
 class StoreError(Exception):
     """The buffer could not do what was asked (disk full, read-only, corrupt index)."""
+
+
+class Corrupt(StoreError):
+    """A stored body does not match the size and digest recorded at its commit."""
 
 
 class UnusableBufferDir(Exception):
@@ -141,20 +159,24 @@ class Store:
         capacity: int,
         eviction: Eviction,
         changed: Callable[[], None] = lambda: None,
+        checks: Callable[[int, int], None] = lambda found, checked: None,
     ) -> None:
         """`changed()` is called after each object is removed from the index or has its
-        fields changed."""
+        fields changed; `checks(found_through, checked_through)` whenever the background
+        check moves on (`Shared.publish_checks`)."""
         self.directory = directory
         self._changed = changed
         self.capacity = capacity
         self.eviction = eviction
         self.objects_dir = directory / "objects"
         self.partial_dir = directory / "partial"
+        self._checks = checks
         self.used = 0  # bytes of committed bodies
         self.reserved = 0  # bytes held by fills in progress
-        # key -> size, least recently used first (for `lru` and for accounting).
-        self._recency: collections.OrderedDict[str, int] = collections.OrderedDict()
-        self._unverified: set[str] = set()
+        self.entries = 0  # committed objects
+        self.unverified = 0  # objects found at start that the background check has not reached
+        self._found_through = 0  # the largest rowid at open
+        self._opened_at = 0.0  # time.time() of open; older unknown bodies are leftovers
         self._index: diskcache.Cache | None = None
         self._refuse_until = 0.0  # time.monotonic() until which nothing is admitted
         self._failure = ""  # why, the last time a write failed
@@ -188,72 +210,97 @@ class Store:
 
     def _load_index(self) -> None:
         index = self._require_index()
-        referenced: set[str] = set()
-        for key in list(index.iterkeys()):
-            entry = index.get(key)
-            body = self.objects_dir / entry.file if isinstance(entry, StoredObject) else None
-            if body is None or not body.is_file() or body.stat().st_size != entry.size:
-                logger.warning("buffer: dropping an index entry whose body is missing or short")
-                index.delete(key)
-                continue
-            referenced.add(entry.file)
-            index.set(key, entry, tag=UNVERIFIED)
-            self._recency[key] = entry.size
-            self._unverified.add(key)
-            self.used += entry.size
-        for body in self.objects_dir.iterdir():
-            if body.name not in referenced:
-                body.unlink(missing_ok=True)
-        if self._recency:
+        self._opened_at = time.time()
+        with _reader(self.directory) as reader:
+            entries, sized, used, last = reader.execute(
+                "SELECT COUNT(*), COUNT(tag) FILTER (WHERE typeof(tag) = 'integer'),"
+                " TOTAL(tag), MAX(rowid) FROM Cache"
+            ).fetchone()
+        if entries != sized:
+            # Written by a version that did not record sizes in the index. An emptyDir
+            # is only reopened by its own pod, whose image is the same: start empty (the
+            # bodies are deleted as leftovers by the background check).
+            logger.warning("buffer: the index is of another version; starting empty")
+            index.clear()
+            entries, used, last = 0, 0, 0
+        self.entries, self.used = entries, int(used)
+        self.unverified = entries
+        self._found_through = last or 0
+        self._checks(self._found_through, 0)
+        if entries:
             logger.info(
-                "buffer: found %d objects (%d bytes) from before a restart; verifying them",
-                len(self._recency),
+                "buffer: found %d objects (%d bytes) from before a restart; checking them in"
+                " the background",
+                entries,
                 self.used,
             )
 
     async def verify_existing(self) -> None:
-        """Check every entry found at start against its recorded size and digest."""
-        if self._open_failure is not None or not self._unverified:
+        """Check every object found at start against its recorded size and digest, in
+        rowid order, dropping those that do not match; then delete leftover bodies."""
+        if self._open_failure is not None:
             return
-        for key in list(self._unverified):
-            try:
-                entry = self._get(key)
-                ok = entry is not None and await asyncio.to_thread(
-                    _body_matches, self.objects_dir / entry.file, entry
+        checked_through = 0
+        with _reader(self.directory) as reader:
+            while checked_through < self._found_through:
+                rows = await asyncio.to_thread(
+                    _check_rows,
+                    reader,
+                    self.objects_dir,
+                    checked_through,
+                    self._found_through,
                 )
-                if key not in self._unverified:
-                    continue  # a new fill of the key committed meanwhile
-                self._unverified.discard(key)
-                if ok and entry is not None:
-                    self._set(key, entry)  # drops the tag: workers may serve it now
-                else:
+                if not rows.last:
+                    break
+                for key, rowid in rows.corrupt:
                     logger.warning("buffer: dropping an object that does not match its digest")
-                    self.remove(key)
+                    self._remove_row(key, rowid)
+                checked_through = rows.last
+                self.unverified = max(0, self.unverified - rows.count)
+                self._checks(self._found_through, checked_through)
+        self.unverified = 0
+        self._checks(self._found_through, self._found_through)
+        logger.info("buffer: checked; %d objects stored", self.entries)
+        removed = await asyncio.to_thread(_sweep, self.directory, self._opened_at)
+        if removed:
+            logger.info("buffer: deleted %d bodies no object refers to", removed)
+
+    def _remove_row(self, key: str, rowid: int) -> None:
+        """Remove `key` if its index row is still `rowid` (not stored anew meanwhile)."""
+        with _reader(self.directory) as reader:
+            found = reader.execute(
+                "SELECT rowid FROM Cache WHERE key = ? AND raw = 1", (key,)
+            ).fetchone()
+        if found is not None and found[0] == rowid:
+            try:
+                self.remove(key)
             except StoreError as e:
-                logger.warning("buffer: cannot verify an object, dropping it: %s", e)
-                self._recency.pop(key, None)
-                self._unverified.discard(key)
-        logger.info("buffer: verified; %d objects ready", len(self._recency))
+                logger.warning("buffer: cannot drop a corrupt object: %s", e)
 
     # -- accounting ---------------------------------------------------------------------
 
     def touch(self, keys: list[str]) -> None:
-        """Objects just served: the most recently used now (for `lru`)."""
-        for key in keys:
-            if key in self._recency:
-                self._recency.move_to_end(key)
+        """Objects just served: the most recently used now (for `lru`).
+
+        An object's place in the `lru` order is its rowid: moved to the end, it gets a
+        new, largest one (and, having been served, counts as checked).
+        """
+        index = self._require_index()
+        try:
+            with index.transact():
+                for key in keys:
+                    entry, size = index.pop(key, tag=True)
+                    if isinstance(entry, StoredObject):
+                        index.set(key, entry, tag=size)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            raise StoreError(f"cannot record what was used: {_describe(e)}") from e
 
     def holds(self, key: str) -> bool:
-        """Is `key` stored, complete and verified (workers serve it)?"""
-        return key in self._recency and key not in self._unverified
-
-    @property
-    def entries(self) -> int:
-        return len(self._recency)
-
-    @property
-    def unverified(self) -> int:
-        return len(self._unverified)
+        """Is `key` stored (workers serve it, checking it first if found at start)?"""
+        try:
+            return key in self._require_index()
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            raise StoreError(f"cannot read the index: {_describe(e)}") from e
 
     # -- admission, commit, abort -------------------------------------------------------
 
@@ -294,8 +341,13 @@ class Store:
         reservation.size = size
 
     def _evict_until_free(self, size: int) -> None:
-        while self._recency and self.used + self.reserved + size > self.capacity:
-            victim = next(iter(self._recency))
+        while self.entries and self.used + self.reserved + size > self.capacity:
+            try:
+                (victim, _), _ = self._require_index().peekitem(last=False, tag=True)
+            except KeyError:
+                return  # nothing left to evict
+            except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+                raise StoreError(f"cannot read the index: {_describe(e)}") from e
             logger.info("buffer: evicting the least recently used object to admit a new one")
             self.remove(victim)
 
@@ -323,14 +375,13 @@ class Store:
                 raise StoreError(f"body has {size_on_disk} bytes, expected {reservation.size}")
             os.rename(reservation.path, self.objects_dir / name)
             progress.remove(reservation.path)
-            if key in self._recency:
-                self.remove(key)  # a concurrent fill of the same key committed first
-            self._require_index().set(key, entry)
+            self.remove(key)  # if a concurrent fill of the same key committed first
+            self._require_index().set(key, entry, tag=entry.size)
         except (OSError, sqlite3.Error, diskcache.Timeout) as e:
             (self.objects_dir / name).unlink(missing_ok=True)
             reservation.path.unlink(missing_ok=True)
             raise StoreError(f"cannot commit an object: {_describe(e)}") from e
-        self._recency[key] = entry.size
+        self.entries += 1
         self.used += entry.size
         return entry
 
@@ -353,19 +404,17 @@ class Store:
 
     def remove(self, key: str) -> None:
         """Delete one object (evicted, stale or corrupt)."""
-        size = self._recency.pop(key, None)
-        self._unverified.discard(key)
-        if size is None:
-            return
-        self.used -= size
-        entry = self._get(key)
         try:
-            self._require_index().delete(key)
-        except (sqlite3.Error, diskcache.Timeout) as e:
+            entry, size = self._require_index().pop(key, tag=True)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            self._changed()  # whatever happened, workers look again
             raise StoreError(f"cannot remove an object: {_describe(e)}") from e
-        finally:
-            self._changed()
-        if entry is not None:
+        if entry is None:
+            return
+        self.entries -= 1
+        self.used -= size if isinstance(size, int) else 0
+        self._changed()
+        if isinstance(entry, StoredObject):
             # Unlinking a large tmpfs file takes tens of milliseconds: not on the event
             # loop. Readers that still have it open keep reading it.
             _JANITOR.submit(_unlink_quietly, self.objects_dir / entry.file)
@@ -381,7 +430,7 @@ class Store:
         """Record a stored object's fields and age after a 304 validated it; nothing if
         the object was replaced or removed meanwhile."""
         entry = self._get(key)
-        if entry is None or entry.file != file or key in self._unverified:
+        if entry is None or entry.file != file:
             return
         self._set(
             key,
@@ -413,36 +462,57 @@ class Store:
 
     def _set(self, key: str, entry: StoredObject) -> None:
         try:
-            self._require_index().set(key, entry)
+            self._require_index().set(key, entry, tag=entry.size)
         except (OSError, sqlite3.Error, diskcache.Timeout) as e:
             raise StoreError(f"cannot write the index: {_describe(e)}") from e
 
 
+@dataclass(frozen=True)
+class Found:
+    """A stored object as a worker's index read finds it, with its index row."""
+
+    rowid: int
+    encoded: bytes  # the StoredObject as the index holds it (`decode`)
+
+
 class Index:
-    """A worker's read-only view of the buffer: stored objects and their bodies."""
+    """A worker's read-only view of the buffer: stored objects and their bodies.
+
+    It reads diskcache's table itself, on a read-only connection of its own: diskcache's
+    `get` does not say which row an object is in, and the row says whether the object
+    was found at start (see the module docstring).
+    """
 
     def __init__(self, directory: Path) -> None:
         self._objects_dir = str(directory / "objects")
         self._directory = directory
-        self._index: diskcache.Cache | None = None
+        self._reader: sqlite3.Connection | None = None
+        self._disk = diskcache.Disk(str(directory / "index"))
 
     def open(self) -> None:
         try:
-            self._index = _open_index(self._directory)
+            _open_index(self._directory).close()  # creates it if this worker is first
+            self._reader = _connect(self._directory)
         except (OSError, sqlite3.Error, diskcache.Timeout) as e:
             raise StoreError(f"cannot open the buffer in {self._directory}: {e}") from e
 
-    def lookup(self, key: str) -> StoredObject | None:
-        """The complete, verified object stored under `key`, or None (a miss)."""
-        if self._index is None:
+    def find(self, key: str) -> Found | None:
+        """The row stored under `key`, or None (a miss); StoreError if the index fails."""
+        if self._reader is None:
             raise StoreError("the buffer is not open")
         try:
-            entry, tag = self._index.get(key, tag=True)
-        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            found = self._reader.execute(
+                "SELECT rowid, mode, filename, value FROM Cache WHERE key = ? AND raw = 1",
+                (key,),
+            ).fetchone()
+            if found is None:
+                return None
+            rowid, mode, filename, value = found
+            if filename is not None:  # a large head, kept in a file by diskcache
+                value = pickle.dumps(self._disk.fetch(mode, filename, value, False))
+        except (OSError, sqlite3.Error) as e:
             raise StoreError(f"cannot read the index: {_describe(e)}") from e
-        if tag == UNVERIFIED or not isinstance(entry, StoredObject):
-            return None
-        return entry
+        return Found(rowid, bytes(value))
 
     def open_body(self, entry: StoredObject) -> int:
         """A descriptor of a stored body (it stays readable even if evicted)."""
@@ -452,8 +522,31 @@ class Index:
             raise StoreError(f"cannot read a stored body: {_describe(e)}") from e
 
     def close(self) -> None:
-        if self._index is not None:
-            self._index.close()
+        if self._reader is not None:
+            self._reader.close()
+
+
+def decode(encoded: bytes) -> StoredObject | None:
+    """The StoredObject of an index value, or None for anything else."""
+    try:
+        entry = pickle.load(io.BytesIO(encoded))
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
+        return None
+    return entry if isinstance(entry, StoredObject) else None
+
+
+def check_body(fd: int, entry: StoredObject) -> None:
+    """Raise Corrupt unless the body open as `fd` has the size and digest of `entry`."""
+    digest = hashlib.sha256()
+    offset = 0
+    try:
+        while chunk := os.pread(fd, _VERIFY_CHUNK, offset):
+            digest.update(chunk)
+            offset += len(chunk)
+    except OSError as e:
+        raise Corrupt(f"cannot read a stored body: {_describe(e)}") from e
+    if offset != entry.size or digest.hexdigest() != entry.sha256:
+        raise Corrupt("a stored body does not match its digest")
 
 
 def _open_index(directory: Path) -> diskcache.Cache:
@@ -463,6 +556,9 @@ def _open_index(directory: Path) -> diskcache.Cache:
         size_limit=2**62,
         timeout=_INDEX_TIMEOUT,
         statistics=False,
+        tag_index=True,  # the tag is the body size, summed at start: see the docstring
+        sqlite_cache_size=-SQLITE_CACHE_KIB,  # negative: KiB rather than pages
+        sqlite_mmap_size=0,
     )
 
 
@@ -471,6 +567,66 @@ def _create_partial(path: Path) -> None:
     readers in any worker can open them at once."""
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     progress.create(path)
+
+
+def _connect(directory: Path) -> sqlite3.Connection:
+    """A read-only connection to the index, with the page cache of `_open_index`."""
+    uri = f"file:{directory / 'index' / diskcache.core.DBNAME}?mode=ro"
+    connection = sqlite3.connect(uri, uri=True, timeout=_INDEX_TIMEOUT, check_same_thread=False)
+    connection.execute(f"PRAGMA cache_size = -{SQLITE_CACHE_KIB}")
+    connection.execute("PRAGMA mmap_size = 0")
+    return connection
+
+
+@contextlib.contextmanager
+def _reader(directory: Path) -> Iterator[sqlite3.Connection]:
+    connection = _connect(directory)
+    try:
+        yield connection
+    finally:
+        connection.close()
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """One batch of the background check: its last rowid (0: nothing left), how many
+    rows it read, and the (key, rowid) of those whose body does not match."""
+
+    last: int
+    count: int
+    corrupt: list[tuple[str, int]]
+
+
+def _check_rows(
+    reader: sqlite3.Connection,
+    objects_dir: Path,
+    after: int,
+    through: int,
+) -> _Checked:
+    """Check the next rows found at start (run in a thread: it reads and hashes)."""
+    rows = reader.execute(
+        "SELECT rowid, key, raw, filename, value FROM Cache WHERE rowid > ? AND rowid <= ?"
+        " ORDER BY rowid LIMIT ?",
+        (after, through, _CHECK_BATCH),
+    ).fetchall()
+    corrupt = []
+    for rowid, key, raw, filename, value in rows:
+        entry = decode(value) if raw == 1 and filename is None and value is not None else None
+        if entry is None:
+            corrupt.append((key, rowid))  # not an object of ours: dropped as corrupt
+            continue
+        try:
+            fd = os.open(objects_dir / entry.file, os.O_RDONLY)
+        except OSError:
+            corrupt.append((key, rowid))
+            continue
+        try:
+            check_body(fd, entry)
+        except Corrupt:
+            corrupt.append((key, rowid))
+        finally:
+            os.close(fd)
+    return _Checked(rows[-1][0] if rows else 0, len(rows), corrupt)
 
 
 def _unlink_quietly(path: Path) -> None:
@@ -485,14 +641,38 @@ def _describe(error: BaseException) -> str:
     return str(error) or type(error).__name__  # diskcache.Timeout has no message
 
 
-def _body_matches(path: Path, entry: StoredObject) -> bool:
-    digest = hashlib.sha256()
-    size = 0
+def _name_number(name: str) -> int:
+    """The first 64 bits of a body's name (a uuid4 in hex), or 0 for a foreign name."""
     try:
-        with open(path, "rb") as body:
-            while chunk := body.read(_VERIFY_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-    except OSError:
-        return False
-    return size == entry.size and digest.hexdigest() == entry.sha256
+        return int(name[:16], 16)
+    except ValueError:
+        return 0
+
+
+def _sweep(directory: Path, opened_at: float) -> int:
+    """Delete bodies older than `opened_at` that no object refers to (left by a crash
+    between writing a body and indexing it, or by a failed unlink); how many.
+
+    Run in a thread once the check is done. Bodies written since `opened_at` may not be
+    indexed yet, so they stay; every older one that an object still refers to is in one
+    snapshot of the index, its names kept as 64-bit numbers (a clash keeps a body).
+    """
+    names = array.array("Q")
+    with _reader(directory) as reader:
+        for (value,) in reader.execute("SELECT value FROM Cache WHERE value IS NOT NULL"):
+            entry = decode(value)
+            if entry is not None:
+                names.append(_name_number(entry.file))
+    referenced = array.array("Q", sorted(names))
+    del names
+    removed = 0
+    for body in os.scandir(directory / "objects"):
+        number = _name_number(body.name)
+        at = bisect.bisect_left(referenced, number)
+        if number and at < len(referenced) and referenced[at] == number:
+            continue
+        with contextlib.suppress(OSError):
+            if body.stat(follow_symlinks=False).st_ctime < opened_at:
+                os.unlink(body.path)
+                removed += 1
+    return removed
