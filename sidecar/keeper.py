@@ -328,11 +328,12 @@ class Keeper:
 @dataclass
 class _Known:
     """A stored object this worker remembers: its index row and value, and whether its
-    body is known to match its digest."""
+    body is known to match its digest (or known not to, until the keeper removes it)."""
 
     rowid: int
     encoded: bytes
     checked: bool
+    corrupt: bool = False
 
 
 class Buffer:
@@ -365,7 +366,7 @@ class Buffer:
         """The stored object of `key`, or None; StoreError if the index fails. A large
         one that still needs its check (`unchecked`) must pass `check` first."""
         known = self._remembered(key)
-        if known is None:
+        if known is None or known.corrupt:
             return None
         entry = decode(known.encoded)
         if entry is None:
@@ -395,7 +396,7 @@ class Buffer:
         try:
             await asyncio.to_thread(check_body, fd, entry)
         except Corrupt:
-            self._drop_corrupt(key)
+            self._drop_corrupt(key, known)
             return None
         finally:
             os.close(fd)
@@ -435,16 +436,17 @@ class Buffer:
         try:
             check_body(fd, entry)
         except Corrupt:
-            self._drop_corrupt(key)
+            self._drop_corrupt(key, known)
             return False
         finally:
             os.close(fd)
         known.checked = True
         return True
 
-    def _drop_corrupt(self, key: str) -> None:
+    def _drop_corrupt(self, key: str, known: _Known | None) -> None:
         logger.warning("buffer: a stored body found at start does not match its digest")
-        self._forget(key)
+        if known is not None:
+            known.corrupt = True  # a miss until the keeper's removal reaches every worker
         self.remove(key)
 
     def _forget(self, key: str) -> None:
