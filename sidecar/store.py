@@ -39,9 +39,7 @@ for several processes: a worker sees an object as soon as its commit is written.
 
 from __future__ import annotations
 
-import array
 import asyncio
-import bisect
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -261,7 +259,9 @@ class Store:
         self.unverified = 0
         self._checks(self._found_through, self._found_through)
         logger.info("buffer: checked; %d objects stored", self.entries)
-        removed = await asyncio.to_thread(_sweep, self.directory, self._opened_at)
+        removed = await asyncio.to_thread(
+            _sweep, self.directory, self._opened_at, self.entries
+        )
         if removed:
             logger.info("buffer: deleted %d bodies no object refers to", removed)
 
@@ -641,38 +641,40 @@ def _describe(error: BaseException) -> str:
     return str(error) or type(error).__name__  # diskcache.Timeout has no message
 
 
-def _name_number(name: str) -> int:
-    """The first 64 bits of a body's name (a uuid4 in hex), or 0 for a foreign name."""
-    try:
-        return int(name[:16], 16)
-    except ValueError:
-        return 0
-
-
-def _sweep(directory: Path, opened_at: float) -> int:
+def _sweep(directory: Path, opened_at: float, entries: int) -> int:
     """Delete bodies older than `opened_at` that no object refers to (left by a crash
     between writing a body and indexing it, or by a failed unlink); how many.
 
     Run in a thread once the check is done. Bodies written since `opened_at` may not be
     indexed yet, so they stay; every older one that an object still refers to is in one
-    snapshot of the index, its names kept as 64-bit numbers (a clash keeps a body).
+    snapshot of the index. The names seen there go into a Bloom filter of 64 bits per
+    object (8 MB for a million, where a set of names would take ~100 MB), so about one
+    leftover in a thousand is kept until a later start; a referenced body never goes.
     """
-    names = array.array("Q")
+    bits = 1 << max(16, (64 * entries).bit_length())
+    seen = bytearray(bits // 8)
     with _reader(directory) as reader:
         for (value,) in reader.execute("SELECT value FROM Cache WHERE value IS NOT NULL"):
             entry = decode(value)
-            if entry is not None:
-                names.append(_name_number(entry.file))
-    referenced = array.array("Q", sorted(names))
-    del names
+            for slot in _slots(entry.file if entry else "", bits):
+                seen[slot >> 3] |= 1 << (slot & 7)
     removed = 0
     for body in os.scandir(directory / "objects"):
-        number = _name_number(body.name)
-        at = bisect.bisect_left(referenced, number)
-        if number and at < len(referenced) and referenced[at] == number:
+        slots = _slots(body.name, bits)
+        if slots and all(seen[slot >> 3] & (1 << (slot & 7)) for slot in slots):
             continue
         with contextlib.suppress(OSError):
             if body.stat(follow_symlinks=False).st_ctime < opened_at:
                 os.unlink(body.path)
                 removed += 1
     return removed
+
+
+def _slots(name: str, bits: int) -> tuple[int, ...]:
+    """Two Bloom filter positions of a body name (a uuid4 in hex: its low 62 and high 48
+    bits are random); none for a name of anything else."""
+    try:
+        number = int(name, 16)
+    except ValueError:
+        return ()
+    return number % bits, (number >> 80) % bits

@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import signal
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -49,6 +50,11 @@ def test_a_restart_on_many_objects_serves_them_at_once_and_never_a_corrupt_one(
     first.stop(signal.SIGKILL)  # a crash: nothing is closed cleanly
     corrupt(pod / "buffer", FILES["small.bin"])  # hashed at once on its first request
     corrupt(pod / "buffer", FILES["medium.bin"])  # hashed in a thread first
+    # Bodies no object refers to (a crash between writing and indexing one), deleted
+    # once everything is checked.
+    leftovers = [pod / "buffer" / "objects" / name for name in (uuid.uuid4().hex, "stray")]
+    for leftover in leftovers:
+        leftover.write_bytes(b"left over")
 
     again = start_sidecar(directory=pod)
     total = sum(int(line.split()[1]) for line in lines) + sum(FILES.values())
@@ -78,6 +84,8 @@ def test_a_restart_on_many_objects_serves_them_at_once_and_never_a_corrupt_one(
     wait_until(lambda: again.stats()["unverified_entries"] == 0, "the background check")
     stats = again.stats()  # the corrupt bodies were replaced by their new fills
     assert (stats["entries"], stats["buffer_bytes"]) == (FILLERS + len(FILES), total), stats
+    wait_until(lambda: not any(p.exists() for p in leftovers), "leftover bodies deleted")
+    assert len(list((pod / "buffer" / "objects").iterdir())) == FILLERS + len(FILES)
     for name, url in urls.items():
         assert curl(again, url).body == (dataset / name).read_bytes()
     assert again.stats()["hits"] == 1 + len(FILES)
