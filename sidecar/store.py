@@ -44,7 +44,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
-import io
 import logging
 import os
 import pickle
@@ -244,7 +243,7 @@ class Store:
                 rows = await asyncio.to_thread(
                     _check_rows,
                     reader,
-                    self.objects_dir,
+                    str(self.objects_dir),
                     checked_through,
                     self._found_through,
                 )
@@ -529,7 +528,7 @@ class Index:
 def decode(encoded: bytes) -> StoredObject | None:
     """The StoredObject of an index value, or None for anything else."""
     try:
-        entry = pickle.load(io.BytesIO(encoded))
+        entry = pickle.loads(encoded)
     except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
         return None
     return entry if isinstance(entry, StoredObject) else None
@@ -540,9 +539,15 @@ def check_body(fd: int, entry: StoredObject) -> None:
     digest = hashlib.sha256()
     offset = 0
     try:
-        while chunk := os.pread(fd, _VERIFY_CHUNK, offset):
+        while True:
+            # One byte past the recorded end: a short read ends it (one read for a small
+            # body), and a longer body shows.
+            wanted = min(_VERIFY_CHUNK, entry.size + 1 - offset)
+            chunk = os.pread(fd, wanted, offset)
             digest.update(chunk)
             offset += len(chunk)
+            if len(chunk) < wanted or offset > entry.size:
+                break
     except OSError as e:
         raise Corrupt(f"cannot read a stored body: {_describe(e)}") from e
     if offset != entry.size or digest.hexdigest() != entry.sha256:
@@ -599,7 +604,7 @@ class _Checked:
 
 def _check_rows(
     reader: sqlite3.Connection,
-    objects_dir: Path,
+    objects_dir: str,
     after: int,
     through: int,
 ) -> _Checked:
@@ -616,7 +621,7 @@ def _check_rows(
             corrupt.append((key, rowid))  # not an object of ours: dropped as corrupt
             continue
         try:
-            fd = os.open(objects_dir / entry.file, os.O_RDONLY)
+            fd = os.open(os.path.join(objects_dir, entry.file), os.O_RDONLY)
         except OSError:
             corrupt.append((key, rowid))
             continue
