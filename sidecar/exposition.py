@@ -65,7 +65,7 @@ _GAUGE_HELP = {
     "buffer_available": "1 while the buffer stores objects; 0 once it failed (see /stats).",
     "workers": "Worker processes serving (--workers).",
     "entries": "Complete objects stored in the buffer.",
-    "unverified_entries": "Objects found at start whose digest is not checked yet (misses).",
+    "unverified_entries": "Objects found at start that the background check has not reached.",
     "buffer_bytes": "Body bytes of the stored objects.",
     "reserved_bytes": "Bytes held for fills in progress.",
     "capacity_bytes": "The buffer's hard cap (--buffer-size).",
