@@ -35,6 +35,7 @@ WORKERS = 2  # sidecar workers, and loader processes reading through it
 READY_LIMIT_S = 2.0
 VERIFIED_LIMIT_S = 120.0
 PSS_LIMIT_MB = 400.0  # within the injector's 384Mi for a two-worker sidecar
+MB = 1_000_000
 HIT_RATIO = 0.9  # hits/s with many stored objects against hits/s with few
 VERIFY_TIMEOUT = 900.0  # seconds
 REFERENCE_PASSES = 20  # passes over the few objects of the reference

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from podcheck import check_pod
 
+from bench import bench_scale
 from injector import names, runtimes, settings
 from injector.capture import BUILTIN_NO_PROXY, find_upstream_proxy, normalize_proxy, redact
 from injector.decide import ALREADY_INJECTED, HOST_NETWORK, INJECTED, OPTED_OUT, WINDOWS, decide
@@ -681,6 +682,16 @@ def test_sidecar_cpu_sets_the_request_the_workers_and_their_memory(
     assert sidecar["resources"]["limits"]["memory"] == memory_limit
     parsed = sidecar_settings.parse(sidecar["args"], {})
     assert parsed.workers == workers
+
+
+def test_a_two_worker_sidecar_gets_the_memory_the_scale_bench_holds_it_to() -> None:
+    """`python -m bench --only scale` requires a two-worker sidecar on a million stored
+    objects, after 200,000 distinct hits, to stay within PSS_LIMIT_MB: the injected limit
+    (a Disk buffer, so the sidecar's own) is at least that."""
+    config = settings.load("buffer: {medium: Disk}")
+    sidecar = _sidecar_of(pod(annotations={names.SIDECAR_CPU: "2"}), config)
+    limit = parse_bytes(sidecar["resources"]["limits"]["memory"])
+    assert limit >= bench_scale.PSS_LIMIT_MB * bench_scale.MB
 
 
 def test_a_configured_cpu_limit_decides_the_workers_and_is_raised_to_the_request() -> None:
