@@ -209,11 +209,16 @@ class Store:
         index = self._require_index()
         self._opened_at = time.time()
         with _reader(self.directory) as reader:
-            entries, sized, used, last = reader.execute(
-                "SELECT COUNT(*), COUNT(tag) FILTER (WHERE typeof(tag) = 'integer'),"
-                " TOTAL(tag), MAX(rowid) FROM Cache"
+            # Both over the tag index alone; in its order NULL < numbers < text < blobs,
+            # so the second finds any row without a size in a few page reads.
+            entries, used, last = reader.execute(
+                "SELECT COUNT(*), TOTAL(tag), MAX(rowid) FROM Cache"
             ).fetchone()
-        if entries != sized:
+            (unsized,) = reader.execute(
+                "SELECT EXISTS (SELECT 1 FROM Cache WHERE tag IS NULL)"
+                " OR EXISTS (SELECT 1 FROM Cache WHERE tag >= '')"
+            ).fetchone()
+        if unsized:
             # Written by a version that did not record sizes in the index. An emptyDir
             # is only reopened by its own pod, whose image is the same: start empty (the
             # bodies are deleted as leftovers by the background check).
@@ -374,7 +379,8 @@ class Store:
                 raise StoreError(f"body has {size_on_disk} bytes, expected {reservation.size}")
             os.rename(reservation.path, self.objects_dir / name)
             progress.remove(reservation.path)
-            self.remove(key)  # if a concurrent fill of the same key committed first
+            if key in self._require_index():
+                self.remove(key)  # a concurrent fill of the same key committed first
             self._require_index().set(key, entry, tag=entry.size)
         except (OSError, sqlite3.Error, diskcache.Timeout) as e:
             (self.objects_dir / name).unlink(missing_ok=True)
