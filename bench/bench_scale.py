@@ -50,6 +50,7 @@ class Restart:
     first_hit: bool
     verified_s: float
     hits_per_s: float
+    cpu_per_1000: float  # the sidecar's CPU seconds per 1,000 of those hits
     hits: int
     pss_mb: dict[str, float]  # by process
 
@@ -82,7 +83,7 @@ def restart(lab: Lab, count: int, distinct: int, passes: int) -> Restart:
     ready = seconds_since(started, sidecar.healthy)
     if manifest is None:
         sidecar.stop()
-        return Restart(0, ready, True, ready, 0.0, 0, {})
+        return Restart(0, ready, True, ready, 0.0, 0.0, 0, {})
 
     route = lab.through(sidecar)
     loads = lab.dir / f"manifest-{count}.txt"
@@ -108,7 +109,9 @@ def restart(lab: Lab, count: int, distinct: int, passes: int) -> Restart:
         raise WrongPath(f"{requests} requests for stored objects made {served}")
     pss = {str(pid): memory.pss_mb(pid) for pid in process_tree(sidecar.pid)}
     sidecar.stop()
-    return Restart(count, ready, first_hit, verified, hits.files_per_s, requests, pss)
+    return Restart(
+        count, ready, first_hit, verified, hits.files_per_s, hits.cpu_per_1000, requests, pss
+    )
 
 
 def run(profile: Profile, lab: Lab) -> Result:
@@ -159,7 +162,11 @@ def run(profile: Profile, lab: Lab) -> Result:
             ),
         ]
         per_process = ", ".join(f"{mb:.0f}" for mb in found.pss_mb.values())
-        result.notes.append(f"{label}: PSS by process (main, fork server, workers): {per_process}")
+        result.notes.append(
+            f"{label}: PSS by process (main, fork server, workers): {per_process}; sidecar CPU"
+            f" per 1,000 hits {found.cpu_per_1000:.2f} s ({reference.cpu_per_1000:.2f} s with"
+            f" {profile.scale_reference:,} stored)"
+        )
     result.notes.append(
         f"one restart per size; the reference's rate is over {REFERENCE_PASSES} shuffled "
         f"passes of its {profile.scale_reference:,} objects, each size's over distinct objects"
