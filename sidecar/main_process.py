@@ -17,6 +17,7 @@ import contextlib
 import logging
 import signal
 import threading
+from collections.abc import Callable
 
 from certs import bundle
 from certs.bundle import TrustError
@@ -30,6 +31,8 @@ from sidecar.workers import Workers
 
 logger = logging.getLogger("sidecar")
 
+# How often the background check asks whether the sidecar is ready yet.
+READY_POLL = 0.05  # seconds
 # What stops the sidecar at start with one line: nothing could be served safely.
 STARTUP_ERRORS = (CAError, TrustError, OSError)
 # Flags that can never work: reported like any bad flag.
@@ -95,7 +98,7 @@ async def run(
         workers.check_spawned()
         workers.serve(keeper)
         cleanup.push_async_callback(workers.stop)
-        verify = asyncio.create_task(store.verify_existing())
+        verify = asyncio.create_task(_verify_once_ready(store, ready))
         cleanup.callback(verify.cancel)
         logger.info(
             "proxy on %s:%d (capture %s, %d workers), buffer %s (%d bytes, eviction %s), "
@@ -110,3 +113,12 @@ async def run(
             len(settings.intercept),
         )
         await stop.wait()
+
+
+async def _verify_once_ready(store: Store, ready: Callable[[], str | None]) -> None:
+    """Check what the buffer held at start once the sidecar is ready, not before: the
+    check reads every stored body, and the workers starting meanwhile read their own
+    files from the same disks."""
+    while ready() is not None:
+        await asyncio.sleep(READY_POLL)
+    await store.verify_existing()
