@@ -54,7 +54,7 @@ _INDEX_HEADROOM_MAX = 512 * 2**20
 # 15 MiB of it is its own at first, the rest shared until the worker touches it. It does
 # not grow with the objects stored (it remembers them in at most 16 MiB): at the
 # documented maximum of 1,000,000 stored objects, after 200,000 distinct hits, a worker
-# held 90 MB (PSS) and a two-worker sidecar 250 MB, within 256Mi + 128Mi
+# held about 97 MB (PSS) and a two-worker sidecar 250–267 MB, within 256Mi + 128Mi
 # (`python -m bench --only scale`).
 WORKER_MEMORY = 128 * 2**20
 
