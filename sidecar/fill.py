@@ -566,6 +566,11 @@ class Fills:
         except (FillFailed, SegmentFailed) as e:
             failure = e
             logger.warning("fill %s failed: %s", loggable_url(fill.url), e)
+        except Exception as e:
+            # A bug of ours: its readers must still see a failed fill (they abort), never
+            # a fill that ended without one, which they would wait on for ever.
+            failure = FillFailed(f"{type(e).__name__}: {e}")
+            logger.exception("fill %s failed unexpectedly", loggable_url(fill.url))
         finally:
             if not committed:
                 self._buffer.abort(rid)
