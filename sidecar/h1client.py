@@ -35,6 +35,7 @@ import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from sidecar import tls
+from sidecar.framing import closes_after, response_head_error
 
 logger = logging.getLogger(__name__)
 
@@ -268,6 +269,7 @@ class _Connection(asyncio.Protocol):
         self._response: Response | None = None
         self._reason = bytearray()
         self._fields: list[tuple[str, str]] = []
+        self._transfer_encoding: str | None = None
         self._head_size = 0
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
@@ -331,6 +333,7 @@ class _Connection(asyncio.Protocol):
             raise _Excess()
         self._reason.clear()
         self._fields = []
+        self._transfer_encoding = None
         self._head_size = 0
 
     def on_status(self, status: bytes) -> None:
@@ -339,13 +342,17 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count_head(len(name) + len(value))
-        self._fields.append((name.decode("latin-1"), value.decode("latin-1")))
+        field = (name.decode("latin-1"), value.decode("latin-1"))
+        self._fields.append(field)
+        if len(name) == 17 and name.lower() == b"transfer-encoding":
+            self._transfer_encoding = field[1]
 
     def on_headers_complete(self) -> None:
         assert self._parser is not None and self._head is not None
         status = self._parser.get_status_code()
-        if status == 101:
-            raise UpstreamError("the origin switched protocols, which was not asked for")
+        refusal = response_head_error(status, self._fields)
+        if refusal is not None:
+            raise UpstreamError(refusal)
         if status < 200:
             # 100 answers an Expect the front end already answered itself.
             if status != 100 and self._interim is not None:
@@ -507,7 +514,11 @@ class _Connection(asyncio.Protocol):
     def _message_done(self) -> None:
         assert self._parser is not None
         self.complete = True
-        self._keep_alive = self._method != "CONNECT" and self._parser.should_keep_alive()
+        self._keep_alive = (
+            self._method != "CONNECT"
+            and self._parser.should_keep_alive()
+            and not closes_after(self._parser.get_http_version(), self._transfer_encoding)
+        )
 
     def _excess(self) -> None:
         # The caller, who knows the URL, says so in the log.

@@ -31,6 +31,7 @@ import httptools
 
 from sidecar import upgrade
 from sidecar.exchange import ClientGone, Request
+from sidecar.framing import closes_after, request_head_error
 from sidecar.router import Immediate, Router
 
 logger = logging.getLogger(__name__)
@@ -211,6 +212,7 @@ class Http1Connection(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         self._queue: collections.deque[_Pending] = collections.deque()
+        self._current: tuple[_Pending, _Response] | None = None  # being answered
         self._answering = False
         self._worker: asyncio.Task[None] | None = None  # while it is suspended
         self._writable: asyncio.Event = asyncio.Event()
@@ -225,6 +227,8 @@ class Http1Connection(asyncio.Protocol):
         # The request being parsed.
         self._target = b""
         self._fields: list[tuple[str, str]] = []
+        self._hosts: list[str] = []
+        self._transfer_encoding: str | None = None
         self._head_size = 0
         self._body: _BodyStream | None = None
         # An upgrade request, from its head until the relay takes the connection over.
@@ -257,9 +261,9 @@ class Http1Connection(asyncio.Protocol):
                 )
             )
         except httptools.HttpParserError as e:
-            self._refuse(BadRequest(HTTPStatus.BAD_REQUEST, f"malformed request: {e}"))
-        except BadRequest as e:
-            self._refuse(e)
+            # A refusal of ours, raised in a callback, reaches us as the parser's error.
+            cause = e.__context__ if isinstance(e.__context__, BadRequest) else None
+            self._refuse(cause or BadRequest(HTTPStatus.BAD_REQUEST, f"malformed request: {e}"))
 
     def eof_received(self) -> bool:
         # The client closed its side; a TLS transport cannot stay half-open, so close.
@@ -285,6 +289,8 @@ class Http1Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._target = b""
         self._fields = []
+        self._hosts = []
+        self._transfer_encoding = None
         self._head_size = 0
         self._body = None
 
@@ -294,16 +300,31 @@ class Http1Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._grow_head(len(name) + len(value) + 4)
-        self._fields.append((name.decode("latin-1"), value.decode("latin-1")))
+        field = (name.decode("latin-1"), value.decode("latin-1"))
+        self._fields.append(field)
+        # The fields the request's framing and origin depend on, noted as they pass: the
+        # length tells most others apart without lowering their names.
+        if len(name) == 4 and name.lower() == b"host":
+            self._hosts.append(field[1])
+        elif len(name) == 17 and name.lower() == b"transfer-encoding":
+            te = self._transfer_encoding
+            self._transfer_encoding = field[1] if te is None else f"{te}, {field[1]}"
 
     def on_headers_complete(self) -> None:
         self._idle_since = None
         method = self._parser.get_method().decode("ascii")
-        version = "HTTP/" + self._parser.get_http_version()
-        close = not self._parser.should_keep_alive()
-        request = Request(
-            method, self._tunnel.url(origin_form_target(self._target)), tuple(self._fields), version
+        number = self._parser.get_http_version()
+        target = origin_form_target(self._target)
+        refusal = request_head_error(
+            number, self._hosts, self._target.decode("ascii"), self._transfer_encoding
         )
+        if refusal is not None:
+            raise BadRequest(*refusal)
+        close = not self._parser.should_keep_alive() or closes_after(
+            number, self._transfer_encoding
+        )
+        # The tunnel, not the request's Host or target, names the origin.
+        request = Request(method, self._tunnel.url(target), tuple(self._fields), "HTTP/" + number)
         if method != "CONNECT" and self._parser.should_upgrade():
             self._upgrade = request  # relayed once the parser stops after its head
             return
@@ -345,6 +366,7 @@ class Http1Connection(asyncio.Protocol):
             while self._queue and not self._closed:
                 pending = self._queue.popleft()
                 response = _Response(self, pending.close)
+                self._current = (pending, response)
                 body = pending.body.chunks() if pending.body is not None else None
                 await self._router.handle(pending.request, response, body)
                 unread_body = pending.body is not None and not pending.body.complete
@@ -354,6 +376,7 @@ class Http1Connection(asyncio.Protocol):
                     return
                 self._resume_reading()
         finally:
+            self._current = None
             self._answering = False
             self._worker = None
             self._idle_since = self._loop.time()
@@ -381,7 +404,8 @@ class Http1Connection(asyncio.Protocol):
             self._transport.write(data)
 
     def abort(self) -> None:
-        if self._transport is not None:
+        # A connection we are closing already keeps what it has to say (a refusal).
+        if self._transport is not None and not self._transport.is_closing():
             self._transport.abort()
 
     # -- internals ----------------------------------------------------------------------
@@ -395,7 +419,14 @@ class Http1Connection(asyncio.Protocol):
             )
 
     def _refuse(self, error: BadRequest) -> None:
-        """Answer a request we cannot parse (after the ones before it) and close."""
+        """Answer a request we cannot parse (after the ones before it) and close.
+
+        A body found malformed on its way to the origin ends that upload unfinished (RFC
+        9112 §8: "A message body that uses the chunked transfer coding is incomplete if
+        the zero-sized chunk that terminates the encoding has not been received"), so
+        the origin never takes a part for the whole; its request is answered with the
+        400 at once, unless the origin's answer has begun (then the connection is cut).
+        """
         logger.info("refused a request to %s: %s", self._tunnel.host, error)
         self._pause_reading()
         body = f"burstbuffer: {error}\n".encode()
@@ -404,6 +435,14 @@ class Http1Connection(asyncio.Protocol):
             "Content-Type: text/plain; charset=utf-8\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
         ).encode()
+        broken = self._body
+        self._fail_body(ClientGone(f"the request body is malformed: {error}"))
+        if broken is not None and self._current is not None:
+            pending, response = self._current
+            if pending.body is broken and not response.started:
+                self.send_now(head + body)
+                self._close()
+                return
 
         async def after_the_others() -> None:
             if self._worker is not None:

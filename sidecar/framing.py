@@ -1,0 +1,96 @@
+"""RFC 9112's rules on which HTTP/1.x messages are refused, and after which a connection
+must close, whichever parser read them.
+
+Both front ends (the lean server with llhttp, mitmproxy with its own parser) and the
+client towards origins ask these pure functions, so that they refuse the same messages
+for the same reasons. llhttp accepts more than the RFC does (a request line without a
+version, `HTTP/2.0` in one, a status of 600); these are the checks it leaves to us.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from http import HTTPStatus
+
+
+def request_head_error(
+    version: str, hosts: Sequence[str], target: str, transfer_encoding: str | None
+) -> tuple[HTTPStatus, str] | None:
+    """Why a request head must be refused, with the status to answer; None if it may go on.
+
+    `version` as the request line gave it (`1.1`, `0.9` for a line without one), `hosts`
+    the values of every Host line, `target` the request target, `transfer_encoding` the
+    field's lines joined. The two front ends parse with different parsers and both ask
+    this, so that they refuse the same requests.
+    """
+    # RFC 9112 §2.3, §3: request-line = method SP request-target SP HTTP-version; a line
+    # without a version is HTTP/0.9, which no client of ours speaks. A server "can send a
+    # 505 (HTTP Version Not Supported) response if it wishes ... to refuse service of the
+    # client's major protocol version".
+    if version not in ("1.1", "1.0"):
+        if version.startswith("0."):
+            return HTTPStatus.BAD_REQUEST, "the request line has no HTTP/1.x version"
+        return HTTPStatus.HTTP_VERSION_NOT_SUPPORTED, f"HTTP/{version} is not spoken here"
+    # §3.2: "A server MUST respond with a 400 (Bad Request) status code to any HTTP/1.1
+    # request message that lacks a Host header field and to any request message that
+    # contains more than one Host header field line or a Host header field with an
+    # invalid field value."
+    if len(hosts) > 1:
+        return HTTPStatus.BAD_REQUEST, "the request has more than one Host field"
+    if not hosts and version == "1.1":
+        return HTTPStatus.BAD_REQUEST, "the request has no Host field"
+    # §3.2.2: an absolute-form target names the origin and Host must agree with it
+    # (nginx and HAProxy refuse a request where they differ, as a smuggling sign).
+    scheme, sep, rest = target.partition("://")
+    if sep and hosts:
+        named = _authority(scheme, rest.split("/", 1)[0].split("?", 1)[0])
+        if named != _authority(scheme, hosts[0].strip()):
+            return HTTPStatus.BAD_REQUEST, "the Host field differs from the target's authority"
+    # §6.1: "If any transfer coding other than chunked is applied to a request's content,
+    # the sender MUST apply chunked as the final transfer coding"; we decode no other
+    # coding, and, as nginx does, refuse them: "A server that receives a request message
+    # with a transfer coding it does not understand SHOULD respond with 501".
+    if transfer_encoding is not None:
+        codings = [c.strip().lower() for c in transfer_encoding.split(",") if c.strip()]
+        if codings != ["chunked"]:
+            return HTTPStatus.NOT_IMPLEMENTED, f"Transfer-Encoding {transfer_encoding!r}"
+    return None
+
+
+def closes_after(version: str, transfer_encoding: str | None) -> bool:
+    """Must the connection close after this message, whatever it asks? RFC 9112 §6.1: "A
+    server or client that receives an HTTP/1.0 message containing a Transfer-Encoding
+    header field MUST treat the message as if the framing is faulty, even if a
+    Content-Length is present, and close the connection after processing the message."
+    """
+    return transfer_encoding is not None and version == "1.0"
+
+
+def _authority(scheme: str, authority: str) -> str:
+    """`authority` in lower case, without the scheme's default port (RFC 9110 §4.2.3)."""
+    authority = authority.rpartition("@")[2].lower()
+    default = {"http": ":80", "https": ":443"}.get(scheme.lower())
+    if default and authority.endswith(default):
+        return authority[: -len(default)]
+    return authority
+
+
+def response_head_error(status: int, fields: Sequence[tuple[str, str]]) -> str | None:
+    """Why a response head cannot be relayed, or None.
+
+    RFC 9110 §15: "Values outside the range 100..599 are invalid." §15.2: a 1xx response
+    "is terminated by the end of the header section; it cannot contain content or
+    trailers": one that announces a body is framed by nobody's rules, and what follows it
+    (another response, perhaps) cannot be trusted. A 101 was never asked for.
+    """
+    if not 100 <= status <= 599:
+        return f"the origin answered with status {status}, outside 100-599"
+    if status == 101:
+        return "the origin switched protocols, which was not asked for"
+    if status < 200 and any(
+        (name.lower() == "content-length" and value.strip() != "0")
+        or name.lower() == "transfer-encoding"
+        for name, value in fields
+    ):
+        return f"the origin sent a {status} interim response with a body"
+    return None
