@@ -24,9 +24,11 @@ from mitmproxy.connection import Client
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layer import NextLayer
 from mitmproxy.proxy.layers import TCPLayer
+from mitmproxy.proxy.mode_specs import RegularMode
 
 from sidecar import hello, policy
 from sidecar.exchange import ClientGone, Request, asks_upgrade
+from sidecar.framing import request_head_error
 from sidecar.respond import Connections
 from sidecar.router import Router
 from sidecar.settings import Settings, host_matches
@@ -90,6 +92,37 @@ class BurstBuffer:
             await self.router.invalidate(
                 request.method, request.url, response.status_code, response.headers
             )
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        # mitmproxy parses more than RFC 9112 allows; the lean front end refuses these
+        # requests, and so does this one, before any byte of them goes anywhere.
+        request = flow.request
+        if request.authority:
+            target = f"{request.scheme}://{request.authority}{request.path}"
+        elif isinstance(flow.client_conn.proxy_mode, RegularMode) and not flow.client_conn.tls:
+            # A plain proxy request: its target was absolute-form (mitmproxy has made it
+            # origin-form already, keeping the host and port it named).
+            target = f"{request.scheme}://{request.host}:{request.port}{request.path}"
+        else:
+            # Origin-form, inside a tunnel or a captured connection: the tunnel or the
+            # capture names the origin, whatever Host says.
+            target = request.path
+        transfer_encoding = request.headers.get_all("Transfer-Encoding")
+        refusal = request_head_error(
+            request.http_version.removeprefix("HTTP/"),
+            request.headers.get_all("Host"),
+            target,
+            ", ".join(transfer_encoding) if transfer_encoding else None,
+        )
+        if refusal is None:
+            return
+        status, reason = refusal
+        logger.info("refused a request to %s: %s", request.pretty_host, reason)
+        flow.response = http.Response.make(
+            status,
+            f"burstbuffer: {reason}\n",
+            {"Content-Type": "text/plain; charset=utf-8", "Connection": "close"},
+        )
 
     def _from_upstream(self, chunk: bytes) -> bytes:
         self.router.metrics.counters.bytes_from_upstream += len(chunk)

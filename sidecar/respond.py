@@ -11,7 +11,8 @@ before every await, so the two never interleave inside a record.
 
 Afterwards mitmproxy finishes the exchange as usual (keep-alive included) with the
 headers-only response we leave in `flow.response`; `_install()` teaches its
-HTTP/1 server to write nothing for responses we already wrote.
+HTTP/1 server to write nothing for responses we already wrote (and to answer a
+malformed request body with a 400 before it closes, as the lean front end does).
 
 This is the only module that uses mitmproxy internals. They are pinned to one
 version: importing it with another fails loudly, and tests/sidecar cover keep-alive,
@@ -30,9 +31,16 @@ from typing import SupportsIndex
 
 from mitmproxy import http, version
 from mitmproxy.addons.proxyserver import Proxyserver
+from mitmproxy.connection import ConnectionState
 from mitmproxy.net.http import http1, status_codes
+from mitmproxy.proxy import commands
 from mitmproxy.proxy.layers.http import _http1
-from mitmproxy.proxy.layers.http._events import ResponseData, ResponseHeaders
+from mitmproxy.proxy.layers.http._base import ReceiveHttp
+from mitmproxy.proxy.layers.http._events import (
+    RequestProtocolError,
+    ResponseData,
+    ResponseHeaders,
+)
 from mitmproxy.proxy.mode_servers import ServerInstance
 from mitmproxy.proxy.server import ConnectionHandler
 from OpenSSL import SSL
@@ -58,7 +66,8 @@ _written_by_us: weakref.WeakSet[http.Response] = weakref.WeakSet()
 
 
 def _install() -> None:
-    """Make mitmproxy's HTTP/1 server skip responses this module already wrote."""
+    """Make mitmproxy's HTTP/1 server skip responses this module already wrote, and
+    refuse a malformed request body with a 400."""
     original = _http1.Http1Server.send
     if getattr(original, "_burstbuffer", False):
         return
@@ -74,6 +83,35 @@ def _install() -> None:
 
     send._burstbuffer = True  # type: ignore[attr-defined]
     _http1.Http1Server.send = send  # type: ignore[method-assign]
+
+    read_body = _http1.Http1Server.read_body
+
+    def read_body_or_refuse(self: _http1.Http1Server, event):  # type: ignore[no-untyped-def]
+        # mitmproxy closes a connection whose request body is malformed without a word
+        # (its close comes just before the protocol error it reports). RFC 9112 §7.1
+        # makes such a body an error and nginx answers it 400, as the lean front end
+        # does: so a 400 goes first, unless a response has begun.
+        held = None
+        for command in read_body(self, event):
+            if isinstance(command, commands.CloseConnection) and held is None:
+                held = command
+                continue
+            if held is not None:
+                if (
+                    isinstance(command, ReceiveHttp)
+                    and isinstance(command.event, RequestProtocolError)
+                    and self.response is None
+                    and self.conn.state & ConnectionState.CAN_WRITE
+                ):
+                    message = f"malformed request body: {command.event.message}"
+                    yield commands.SendData(self.conn, _http1.make_error_response(400, message))
+                yield held
+                held = None
+            yield command
+        if held is not None:
+            yield held
+
+    _http1.Http1Server.read_body = read_body_or_refuse  # type: ignore[method-assign,assignment]
 
 
 _install()

@@ -169,7 +169,7 @@ class Client:
             parser.feed_data(data)
             if done >= count:
                 # Answered; now closed, or kept for another request?
-                self.sock.settimeout(1.0)
+                self.sock.settimeout(3.0)
                 try:
                     closed = self.sock.recv(1) == b""
                 except TimeoutError:
@@ -265,8 +265,13 @@ def test_transfer_encoding_in_an_http_1_0_request_closes_the_connection_after_it
         "5\r\nhello\r\n0\r\n\r\n".encode()
     )
     reply = client.replies()
-    assert reply.statuses == [200] and reply.bodies == [b"hello"] and reply.closed, reply
-    assert raw_origin.seen(name).bodies == [b"hello"]
+    assert reply.closed, reply
+    if client.front == "lean":
+        assert reply.statuses == [200] and reply.bodies == [b"hello"], reply
+        assert raw_origin.seen(name).bodies == [b"hello"]
+    else:
+        # mitmproxy refuses the faulty framing outright (its validate_inbound_headers).
+        assert reply.statuses == [400], reply
 
 
 @pytest.mark.parametrize(
@@ -308,7 +313,8 @@ def test_inside_a_tunnel_the_tunnel_names_the_origin(
     finally:
         client.close()
     assert reply.statuses == [200] and reply.bodies == [b"hello"], reply
-    assert raw_origin.seen(name).targets == [f"/r/{name}".encode()]
+    seen = raw_origin.seen(name)
+    assert f"GET /r/{name} HTTP/1.1\r\nHost: {client.authority}\r\n".encode() in seen.raw
 
 
 # -- responses -----------------------------------------------------------------------------
