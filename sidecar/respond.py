@@ -39,6 +39,7 @@ from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import (
     RequestProtocolError,
     ResponseData,
+    ResponseEndOfMessage,
     ResponseHeaders,
 )
 from mitmproxy.proxy.mode_servers import ServerInstance
@@ -78,6 +79,10 @@ def _install() -> None:
             self.response = event.response
             return
         if isinstance(event, ResponseData) and self.response in _written_by_us:
+            return
+        if isinstance(event, ResponseEndOfMessage) and self.response in _written_by_us:
+            # A chunked body's last chunk was ours to write too: only end the exchange.
+            yield from self.mark_done(response=True)
             return
         yield from original(self, event)
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import httptools
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from bench.harness import Sidecar
 
@@ -115,6 +117,11 @@ class Client:
     def __init__(self, sidecar: Sidecar, front: str, origin_port: int) -> None:
         self.authority = f"origin.test:{origin_port}"
         self.front = front
+        self._parser = httptools.HttpResponseParser(self)
+        self._statuses: list[int] = []
+        self._bodies: list[bytes] = []
+        self._done = 0  # responses that arrived whole
+        self._closed = False
         self.sock = socket.create_connection(("127.0.0.1", sidecar.proxy_port), timeout=BOUND)
         if front == "lean":
             self.sock.sendall(
@@ -132,52 +139,40 @@ class Client:
     def send(self, raw: bytes) -> None:
         self.sock.sendall(raw)
 
-    def replies(self, count: int = 1) -> Reply:
-        """Read `count` responses (fewer if the sidecar closes first), then whether the
-        connection is closed."""
-        statuses: list[int] = []
-        bodies: list[bytes] = []
-
-        class Responses:
-            def on_headers_complete(self) -> None:
-                statuses.append(parser.get_status_code())
-                bodies.append(b"")
-
-            def on_body(self, body: bytes) -> None:
-                bodies[-1] += body
-
-            def on_message_complete(self) -> None:
-                nonlocal done
-                done += 1
-
-        parser = httptools.HttpResponseParser(Responses())
-        done = 0
-        closed = False
+    def replies(self, count: int = 1, linger: float = 3.0) -> Reply:
+        """Read until `count` responses (1xx included) have come in all, or the sidecar
+        closes, or `BOUND` passes; then, for up to `linger`, whether it closes."""
         deadline = time.monotonic() + BOUND
-        while time.monotonic() < deadline:
-            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                data = self.sock.recv(65536)
-            except TimeoutError:
-                break
-            except ConnectionResetError:
-                closed = True
-                break
-            if not data:
-                closed = True
-                break
-            parser.feed_data(data)
-            if done >= count:
-                # Answered; now closed, or kept for another request?
-                self.sock.settimeout(3.0)
-                try:
-                    closed = self.sock.recv(1) == b""
-                except TimeoutError:
-                    closed = False
-                except ConnectionResetError:
-                    closed = True
-                break
-        return Reply(statuses, bodies, closed)
+        while not self._closed and self._done < count and time.monotonic() < deadline:
+            self._receive(deadline - time.monotonic())
+        if not self._closed and linger:
+            self._receive(linger)
+        return Reply(list(self._statuses), list(self._bodies), self._closed)
+
+    def _receive(self, timeout: float) -> None:
+        self.sock.settimeout(max(0.01, timeout))
+        try:
+            data = self.sock.recv(65536)
+        except TimeoutError:
+            return
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            self._closed = True
+            return
+        self._parser.feed_data(data)
+
+    # httptools callbacks
+
+    def on_headers_complete(self) -> None:
+        self._statuses.append(self._parser.get_status_code())
+        self._bodies.append(b"")
+
+    def on_body(self, body: bytes) -> None:
+        self._bodies[-1] += body
+
+    def on_message_complete(self) -> None:
+        self._done += 1
 
     def close(self) -> None:
         self.sock.close()
@@ -319,19 +314,29 @@ def test_inside_a_tunnel_the_tunnel_names_the_origin(
 
 # -- responses -----------------------------------------------------------------------------
 
-# (rule, response, status to the client, body to the client)
+# (rule, response, status to the client, its body (None: the sidecar's own), whether the
+# sidecar closes the origin's connection after it)
 RESPONSES = [
+    (
+        "RFC 9112 §7.1 a chunked response, relayed chunked",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        200,
+        b"hello",
+        False,
+    ),
     (
         "RFC 9110 §15 a status above 599",
         b"HTTP/1.1 600 Beyond\r\nContent-Length: 5\r\n\r\nhello",
         502,
         None,
+        True,
     ),
     (
         "RFC 9110 §15 a status below 100",
         b"HTTP/1.1 099 Below\r\nContent-Length: 5\r\n\r\nhello",
         502,
         None,
+        True,
     ),
     (
         "RFC 9110 §15.2 a 1xx with a body",
@@ -339,6 +344,7 @@ RESPONSES = [
         b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nforged" + OK,
         502,
         None,
+        True,
     ),
     (
         "RFC 9112 §6.1 Transfer-Encoding in an HTTP/1.0 response",
@@ -346,24 +352,123 @@ RESPONSES = [
         b"5\r\nhello\r\n0\r\n\r\n",
         200,
         b"hello",
+        True,
     ),
 ]
 
 
 @pytest.mark.parametrize(
-    ("response", "status", "body"),
+    ("response", "status", "body", "closes"),
     [row[1:] for row in RESPONSES],
     ids=[row[0] for row in RESPONSES],
 )
 def test_a_response_is_framed_by_the_rfc_and_an_invalid_one_is_a_502(
-    client: Client, raw_origin: RawOrigin, response: bytes, status: int, body: bytes | None
+    client: Client,
+    raw_origin: RawOrigin,
+    response: bytes,
+    status: int,
+    body: bytes | None,
+    closes: bool,
 ) -> None:
     name = f"response-{time.monotonic_ns()}"
     raw_origin.responses[name] = response
     client.send(f"GET {client.target(name)} HTTP/1.1\r\nHost: {client.authority}\r\n\r\n".encode())
-    reply = client.replies()
-    assert reply.statuses == [status], reply
+    # Read past the response: a byte after it (a second last chunk) is a parser error.
+    reply = client.replies(linger=0.5)
+    assert reply.statuses == [status] and not reply.closed, reply
     if body is not None:
         assert reply.bodies == [body], reply
-    # Nothing on that connection can be trusted to be in step: the sidecar closes it.
-    assert raw_origin.seen(name).closed.wait(BOUND)
+    else:
+        assert reply.bodies[0].startswith(b"burstbuffer: upstream request failed"), reply
+    # After an invalid response nothing on that connection can be trusted to be in step.
+    assert raw_origin.seen(name).closed.wait(BOUND if closes else 0.5) == closes
+
+
+# -- malformed requests, generated -----------------------------------------------------------
+
+LINES = [
+    "Host: {host}",
+    "Host: {host}",
+    "Host:",
+    "Content-Length: 5",
+    "Content-Length: 1, 2",
+    "Content-Length: -1",
+    "Content-Length: 0x5",
+    "Transfer-Encoding: chunked",
+    "Transfer-Encoding: chunked, gzip",
+    "Transfer-Encoding: gzip, chunked",
+    "Transfer-Encoding: chunked\t",
+    "Transfer-Encoding : chunked",
+    " folded: line",
+    "Connection: close",
+    "Connection: keep-alive",
+    "Expect: 100-continue",
+    "Upgrade: websocket\r\nConnection: Upgrade",
+    "X: a\rb",
+    "X: \x00",
+    "no colon",
+    "X" * 300 + ": long",
+]
+BODIES = [
+    b"",
+    b"hello",
+    b"5\r\nhello\r\n0\r\n\r\n",
+    b"zz\r\nhello\r\n0\r\n\r\n",
+    b"5\rhello\r\n0\r\n\r\n",
+    b"5\r\nhello, more\r\n0\r\n\r\n",
+    b"5;ext=1\r\nhello\r\n0\r\nTrailer: x\r\n\r\n",
+    b"ffffffffffffffffff\r\n",
+    b"\r\n\r\n",
+]
+
+
+@st.composite
+def malformed_requests(draw: st.DrawFn) -> tuple[str, list[str], bytes, bytes]:
+    """A request line, field lines, a body, and stray bytes, each perhaps wrong."""
+    method = draw(st.sampled_from(["GET", "POST", "PUT", "HEAD", "CONNECT", "G\x00T", ""]))
+    version = draw(
+        st.sampled_from(["HTTP/1.1", "HTTP/1.0", "HTTP/2.0", "HTTP/0.9", "", "HTTP/1.1 x"])
+    )
+    line = f"{method} {{target}} {version}".rstrip() if version else f"{method} {{target}}"
+    lines = draw(st.lists(st.sampled_from(LINES), max_size=5))
+    body = draw(st.sampled_from(BODIES))
+    stray = draw(st.binary(max_size=24))
+    return line, lines, body, stray
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(request=malformed_requests(), crlf=st.sampled_from(["\r\n", "\n"]))
+def test_the_lean_server_answers_or_closes_any_request_and_forwards_nothing_after_a_refusal(
+    strict_sidecar: Sidecar,
+    raw_origin: RawOrigin,
+    request: tuple[str, list[str], bytes, bytes],
+    crlf: str,
+) -> None:
+    line, lines, body, stray = request
+    client = Client(strict_sidecar, "lean", raw_origin.port)
+    canary = f"canary-{time.monotonic_ns()}"
+    try:
+        head = crlf.join([line, *lines]) + crlf + crlf
+        sent = head.format(target=client.target("fuzz"), host=client.authority).encode("latin-1")
+        # A request that is whole and correct follows: it must never reach the origin
+        # once the sidecar has refused what came before it.
+        after = f"GET /r/{canary} HTTP/1.1\r\nHost: {client.authority}\r\n\r\n".encode()
+        client.send(sent + body + stray + after)
+        # An answer or a close comes at once, whatever was sent.
+        first = client.replies(linger=0)
+        assert first.statuses or first.closed, first
+        # Then, when the client sends no more, the connection ends.
+        client.sock.shutdown(socket.SHUT_WR)
+        reply = client.replies(count=99)
+    finally:
+        client.close()
+    assert reply.closed, reply
+    refused = any(b.startswith(b"burstbuffer:") for b in reply.bodies)
+    if refused:
+        assert not any(canary.encode() in seen.raw for seen in raw_origin.connections), reply
+    log = strict_sidecar.log()
+    assert "Traceback" not in log and "unexpected error" not in log, log[-3000:]
