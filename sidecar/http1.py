@@ -325,7 +325,11 @@ class Http1Connection(asyncio.Protocol):
         )
         # The tunnel, not the request's Host or target, names the origin.
         request = Request(method, self._tunnel.url(target), tuple(self._fields), "HTTP/" + number)
-        if method != "CONNECT" and self._parser.should_upgrade():
+        if method == "CONNECT":
+            # A tunnel inside the tunnel, to an origin server: RFC 9110 §9.3.6 is for
+            # proxies, and an origin "SHOULD respond with the 501" to a method it lacks.
+            raise BadRequest(HTTPStatus.NOT_IMPLEMENTED, "CONNECT inside a tunnel")
+        if self._parser.should_upgrade():
             self._upgrade = request  # relayed once the parser stops after its head
             return
         if method not in ("GET", "HEAD") and _has_body(self._fields):

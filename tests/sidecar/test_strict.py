@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httptools
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bench.harness import Sidecar
@@ -99,7 +99,7 @@ class RawOrigin:
                 while data := connection.recv(65536):
                     seen.raw += data
                     parser.feed_data(data)
-            except (OSError, httptools.HttpParserError):
+            except (OSError, httptools.HttpParserError, httptools.HttpParserUpgrade):
                 return
             seen.closed.set()
 
@@ -386,18 +386,19 @@ def test_a_response_is_framed_by_the_rfc_and_an_invalid_one_is_a_502(
 
 # -- malformed requests, generated -----------------------------------------------------------
 
+HOSTS = [["Host: {host}"], [], ["Host: {host}", "Host: {host}"], ["Host: elsewhere.test"]]
+FRAMINGS = [
+    [],
+    ["Content-Length: 5"],
+    ["Content-Length: 1, 2"],
+    ["Content-Length: -1"],
+    ["Transfer-Encoding: chunked"],
+    ["Transfer-Encoding: gzip, chunked"],
+    ["Transfer-Encoding: chunked, gzip"],
+    ["Transfer-Encoding: chunked\t"],
+    ["Transfer-Encoding: chunked", "Content-Length: 5"],
+]
 LINES = [
-    "Host: {host}",
-    "Host: {host}",
-    "Host:",
-    "Content-Length: 5",
-    "Content-Length: 1, 2",
-    "Content-Length: -1",
-    "Content-Length: 0x5",
-    "Transfer-Encoding: chunked",
-    "Transfer-Encoding: chunked, gzip",
-    "Transfer-Encoding: gzip, chunked",
-    "Transfer-Encoding: chunked\t",
     "Transfer-Encoding : chunked",
     " folded: line",
     "Connection: close",
@@ -425,23 +426,36 @@ BODIES = [
 @st.composite
 def malformed_requests(draw: st.DrawFn) -> tuple[str, list[str], bytes, bytes]:
     """A request line, field lines, a body, and stray bytes, each perhaps wrong."""
-    method = draw(st.sampled_from(["GET", "POST", "PUT", "HEAD", "CONNECT", "G\x00T", ""]))
+    # No HEAD: its answer's framing depends on the request, which a response parser
+    # cannot be told.
+    method = draw(st.sampled_from(["GET", "POST", "PUT", "CONNECT", "G\x00T", ""]))
     version = draw(
         st.sampled_from(["HTTP/1.1", "HTTP/1.0", "HTTP/2.0", "HTTP/0.9", "", "HTTP/1.1 x"])
     )
     line = f"{method} {{target}} {version}".rstrip() if version else f"{method} {{target}}"
-    lines = draw(st.lists(st.sampled_from(LINES), max_size=5))
+    lines = draw(st.sampled_from(HOSTS)) + draw(st.sampled_from(FRAMINGS))
+    lines += draw(st.lists(st.sampled_from(LINES), max_size=3))
     body = draw(st.sampled_from(BODIES))
     stray = draw(st.binary(max_size=24))
     return line, lines, body, stray
 
 
 @settings(
-    max_examples=60,
+    max_examples=100,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(request=malformed_requests(), crlf=st.sampled_from(["\r\n", "\n"]))
+# A chunk size that is not hex, in the body of an upload already under way.
+@example(
+    request=(
+        "POST {target} HTTP/1.1",
+        ["Host: {host}", "Transfer-Encoding: chunked"],
+        b"zz\r\nhello\r\n0\r\n\r\n",
+        b"",
+    ),
+    crlf="\r\n",
+)
 def test_the_lean_server_answers_or_closes_any_request_and_forwards_nothing_after_a_refusal(
     strict_sidecar: Sidecar,
     raw_origin: RawOrigin,
