@@ -29,7 +29,7 @@ from typing import Any
 from injector import aliases, capture, names, redirect, runtimes
 from injector.overrides import PodOptions, pod_options
 from injector.quantity import format_bytes, parse_bytes, parse_quantity
-from injector.settings import BufferSettings, InjectorSettings, UpstreamCASettings
+from injector.settings import BufferSettings, CASettings, InjectorSettings
 from sidecar.settings import command_line
 
 logger = logging.getLogger(__name__)
@@ -153,12 +153,12 @@ def buffer_volume(buffer: BufferSettings) -> dict[str, Any]:
     return {"hostPath": {"path": buffer.pmem.host_path, "type": "Directory"}}
 
 
-def upstream_ca_volume(upstream_ca: UpstreamCASettings) -> dict[str, Any]:
-    """The volume source of the configured upstream CA ConfigMap (its one key)."""
-    key = upstream_ca.key
+def ca_volume(ca: CASettings) -> dict[str, Any]:
+    """The volume source of a configured CA ConfigMap (its one key)."""
+    key = ca.key
     return {
         "configMap": {
-            "name": upstream_ca.config_map_name,
+            "name": ca.config_map_name,
             "items": [{"key": key, "path": key}],
             "defaultMode": _CONFIG_MAP_MODE,
         }
@@ -237,6 +237,11 @@ def _sidecar_args(
         ),
         upstream_proxy=upstream_proxy,
         parent=settings.parents or None,
+        parent_ca=(
+            f"{names.PARENT_CA_DIR}/{settings.parent_ca.key}"
+            if settings.parent_ca.config_map_name
+            else None
+        ),
         # Left out for proxy-env, the sidecar's default: pods keep the spec they always had.
         capture=None if options.capture == "proxy-env" else options.capture,
         transparent_port=settings.transparent_port if options.capture == "transparent" else None,
@@ -264,14 +269,12 @@ def _sidecar_mounts(volume_names: Mapping[str, str]) -> list[dict[str, Any]]:
         {"name": volume_names[names.CA_VOLUME], "mountPath": names.CA_DIR},
         {"name": volume_names[names.TRUST_VOLUME], "mountPath": names.TRUST_DIR},
     ]
-    if names.UPSTREAM_CA_VOLUME in volume_names:
-        mounts.append(
-            {
-                "name": volume_names[names.UPSTREAM_CA_VOLUME],
-                "mountPath": names.UPSTREAM_CA_DIR,
-                "readOnly": True,
-            }
-        )
+    for stem, path in (
+        (names.UPSTREAM_CA_VOLUME, names.UPSTREAM_CA_DIR),
+        (names.PARENT_CA_VOLUME, names.PARENT_CA_DIR),
+    ):
+        if stem in volume_names:
+            mounts.append({"name": volume_names[stem], "mountPath": path, "readOnly": True})
     return mounts
 
 
@@ -439,6 +442,8 @@ def status(
         record["upstreamProxy"] = capture.redact(upstream_proxy)
     if settings.upstream_ca.config_map_name:
         record["upstreamCA"] = settings.upstream_ca.config_map_name
+    if settings.parent_ca.config_map_name:
+        record["parentCA"] = settings.parent_ca.config_map_name
     if options.stage_in:
         # A count, not the list: a job may stage thousands of URLs (annotations are small).
         record["stageIn"] = len(options.stage_in)
@@ -482,7 +487,9 @@ def _volumes(
         names.TRUST_VOLUME: _TRUST_VOLUME,
     }
     if settings.upstream_ca.config_map_name:
-        sources[names.UPSTREAM_CA_VOLUME] = upstream_ca_volume(settings.upstream_ca)
+        sources[names.UPSTREAM_CA_VOLUME] = ca_volume(settings.upstream_ca)
+    if settings.parent_ca.config_map_name:
+        sources[names.PARENT_CA_VOLUME] = ca_volume(settings.parent_ca)
     volume_names: dict[str, str] = {}
     for stem, source in sources.items():
         # Names the pod's own containers mount are never taken for the CA's private volume.

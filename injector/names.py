@@ -37,6 +37,7 @@ BUFFER_VOLUME = "burstbuffer-buffer"
 CA_VOLUME = "burstbuffer-ca"
 TRUST_VOLUME = "burstbuffer-trust"
 UPSTREAM_CA_VOLUME = "burstbuffer-upstream-ca"
+PARENT_CA_VOLUME = "burstbuffer-parent-ca"
 
 # Where the sidecar mounts its volumes.
 BUFFER_DIR = "/var/lib/burstbuffer/buffer"
@@ -47,6 +48,8 @@ CA_PRIVATE_DIR = CA_DIR + "/private"
 TRUST_DIR = "/var/lib/burstbuffer/trust"
 # The configured upstreamCA ConfigMap, in the sidecar only.
 UPSTREAM_CA_DIR = "/var/lib/burstbuffer/upstream-ca"
+# The configured parentCA ConfigMap, in the sidecar only.
+PARENT_CA_DIR = "/var/lib/burstbuffer/parent-ca"
 # The trust files the sidecar writes into TRUST_DIR (DESIGN.md, --trust-dir).
 CA_FILE = "ca.crt"
 BUNDLE_FILE = "ca-bundle.crt"

@@ -21,6 +21,7 @@ it (a typo silently ignored would be a setting silently not applied).
     prometheusAnnotations: false
     upstreamCA: {configMapName: "", key: ca.crt}
     parents: []
+    parentCA: {configMapName: "", key: ca.crt}
     buffer:
       size: 1Gi
       medium: Memory
@@ -304,11 +305,13 @@ class TrustSettings:
 
 
 @dataclass(frozen=True)
-class UpstreamCASettings:
-    """Private CAs of origins, given to the sidecar only (its --upstream-ca)."""
+class CASettings:
+    """CA certificates from one key of a ConfigMap, mounted read-only into the sidecar
+    alone: upstreamCA (origins, its --upstream-ca) or parentCA (https parents only, its
+    --parent-ca)."""
 
     # configMapName, default "" (none). A ConfigMap in the pod's namespace holding CA
-    # certificates (PEM); mounted read-only into the sidecar alone.
+    # certificates (PEM).
     config_map_name: str = _key("configMapName", _object_name, default="")
     # key, default ca.crt. The ConfigMap key that holds them.
     key: str = _key("key", _config_map_key, default="ca.crt")
@@ -364,11 +367,15 @@ class InjectorSettings:
     # prometheusAnnotations, default false. Injected pods get prometheus.io/scrape, /port
     # and /path naming the sidecar's admin port (unless they set prometheus.io/* themselves).
     prometheus_annotations: bool = _key("prometheusAnnotations", _boolean, default=False)
-    # upstreamCA, see UpstreamCASettings.
-    upstream_ca: UpstreamCASettings = _key("upstreamCA", default_factory=UpstreamCASettings)
+    # upstreamCA, see CASettings. Private CAs of origins; the sidecar also adds them to
+    # the pod's trust bundle, so that tunnelled private hosts verify.
+    upstream_ca: CASettings = _key("upstreamCA", default_factory=CASettings)
     # parents, default []. Shared parent caches (the sidecar's --parent); the chart sets
-    # them from parentCache. An https:// parent's CA belongs in upstreamCA.
+    # them from parentCache.
     parents: tuple[str, ...] = _key("parents", _parents, default=())
+    # parentCA, see CASettings. The CA of the https:// parents' certificates, trusted for
+    # them only: never for origins, never in the pod's trust bundle.
+    parent_ca: CASettings = _key("parentCA", default_factory=CASettings)
     # buffer, see BufferSettings.
     buffer: BufferSettings = _key("buffer", default_factory=BufferSettings)
     # intercept, default sidecar.settings.DEFAULT_INTERCEPT. Host globs intercepted and cached.
@@ -381,6 +388,10 @@ class InjectorSettings:
     resources: ResourceSettings = _key("resources", default_factory=ResourceSettings)
 
     def __post_init__(self) -> None:
+        if self.parent_ca.config_map_name and not any(
+            parent.lower().startswith("https://") for parent in self.parents
+        ):
+            raise ConfigError("parentCA: no https:// parent to trust it for")
         if self.proxy_port == self.admin_port:
             raise ConfigError(f"adminPort: {self.admin_port} is also the proxyPort")
         if self.transparent_port in (self.proxy_port, self.admin_port):

@@ -53,10 +53,14 @@ SCENARIOS: dict[str, dict[str, Any]] = {
             "replicas": 3,
             "storageClassName": "fast-ssd",
             "tls": {"enabled": True, "secretName": "parent-tls"},
+            "ca": {"configMapName": "parent-tls-ca"},
         },
         "sidecar": {"upstreamCA": {"configMapName": "corp-root-ca"}},
     },
     "parent-cache-url": {"parentCache": {"url": "http://squid.cache.svc:3128"}},
+    "parent-cache-https-url": {
+        "parentCache": {"url": "https://squid.cache.svc:3129", "ca": {"configMapName": "squid-ca"}}
+    },
     "classic-sidecar": {"sidecar": {"nativeSidecar": False, "buffer": {"medium": "Disk"}}},
     "monitoring": {
         "prometheus": {

@@ -106,6 +106,7 @@ def _by_name(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         "pmem-host-path",
         "everything-else",
         "parent-cache",
+        "parent-cache-https-url",
     ],
 )
 def test_the_injector_with_the_chart_configuration_makes_the_expected_pod(
@@ -176,6 +177,19 @@ def test_the_injector_with_the_chart_configuration_makes_the_expected_pod(
     mount_paths = {m["mountPath"] for m in app["volumeMounts"]}
     assert {values["trust"]["mountPath"], *values["trust"]["bundlePaths"]} <= mount_paths
     assert env["SSL_CERT_FILE"] == values["trust"]["mountPath"] + "/ca-bundle.crt"
+
+    # An https parent's CA: the sidecar's --parent-ca, mounted into the sidecar alone.
+    parent_ca = merged_values(SCENARIOS[scenario])["parentCache"]["ca"]
+    if parent_ca["configMapName"]:
+        (ca_mount,) = [
+            m for m in sidecar["volumeMounts"] if str(flags.parent_ca).startswith(m["mountPath"])
+        ]
+        assert str(flags.parent_ca) == f"{ca_mount['mountPath']}/{parent_ca['key']}"
+        assert volumes[ca_mount["name"]]["configMap"]["name"] == parent_ca["configMapName"]
+        assert ca_mount["name"] not in {m["name"] for m in app["volumeMounts"]}
+        assert str(flags.upstream_ca) != str(flags.parent_ca)
+    else:
+        assert flags.parent_ca is None
 
     assert "burstbuffer.io/status" in pod["metadata"]["annotations"]
     for version in KUBE_VERSIONS:

@@ -113,6 +113,12 @@ def test_an_unknown_key_fails_at_every_level(path: str) -> None:
         ({"prometheus": {"prometheusRule": {"enabled": "yes"}}}, "enabled"),
         ({"parentCache": {"url": "squid:3128"}}, "url"),
         ({"parentCache": {"enabled": True, "tls": {"enabled": True}}}, "secretName"),
+        # A parent's CA is for https parents only.
+        ({"parentCache": {"ca": {"configMapName": "squid-ca"}}}, "https"),
+        (
+            {"parentCache": {"url": "http://squid:3128", "ca": {"configMapName": "squid-ca"}}},
+            "https",
+        ),
         ({"parentCache": {"maximumObjectSize": "64G"}}, "maximumObjectSize"),
     ],
 )

@@ -17,8 +17,9 @@ go to the origin, still download it.
 
 With parentCache.tls the sidecars' parent is Squid's https_port: its certificate, from a
 trustme CA for the name the chart documents (`*.<fullname>-parent.<namespace>.svc`), is
-the Secret the chart mounts, and that CA is in the CA ConfigMap, the only place the
-chart lets a sidecar learn it from.
+the Secret the chart mounts, and that CA is in a ConfigMap of its own (parentCache.ca),
+which the sidecars trust for the parent only (--parent-ca): the origins' CA ConfigMap
+never holds it.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ APP_IMAGE = "debian:trixie"
 HOST = "datasets.test"  # its CA is Squid's too
 NEW_HOST = "new-datasets.test"  # its CA only the sidecars'
 ORIGIN_CA_CONFIG_MAP = "origin-ca"
+PARENT_CA_CONFIG_MAP = "parent-ca"
 PARENT = "burstbuffer-parent"  # the chart's Squid objects (release "burstbuffer")
 PARENT_TLS_SECRET = "parent-tls"
 DATA_SIZE = 2 * 2**20 + 123
@@ -58,6 +60,7 @@ def chart_values(tls: bool) -> dict[str, Any]:
     parent_cache = {"enabled": True, "replicas": 1, "cacheSizeGi": 1}
     if tls:
         parent_cache["tls"] = {"enabled": True, "secretName": PARENT_TLS_SECRET}
+        parent_cache["ca"] = {"configMapName": PARENT_CA_CONFIG_MAP, "key": "ca.crt"}
     return {
         "parentCache": parent_cache,
         "sidecar": {
@@ -179,7 +182,7 @@ def test_the_charts_squid_serves_the_second_pod_and_refuses_an_unverified_origin
     assert parent.hostname is not None and parent.port is not None, parent_url
     squid_container = statefulset["spec"]["template"]["spec"]["containers"][0]
     squid_image_name = squid_container["image"]
-    # The CA ConfigMap holds the origins' CAs and, with TLS, the parent's.
+    # The origins' CA ConfigMap holds theirs only; with TLS the parent's has its own.
     parent_ca = trustme.CA() if tls else None
     parent_ca_pem = parent_ca.cert_pem.bytes() if parent_ca else b""
     secrets = {}
@@ -200,13 +203,16 @@ def test_the_charts_squid_serves_the_second_pod_and_refuses_an_unverified_origin
         workdir=tmp_path / "squid",
         config_maps={
             PARENT: squid_conf,
-            ORIGIN_CA_CONFIG_MAP: {"ca.crt": (origin_ca.cert_pem.bytes() + parent_ca_pem).decode()},
+            ORIGIN_CA_CONFIG_MAP: {"ca.crt": origin_ca.cert_pem.bytes().decode()},
         },
         secrets=secrets,
         hosts=hosts,
         network=network_name,
     )
-    all_cas = (origin_ca.cert_pem.bytes() + new_ca.cert_pem.bytes() + parent_ca_pem).decode()
+    all_cas = (origin_ca.cert_pem.bytes() + new_ca.cert_pem.bytes()).decode()
+    pod_config_maps = {ORIGIN_CA_CONFIG_MAP: {"ca.crt": all_cas}}
+    if parent_ca:
+        pod_config_maps[PARENT_CA_CONFIG_MAP] = {"ca.crt": parent_ca_pem.decode()}
     config = yaml.safe_dump(helmchart.injector_config(documents))
     try:
         with squid:
@@ -232,14 +238,14 @@ def test_the_charts_squid_serves_the_second_pod_and_refuses_an_unverified_origin
                 rendered = render(pod, config, tmp_path)
                 args = sidecar_of(rendered)["args"]
                 assert args[args.index("--parent") + 1] == parent_url, args
-                # No --parent-ca: the sidecar trusts its parent as its origins (--upstream-ca).
-                assert "--parent-ca" not in args and "--upstream-ca" in args, args
+                # With TLS the parent's CA is --parent-ca: trusted for the parent alone.
+                assert ("--parent-ca" in args) == tls and "--upstream-ca" in args, args
                 stats = run_pod(
                     docker,
                     rendered,
                     images,
                     tmp_path / f"pod-{number}",
-                    config_maps={ORIGIN_CA_CONFIG_MAP: {"ca.crt": all_cas}},
+                    config_maps=pod_config_maps,
                     hosts={**hosts, parent.hostname: squid.pod_ip},
                     network=network_name,
                     expected=data,

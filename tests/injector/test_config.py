@@ -79,6 +79,11 @@ def test_partial_document_keeps_other_defaults(tmp_path: Path) -> None:
         ("upstreamCA: {key: a/b}", "upstreamCA.key: invalid ConfigMap key"),
         ("upstreamCA: {key: ..}", "upstreamCA.key: invalid ConfigMap key"),
         ("upstreamCA: {name: x}", "upstreamCA.name: unknown key"),
+        ("parentCA: {configMapName: parent-ca}", "parentCA: no https:// parent to trust it for"),
+        (
+            "parents: [http://p:3128]\nparentCA: {configMapName: parent-ca}",
+            "parentCA: no https:// parent to trust it for",
+        ),
         ("intercept: [https://a.org]", "intercept: invalid host pattern"),
         ("intercept: a.org", "intercept: expected a list"),
         ("httpFreshness: [pypi.org/simple]", "httpFreshness: invalid host pattern"),

@@ -589,14 +589,28 @@ def test_capture_flags_read_back_with_the_sidecars_parser(mode: str) -> None:
 # -- upstream CA and Prometheus ----------------------------------------------------------
 
 
-def test_the_upstream_ca_reaches_the_sidecar_only() -> None:
-    config = settings.load("upstreamCA: {configMapName: corp-ca, key: root.pem}")
+@pytest.mark.parametrize(
+    ("document", "volume_name", "field", "status_key"),
+    [
+        ("upstreamCA: {configMapName: corp-ca, key: root.pem}", "upstream-ca", "upstream_ca",
+         "upstreamCA"),
+        # The parent's CA is trusted for the parent alone: not --upstream-ca, which the
+        # sidecar also trusts for origins and copies into the pod's trust bundle.
+        ("parents: [https://parent.svc:3129]\nparentCA: {configMapName: corp-ca, key: root.pem}",
+         "parent-ca", "parent_ca", "parentCA"),
+    ],
+    ids=["upstreamCA", "parentCA"],
+)  # fmt: skip
+def test_a_configured_ca_reaches_the_sidecar_only(
+    document: str, volume_name: str, field: str, status_key: str
+) -> None:
+    config = settings.load(document)
     for native in (True, False):
         injected = mutate(pod(init=[{"name": "prep", "image": "z"}]), replace(config, native))
         check_pod(injected.pod)
         volume = next(v for v in injected.pod["spec"]["volumes"] if "configMap" in v)
         assert volume == {
-            "name": "burstbuffer-upstream-ca",
+            "name": f"burstbuffer-{volume_name}",
             "configMap": {
                 "name": "corp-ca",
                 "items": [{"key": "root.pem", "path": "root.pem"}],
@@ -611,9 +625,11 @@ def test_the_upstream_ca_reaches_the_sidecar_only() -> None:
         }
         assert holders == ({names.CONTAINER} if native else {names.CONTAINER, names.INIT_CONTAINER})
         parsed = parsed_sidecar(injected.pod)
-        assert str(parsed.upstream_ca) == "/var/lib/burstbuffer/upstream-ca/root.pem"
+        path = f"/var/lib/burstbuffer/{volume_name}/root.pem"
+        assert {str(parsed.upstream_ca), str(parsed.parent_ca)} == {path, "None"}
+        assert str(getattr(parsed, field)) == path
         status = json.loads(injected.pod["metadata"]["annotations"][names.STATUS])
-        assert status["upstreamCA"] == "corp-ca"
+        assert status[status_key] == "corp-ca"
         assert mutate(injected.pod, replace(config, native)).pod == injected.pod
 
 

@@ -89,14 +89,16 @@ delete a Secret that cert-manager has just written under the same name.
 
 {{/*
 The injector's configuration document (ConfigMap key config.yaml): the sidecar
-template from .Values.sidecar plus the image. Its schema is the injector's
-(injector/settings.py); the chart adds no key of its own.
+template from .Values.sidecar plus the image, and the parents and their CA from
+.Values.parentCache. Its schema is the injector's (injector/settings.py); the chart
+adds no key of its own.
 */}}
 {{- define "burstbuffer.injector.config" -}}
 {{- $config := deepCopy .Values.sidecar }}
 {{- $_ := set $config "image" (include "burstbuffer.image" .) }}
 {{- $_ = set $config "imagePullPolicy" .Values.image.pullPolicy }}
 {{- $_ = set $config "parents" (include "burstbuffer.parent.urls" . | fromJsonArray) }}
+{{- $_ = set $config "parentCA" .Values.parentCache.ca }}
 {{- toYaml $config }}
 {{- end }}
 
