@@ -41,6 +41,8 @@ PEEK_LIMIT = 8192
 FIRST_BYTES_TIMEOUT = 60.0  # seconds
 # Between two peeks of an incomplete head (the socket stays readable meanwhile).
 _PEEK_INTERVAL = 0.002  # seconds
+# From the answer to a CONNECT until the TLS handshake inside is done (first byte and
+# ClientHello included).
 TLS_HANDSHAKE_TIMEOUT = 30.0  # seconds
 # A worker busier than another waits this long before accepting a new connection, so
 # that the least busy worker takes it (unless that one is too busy to get there first).
@@ -200,23 +202,28 @@ class Front:
         """
         client.recv(connect.head_length)  # exactly the head peeked; nothing follows yet
         client.send(_ESTABLISHED)
-        await asyncio.wait_for(_readable(client), TLS_HANDSHAKE_TIMEOUT)
-        first = client.recv(1, socket.MSG_PEEK)
-        if not first:
-            raise ConnectionResetError("closed inside the tunnel before its first byte")
-        if first != _TLS_HANDSHAKE_RECORD:
-            tunnel = dataclasses.replace(connect.tunnel, tls=False)
-            protocol = Http1Connection(tunnel, self._router, self._balance.closed)
-            loop = asyncio.get_running_loop()
-            await loop.connect_accepted_socket(lambda: protocol, client)
-            return True
-        reason = hello.tunnel_reason(await _peek_alpn(client, self._hello_buffer))
+        loop = asyncio.get_running_loop()
+        # One deadline for the first byte, the ClientHello and the handshake: a limit for
+        # each would let a client that keeps to every one of them hold the connection
+        # for their sum.
+        deadline = loop.time() + TLS_HANDSHAKE_TIMEOUT
+        async with asyncio.timeout_at(deadline):
+            await _readable(client)
+            first = client.recv(1, socket.MSG_PEEK)
+            if not first:
+                raise ConnectionResetError("closed inside the tunnel before its first byte")
+            if first != _TLS_HANDSHAKE_RECORD:
+                tunnel = dataclasses.replace(connect.tunnel, tls=False)
+                protocol = Http1Connection(tunnel, self._router, self._balance.closed)
+                await loop.connect_accepted_socket(lambda: protocol, client)
+                return True
+            reason = hello.tunnel_reason(await _peek_alpn(client, self._hello_buffer))
         if reason is not None:
             return await self._tunnel(client, connect.tunnel, reason)
         context = self._tls_context(connect.tunnel.host)
         sock = context.wrap_socket(client, server_side=True, do_handshake_on_connect=False)
         try:
-            await tls.handshake(sock, TLS_HANDSHAKE_TIMEOUT)
+            await tls.handshake(sock, max(0.0, deadline - loop.time()))
         except BaseException:
             sock.close()
             raise
@@ -256,9 +263,8 @@ async def _peek_alpn(client: socket.socket, buffer: bytearray) -> list[bytes] | 
     serves every connection of a worker. A buffer allocated per peek and shrunk to the
     hello's size churns the heap with every connection (with one, the soak test's RSS
     grew past its bound between rounds in two runs of three; with this, it did not).
+    The caller bounds the wait.
     """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + TLS_HANDSHAKE_TIMEOUT
     while True:
         size = client.recv_into(buffer, HELLO_PEEK_LIMIT, socket.MSG_PEEK)
         if not size:
@@ -270,8 +276,6 @@ async def _peek_alpn(client: socket.socket, buffer: bytearray) -> list[bytes] | 
                 return None
         except ValueError:
             return None
-        if loop.time() > deadline:
-            raise TimeoutError("no whole ClientHello within the handshake timeout")
         # The socket stays readable while the rest is on its way: wait, then peek again.
         await asyncio.sleep(_PEEK_INTERVAL)
 
