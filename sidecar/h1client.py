@@ -9,6 +9,10 @@ itself, with llhttp (through httptools, as the front end parses requests):
   purpose clients reject the whole response instead.
 - Bytes the origin sends while nothing was asked (on an idle connection) close it.
 - 1xx interim responses are handed to the caller before the final one (RFC 9110 §15.2).
+- A status outside 100-599, or a 1xx that announces a body, is an `UpstreamError` and
+  the connection is closed (`sidecar.framing`); so is it after a message that must
+  close it (Transfer-Encoding in HTTP/1.0). A chunked body llhttp would leave coded (a
+  tab after `chunked`) is decoded here.
 - A request can be sent in absolute form on a plain or TLS connection (to a parent
   cache), or through a proxy's CONNECT tunnel (`--upstream-proxy`).
 
@@ -35,7 +39,12 @@ import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from sidecar import tls
-from sidecar.framing import closes_after, response_head_error
+from sidecar.framing import (
+    ChunkedDecoder,
+    closes_after,
+    llhttp_misframes,
+    response_head_error,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -270,6 +279,7 @@ class _Connection(asyncio.Protocol):
         self._reason = bytearray()
         self._fields: list[tuple[str, str]] = []
         self._transfer_encoding: str | None = None
+        self._dechunk: ChunkedDecoder | None = None
         self._head_size = 0
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
@@ -367,15 +377,29 @@ class _Connection(asyncio.Protocol):
         if self._method in ("HEAD", "CONNECT"):
             # No body, whatever the fields say (RFC 9110 §9.3.2, §9.3.6).
             self._message_done()
+        elif status not in (204, 304) and llhttp_misframes(self._transfer_encoding):
+            # llhttp hands this chunked body over still coded, as if it ended with the
+            # connection: decoded here instead.
+            self._dechunk = ChunkedDecoder()
 
     def on_body(self, body: bytes) -> None:
         if self.complete:
             raise _Excess()
+        after = b""
+        if self._dechunk is not None:
+            try:
+                body, after = self._dechunk.feed(body)
+            except ValueError as e:
+                raise UpstreamError(f"malformed chunked body from the origin: {e}") from None
+            if self._dechunk.done:
+                self._message_done()
         self._chunks.append(body)
         self._buffered += len(body)
         if self._buffered >= BODY_BUFFER and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
+        if after:
+            raise _Excess()
 
     def on_message_complete(self) -> None:
         assert self._parser is not None

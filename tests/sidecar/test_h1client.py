@@ -274,6 +274,29 @@ def test_chunked_close_delimited_and_head_responses_are_framed_by_the_book(
     run(ca, until_close, read_to_close)
 
 
+def test_chunked_followed_by_a_tab_is_decoded_across_reads(ca: trustme.CA) -> None:
+    # llhttp leaves this body coded (nodejs/llhttp#876): the client decodes it itself.
+    parts = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\t\r\n\r\n3",
+        b"\r\nabc\r\n2;x=y\r\nde\r",
+        b"\n0\r\nTrailer: t\r\n\r\n",
+    )
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        for part in parts:
+            writer.write(part)
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        await reader.read()
+
+    async def test(origin: Origin, pool: Pool, route: Route) -> None:
+        response = await pool.request(route, "GET", origin.url(), [])
+        assert await body(response) == b"abcde" and not response.overlong
+
+    run(ca, script, test)
+
+
 @pytest.mark.parametrize(
     ("sent", "error"),
     [
@@ -282,8 +305,12 @@ def test_chunked_close_delimited_and_head_responses_are_framed_by_the_book(
         (b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70_000 + b"\r\n\r\n", "larger than"),
         (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n", "switched protocols"),
         (b"", "closed the connection"),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\t\r\n\r\nzz\r\nhello\r\n",
+            "malformed chunked body",
+        ),
     ],
-    ids=["short-body", "bad-status-line", "huge-head", "upgrade", "no-answer"],
+    ids=["short-body", "bad-status-line", "huge-head", "upgrade", "no-answer", "tab-bad-chunk"],
 )
 def test_a_broken_response_is_a_clear_upstream_error(
     ca: trustme.CA, sent: bytes, error: str

@@ -325,6 +325,13 @@ RESPONSES = [
         False,
     ),
     (
+        "RFC 9112 §7.1, RFC 9110 §5.6.3 chunked followed by a tab, chunked all the same",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\t\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        200,
+        b"hello",
+        True,
+    ),
+    (
         "RFC 9110 §15 a status above 599",
         b"HTTP/1.1 600 Beyond\r\nContent-Length: 5\r\n\r\nhello",
         502,
