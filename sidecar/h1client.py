@@ -10,9 +10,9 @@ itself, with llhttp (through httptools, as the front end parses requests):
 - Bytes the origin sends while nothing was asked (on an idle connection) close it.
 - 1xx interim responses are handed to the caller before the final one (RFC 9110 §15.2).
 - A status outside 100-599, or a 1xx that announces a body, is an `UpstreamError` and
-  the connection is closed (`sidecar.framing`); so is it after a message that must
-  close it (Transfer-Encoding in HTTP/1.0). A chunked body llhttp would leave coded (a
-  tab after `chunked`) is decoded here.
+  the connection is closed (`sidecar.framing`), as it is after a response whose framing
+  RFC 9112 calls faulty (Transfer-Encoding in HTTP/1.0). A chunked body llhttp would
+  leave coded (a tab after `chunked`) is decoded here.
 - A request can be sent in absolute form on a plain or TLS connection (to a parent
   cache), or through a proxy's CONNECT tunnel (`--upstream-proxy`).
 

@@ -11,8 +11,10 @@ Requests are answered strictly in order (pipelined ones wait their turn). A requ
 body (PUT, POST) is streamed to the origin as it arrives, with backpressure. An upgrade
 request (a WebSocket) is relayed to the origin after the requests before it, and the
 connection is then `sidecar.upgrade`'s. The connection closes when the client asks for
-it (`Connection: close`, HTTP/1.0), after `IDLE_TIMEOUT` without a request, on a
-malformed request (after a 400), and as soon as the client closes its side: nothing is
+it (`Connection: close`, HTTP/1.0), after a message whose framing RFC 9112 calls faulty
+(Transfer-Encoding in HTTP/1.0), after `IDLE_TIMEOUT` without a request, on a request
+refused (`sidecar.framing`: a 400, 501 or 505; a malformed chunked body is answered at
+once and its upload cut off), and as soon as the client closes its side: nothing is
 left half-open.
 """
 
