@@ -1,0 +1,65 @@
+"""RFC 9112's refusals as pure decisions: the cases the end-to-end table leaves out."""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+import pytest
+
+from sidecar.framing import ChunkedDecoder, llhttp_misframes, request_head_error
+
+HOST = ["origin.test"]
+
+
+@pytest.mark.parametrize(
+    ("version", "hosts", "target", "te", "status"),
+    [
+        ("1.1", HOST, "/f", None, None),
+        ("1.0", [], "/f", None, None),  # §3.2: Host is required of HTTP/1.1 only
+        ("1.1", HOST, "http://origin.test/f", None, None),
+        # §3.2.2, RFC 9110 §4.2.3: the scheme's default port, case and userinfo aside
+        ("1.1", ["origin.test:80"], "http://Origin.Test/f", None, None),
+        ("1.1", HOST, "https://origin.test:443/f?q", None, None),
+        ("1.1", HOST, "http://user@origin.test/f", None, None),
+        ("1.1", HOST, "http://origin.test:8080/f", None, HTTPStatus.BAD_REQUEST),
+        ("1.1", HOST, "http://origin.test", None, None),
+        ("1.1", HOST, "/f", "Chunked", None),
+        ("1.1", HOST, "/f", "chunked, chunked", HTTPStatus.NOT_IMPLEMENTED),
+        ("1.1", HOST, "/f", "gzip", HTTPStatus.NOT_IMPLEMENTED),
+        ("1.1", HOST, "/f", "", HTTPStatus.NOT_IMPLEMENTED),
+        ("3.0", HOST, "/f", None, HTTPStatus.HTTP_VERSION_NOT_SUPPORTED),
+        ("0.9", [], "/f", None, HTTPStatus.BAD_REQUEST),
+    ],
+)
+def test_request_heads(
+    version: str, hosts: list[str], target: str, te: str | None, status: HTTPStatus | None
+) -> None:
+    refusal = request_head_error(version, hosts, target, te)
+    assert (refusal[0] if refusal else None) == status, refusal
+
+
+def test_only_a_tab_after_the_last_coding_misframes() -> None:
+    assert llhttp_misframes("chunked\t") and llhttp_misframes("gzip, chunked \t")
+    assert not llhttp_misframes("chunked ") and not llhttp_misframes("chunked")
+    assert not llhttp_misframes("chunked, gzip\t") and not llhttp_misframes(None)
+
+
+def test_the_chunked_decoder_reads_any_split_and_stops_at_the_body_s_end() -> None:
+    coded = b"5;name=value\r\nhello\r\n1\r\n!\r\n0\r\nTrailer: t\r\n\r\nnext"
+    decoder = ChunkedDecoder()
+    body, after = bytearray(), bytearray()
+    for i in range(len(coded)):
+        data, rest = decoder.feed(coded[i : i + 1])
+        body += data
+        after += rest
+    assert decoder.done and body == b"hello!" and after == b"next"
+
+
+@pytest.mark.parametrize(
+    "coded",
+    [b"zz\r\n", b"5\nhello", b"5\r\nhello, more\r\n", b"1" * 17 + b"\r\n", b"\r\n"],
+    ids=["not hex", "bare LF", "past its size", "too many digits", "no size"],
+)
+def test_the_chunked_decoder_refuses_framing_errors(coded: bytes) -> None:
+    with pytest.raises(ValueError):
+        ChunkedDecoder().feed(coded)
