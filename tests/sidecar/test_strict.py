@@ -269,6 +269,11 @@ def test_transfer_encoding_in_an_http_1_0_request_closes_the_connection_after_it
         assert reply.statuses == [400], reply
 
 
+# More than mitmproxy holds before it streams a request body (its stream_large_bodies), so
+# that behind both front ends the origin has the upload under way when the error comes.
+FIRST_CHUNK = 1024 * 1024 + 1  # bytes
+
+
 @pytest.mark.parametrize(
     "broken",
     [b"zz\r\nhello\r\n", b"5\rhello\r\n", b"5\r\nhello, and more\r\n"],
@@ -280,19 +285,16 @@ def test_a_chunked_body_with_a_framing_error_is_refused_at_once_and_the_upload_a
     name = f"upload-{time.monotonic_ns()}"
     client.send(
         f"POST {client.target(name)} HTTP/1.1\r\nHost: {client.authority}\r\n"
-        "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n".encode()
+        "Transfer-Encoding: chunked\r\n\r\n".encode()
+        + b"%x\r\n%s\r\n" % (FIRST_CHUNK, b"x" * FIRST_CHUNK)
     )
-    if client.front == "lean":
-        # The lean server streams the body: the origin has the request under way.
-        assert raw_origin.seen(name).bodies == [b"abc"] or raw_origin.seen(name).bodies
+    seen = raw_origin.seen(name)  # the upload is under way
     client.send(broken)
     reply = client.replies()
     assert reply.statuses == [400] and reply.closed, reply
-    # RFC 9112 §8: never completed as if whole.
-    for seen in raw_origin.connections:
-        if f"/r/{name}".encode() in seen.raw:
-            assert seen.complete == 0 and b"0\r\n\r\n" not in seen.raw
-            assert seen.closed.wait(BOUND)
+    # RFC 9112 §8: cut off, never completed as if whole.
+    assert seen.closed.wait(BOUND)
+    assert seen.complete == 0 and not seen.raw.endswith(b"0\r\n\r\n")
 
 
 def test_inside_a_tunnel_the_tunnel_names_the_origin(
