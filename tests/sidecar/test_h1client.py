@@ -138,6 +138,18 @@ def test_a_kept_alive_connection_carries_the_next_request(ca: trustme.CA) -> Non
     assert run(ca, answer(OK, OK, OK), test).connections == 1
 
 
+def test_connection_close_followed_by_a_tab_is_read_as_close(ca: trustme.CA) -> None:
+    # RFC 9110 §5.6.3: whitespace around a field value is not part of it. The llhttp of
+    # httptools 0.8 misses this close and would send the next request on the connection.
+    closing = b"HTTP/1.1 200 OK\r\nConnection: close\t\r\nContent-Length: 5\r\n\r\nhello"
+
+    async def test(origin: Origin, pool: Pool, route: Route) -> None:
+        for _ in range(2):
+            assert await body(await pool.request(route, "GET", origin.url(), [])) == b"hello"
+
+    assert run(ca, answer(closing, OK), test).connections == 2
+
+
 def test_bytes_after_the_content_length_are_cut_and_the_connection_is_not_reused(
     ca: trustme.CA,
 ) -> None:
