@@ -315,6 +315,10 @@ class Http1Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self._idle_since = None
         method = self._parser.get_method().decode("ascii")
+        if method == "CONNECT":
+            # A tunnel inside the tunnel, to an origin server: RFC 9110 §9.3.6 is for
+            # proxies, and an origin "SHOULD respond with the 501" to a method it lacks.
+            raise BadRequest(HTTPStatus.NOT_IMPLEMENTED, "CONNECT inside a tunnel")
         number = self._parser.get_http_version()
         target = origin_form_target(self._target)
         refusal = request_head_error(
@@ -327,10 +331,6 @@ class Http1Connection(asyncio.Protocol):
         )
         # The tunnel, not the request's Host or target, names the origin.
         request = Request(method, self._tunnel.url(target), tuple(self._fields), "HTTP/" + number)
-        if method == "CONNECT":
-            # A tunnel inside the tunnel, to an origin server: RFC 9110 §9.3.6 is for
-            # proxies, and an origin "SHOULD respond with the 501" to a method it lacks.
-            raise BadRequest(HTTPStatus.NOT_IMPLEMENTED, "CONNECT inside a tunnel")
         if self._parser.should_upgrade():
             self._upgrade = request  # relayed once the parser stops after its head
             return
