@@ -225,6 +225,7 @@ class Http1Connection(asyncio.Protocol):
         self._idle_since: float | None = self._loop.time()
         self._idle_timer: asyncio.TimerHandle | None = None
         self._closed = False
+        self._refused = False  # a refusal was sent ahead of its request's answer
         self._reading = True
         # The request being parsed.
         self._target = b""
@@ -410,8 +411,9 @@ class Http1Connection(asyncio.Protocol):
             self._transport.write(data)
 
     def abort(self) -> None:
-        # A connection we are closing already keeps what it has to say (a refusal).
-        if self._transport is not None and not self._transport.is_closing():
+        # A refusal sent at once (see `_refuse`) is left to be delivered; anything else
+        # queued for the client is dropped with the connection.
+        if self._transport is not None and not self._refused:
             self._transport.abort()
 
     # -- internals ----------------------------------------------------------------------
@@ -447,6 +449,7 @@ class Http1Connection(asyncio.Protocol):
             pending, response = self._current
             if pending.body is broken and not response.started:
                 self.send_now(head + body)
+                self._refused = True
                 self._close()
                 return
 
