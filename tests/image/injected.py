@@ -77,6 +77,13 @@ def sidecar_of(pod: dict[str, Any]) -> dict[str, Any]:
     )  # fmt: skip
 
 
+def admin_port_of(sidecar: dict[str, Any]) -> int:
+    """The container port the injected sidecar serves /healthz, /metrics and /stats on."""
+    return int(
+        next(p["containerPort"] for p in sidecar["ports"] if p["name"] == names.ADMIN_PORT_NAME)
+    )
+
+
 def plain_pod(name: str, intercept: str, script: str, image: str) -> dict[str, Any]:
     """A pod whose app container, UID 1000, runs `script` with an `out` emptyDir on /out,
     asking for the hosts `intercept` (comma-separated) to be intercepted."""

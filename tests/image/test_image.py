@@ -25,7 +25,14 @@ from injector import names
 from tests.image.conftest import Images
 from tests.image.dockerd import Docker
 from tests.image.dockerpod import DockerPod
-from tests.image.injected import origin_requests, plain_pod, render, sidecar_of, start_origin
+from tests.image.injected import (
+    admin_port_of,
+    origin_requests,
+    plain_pod,
+    render,
+    sidecar_of,
+    start_origin,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.docker, pytest.mark.timeout(1800)]
 
@@ -51,9 +58,7 @@ def test_injected_pod_downloads_through_the_image(
     pod = plain_pod("train", HOST, script, APP_IMAGE)
     rendered = render(pod, CONFIG, tmp_path)
     sidecar = sidecar_of(rendered)
-    admin_port = next(
-        p["containerPort"] for p in sidecar["ports"] if p["name"] == names.ADMIN_PORT_NAME
-    )
+    admin_port = admin_port_of(sidecar)
     run = DockerPod(
         docker,
         rendered,

@@ -24,7 +24,7 @@ from injector.quantity import parse_bytes
 from tests.image.conftest import Images
 from tests.image.dockerd import Docker
 from tests.image.dockerpod import DockerPod
-from tests.image.injected import plain_pod, render, sidecar_of
+from tests.image.injected import admin_port_of, plain_pod, render, sidecar_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.docker, pytest.mark.timeout(1800)]
 
@@ -70,9 +70,7 @@ def test_a_full_buffer_serves_distinct_hits_within_the_injected_limit(
     rendered = render(pod, "{}\n", tmp_path)
     sidecar = sidecar_of(rendered)
     assert parse_bytes(sidecar["resources"]["limits"]["memory"]) == TWO_WORKER_LIMIT
-    admin_port = next(
-        p["containerPort"] for p in sidecar["ports"] if p["name"] == names.ADMIN_PORT_NAME
-    )
+    admin_port = admin_port_of(sidecar)
     run = DockerPod(
         docker,
         rendered,
@@ -89,8 +87,7 @@ def test_a_full_buffer_serves_distinct_hits_within_the_injected_limit(
         assert code == 0, run.logs("app") + run.logs(names.CONTAINER)
 
         codes = [
-            run.volume_file("out", f"{shard}.codes").read_text().split()
-            for shard in range(shards)
+            run.volume_file("out", f"{shard}.codes").read_text().split() for shard in range(shards)
         ]
         assert sum(len(c) for c in codes) == OBJECTS
         assert all(status == "200" for c in codes for status in c)

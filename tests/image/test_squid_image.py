@@ -42,7 +42,14 @@ from tests.chart import helmchart
 from tests.image.conftest import Images
 from tests.image.dockerd import Docker
 from tests.image.dockerpod import DockerPod
-from tests.image.injected import origin_requests, plain_pod, render, sidecar_of, start_origin
+from tests.image.injected import (
+    admin_port_of,
+    origin_requests,
+    plain_pod,
+    render,
+    sidecar_of,
+    start_origin,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.docker, pytest.mark.timeout(1800)]
 
@@ -116,9 +123,7 @@ def run_pod(
     """Run an injected pod whose app writes /out/data.bin and /out/new.bin; check both
     are `expected` and return its sidecar's /stats."""
     sidecar = sidecar_of(rendered)
-    admin_port = next(
-        p["containerPort"] for p in sidecar["ports"] if p["name"] == names.ADMIN_PORT_NAME
-    )
+    admin_port = admin_port_of(sidecar)
     pod = DockerPod(
         docker,
         rendered,
