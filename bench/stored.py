@@ -70,7 +70,7 @@ def make(directory: Path, count: int) -> list[str]:
             digest = hashlib.sha256(body).hexdigest()
             reservation = store.reserve(len(body))
             assert reservation is not None, "the buffer is sized to hold every object"
-            reservation.path.write_bytes(body)
+            Path(reservation.path).write_bytes(body)
             headers = (
                 ("Content-Type", "image/jpeg"),
                 ("ETag", f'"{digest[:16]}"'),

@@ -35,7 +35,6 @@ import os
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from sidecar import policy
@@ -134,7 +133,7 @@ class Fill:
         self._fd: int | None = None
         self._shared: Progress | None = None  # the record readers in other workers follow
         # The room the keeper held when the claim began (rid, partial body), if any.
-        self.provisional: tuple[str, Path] | None = None
+        self.provisional: tuple[str, str] | None = None
         self._readers = 0
         self._ended = False
 
@@ -221,7 +220,7 @@ class RemoteFill:
         """Raises FileNotFoundError when the fill ended before we could open it."""
         self.key = key
         self.url = url
-        path = Path(fill["path"])
+        path = fill["path"]
         self._progress = Progress(path)
         try:
             self._fd = os.open(path, os.O_RDONLY)
@@ -390,7 +389,7 @@ class Fills:
             if "begin" in answer:
                 fill = self._active[key] = Fill(key, url, self._buffer.invalidations)
                 if "rid" in answer:
-                    fill.provisional = answer["rid"], Path(answer["path"])
+                    fill.provisional = answer["rid"], answer["path"]
         except StoreError as e:
             self._metrics.buffer_trouble("claiming a fill", e)
             raise Declined(BUFFER_UNAVAILABLE) from e
@@ -412,8 +411,7 @@ class Fills:
             return await self._decide(fill, request_headers, fetched)
         except BaseException as e:
             if not fill.head.done():
-                self._release_provisional(fill)
-                self._buffer.decline(key, "upstream-error")
+                self._buffer.decline(key, "upstream-error")  # returns provisional room
                 self._end(fill, e if isinstance(e, Exception) else FillFailed("cancelled"))
             raise
 
@@ -433,12 +431,14 @@ class Fills:
         head = Head(
             size, stored, validators, headers, fetched.generated_at, fetched.lifetime(stored)
         )
-        if fill.provisional is not None and size <= PROVISIONAL:
+        # A body that fits the claim's provisional room is stored there, its partial
+        # body made here: nobody follows it (see `sidecar.keeper`). Any other asks for
+        # its room, which returns the provisional.
+        followed = not (fill.provisional is not None and size <= PROVISIONAL)
+        if not followed:
+            assert fill.provisional is not None
             rid, path = fill.provisional
-            fill.provisional = None  # the fill's own room now
-            self._buffer.filling(rid, fill.key, size, head.to_message())
         else:
-            self._release_provisional(fill)
             try:
                 answer = await self._buffer.start_fill(fill.key, size, head.to_message())
             except StoreError as e:
@@ -448,11 +448,15 @@ class Fills:
                 if answer["refused"] == "no-room":
                     self._metrics.counters.admissions_refused += 1
                 return self._decline(fill, response, answer["refused"])
-            rid, path = answer["rid"], Path(answer["path"])
+            rid, path = answer["rid"], answer["path"]
+        fill.provisional = None
         try:
-            # Made by the keeper, so that readers in other workers could open it at once.
-            fill._fd = os.open(path, os.O_RDWR)
-            fill._shared = Progress(path)
+            if followed:
+                # Made by the keeper, so that readers in other workers could open it at once.
+                fill._fd = os.open(path, os.O_RDWR)
+                fill._shared = Progress(path)
+            else:
+                fill._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError as e:
             self._buffer.abort(rid)
             self._buffer.report_failure(f"cannot open a partial body: {e}")
@@ -468,14 +472,8 @@ class Fills:
             task.add_done_callback(self._tasks.discard)
         return Acquired(fill, "miss", relayed=tuple(policy.relayed_headers(response.headers)))
 
-    def _release_provisional(self, fill: Fill) -> None:
-        if fill.provisional is not None:
-            self._buffer.abort(fill.provisional[0])
-            fill.provisional = None
-
     def _decline(self, fill: Fill, response: Response, reason: str) -> Acquired:
-        self._release_provisional(fill)
-        self._buffer.decline(fill.key, reason)
+        self._buffer.decline(fill.key, reason)  # returns provisional room
         self._end(fill, Declined(reason))
         return Acquired(None, "miss", response, reason)
 
@@ -540,7 +538,7 @@ class Fills:
                 )
                 return
             committed = await self._buffer.commit(
-                rid, fill.key, sha256, head.headers, head.generated_at, head.lifetime
+                rid, fill.key, head.size, sha256, head.headers, head.generated_at, head.lifetime
             )
             elapsed = time.monotonic() - started
             if committed and self._log_stored:

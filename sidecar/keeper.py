@@ -19,18 +19,24 @@ Calls and their replies (`sidecar.ipc`):
 | --- | --- |
 | `claim {key}` | `{begin}` (fetch it; see below), `{join: fill}`, `{stored}`, `{declined}` |
 | `start_fill {key, size, head}` | `{rid, path}` or `{refused: reason}` |
-| `commit {rid, key, sha256, headers, generated_at, lifetime}` | `{}`, `{error}`, `{invalidated}` |
+| `commit {rid, key, size, sha256, headers, generated_at, lifetime}` | `{}`, `{error}`, |
+| | `{invalidated}` |
 | `invalidate {keys}` | `{}` once the objects are gone and their fills will not commit |
 | `update {key, file, headers, generated_at, lifetime}` (after a 304) | `{}` once recorded |
 
-Notifications: `filling {rid, key, size, head}`, `decline {key, reason}`, `abort {rid}`,
-`remove {key}`, `failure {}`, `touch {keys}`.
+Notifications: `decline {key, reason}`, `abort {rid}`, `remove {key}`, `failure {}`,
+`touch {keys}`.
 
-Most objects are small, and a miss waits for every round trip it makes here. So a
-`begin` comes with room for an object of up to PROVISIONAL bytes, held against the cap
-like any fill's (`rid`, `path`). A body that fits is announced with the `filling`
-notification, and its miss costs two round trips (claim, commit) instead of three; a
-larger one asks with `start_fill`, and the provisional room is returned. Provisional
+Most objects are small, and a miss waits for every round trip it makes here (each
+costs both processes a wake-up). So a `begin` comes with room for an object of up to
+PROVISIONAL bytes, held against the cap like any fill's (`rid`, `path`). A body that
+fits is stored there without a word to the keeper until its commit, which says its
+size: its miss costs two round trips (claim, commit) and nothing else. Nobody follows
+such a fill while it runs: its readers get it whole at the commit anyway
+(`fill.WHOLE_AT_COMMIT`), so a claim of the same key from another worker waits for
+the commit and is answered `stored` (a hit), and its partial body is made by the
+worker with no progress record. A larger body asks with `start_fill`, which returns
+the provisional room first; a declined one returns it with `decline`. Provisional
 room is only ever free room, and only while at least as much stays free besides: so
 it never makes `lru` evict, and never turns away an object that fits in half the room
 that is free (near a full buffer, every claim takes the three round trips).
@@ -89,7 +95,7 @@ class _Claim:
     owner: int
     waiters: list[asyncio.Future[Message]] = field(default_factory=list)
     fill: Message | None = None  # what joiners need, once the body is being stored
-    rid: str | None = None
+    rid: str | None = None  # its room: provisional while `fill` is None
     # A write made what this fill fetches stale: it gets no new readers and is not
     # committed; requests for the key pass until it ends.
     invalidated: bool = False
@@ -137,9 +143,7 @@ class Keeper:
         if op == "update":
             self._update(message)
             return {}
-        if op == "filling":
-            self._filling(message)
-        elif op == "decline":
+        if op == "decline":
             self._settle(message["key"], worker, {"declined": message["reason"]})
         elif op == "abort":
             self._abort(message["rid"])
@@ -155,12 +159,12 @@ class Keeper:
 
     def worker_gone(self, worker: int) -> None:
         """Fail the fills of a worker that died; return their room."""
-        for rid, (owner, _, _) in list(self._reservations.items()):
-            if owner == worker:
-                self._abort(rid)
         for key, claim in list(self._claims.items()):
             if claim.owner == worker:
                 self._settle(key, worker, {"declined": "worker-died"})
+        for rid, (owner, _, _) in list(self._reservations.items()):
+            if owner == worker:
+                self._abort(rid)
 
     # -- operations ---------------------------------------------------------------------
 
@@ -170,14 +174,14 @@ class Keeper:
             if self.store.holds(key):
                 # Committed after the worker looked it up: one fetch per object still.
                 return {"stored": True}
-            self._claims[key] = _Claim(worker)
+            claim = self._claims[key] = _Claim(worker)
             reservation = self._provisional_room()
             if reservation is None:
                 return {"begin": True}
-            rid = reservation.path.name
+            rid = claim.rid = reservation.name
             self._reservations[rid] = (worker, key, reservation)
             self._provisional.add(rid)
-            return {"begin": True, "rid": rid, "path": str(reservation.path)}
+            return {"begin": True, "rid": rid, "path": reservation.path}
         if claim.invalidated:
             return {"declined": INVALIDATED}
         if claim.fill is not None:
@@ -190,26 +194,17 @@ class Keeper:
         claimed = self._claims.get(key)
         if claimed is not None and claimed.invalidated:
             return {"refused": INVALIDATED}  # the worker's decline settles the claim
-        reservation, reason = self._reserve(size)
+        if claimed is not None and claimed.fill is None and claimed.rid is not None:
+            self._release(claimed.rid)  # too large for its provisional room
+            claimed.rid = None
+        reservation, reason = self._reserve(size, followed=True)
         if reservation is None:
             self._settle(key, worker, {"declined": reason})
             return {"refused": reason}
-        rid = reservation.path.name
+        rid = reservation.name
         self._reservations[rid] = (worker, key, reservation)
         self._announce(self._claims.setdefault(key, _Claim(worker)), rid, reservation, head)
-        return {"rid": rid, "path": str(reservation.path)}
-
-    def _filling(self, message: Message) -> None:
-        """A body that fits its claim's provisional room is being stored."""
-        found = self._reservations.get(message["rid"])
-        if found is None:
-            return  # its worker died, or the claim was settled meanwhile
-        _, key, reservation = found
-        self.store.resize(reservation, message["size"])
-        self._provisional.discard(message["rid"])
-        claim = self._claims.get(key)
-        if claim is not None:
-            self._announce(claim, message["rid"], reservation, message["head"])
+        return {"rid": rid, "path": reservation.path}
 
     def _provisional_room(self) -> Reservation | None:
         """PROVISIONAL bytes for a claim, if that leaves at least as much free room as
@@ -218,14 +213,16 @@ class Keeper:
         free = store.capacity - store.used - store.reserved - PROVISIONAL
         if free < (len(self._provisional) + 1) * PROVISIONAL:
             return None
-        return self._reserve(PROVISIONAL, evict=False)[0]
+        return self._reserve(PROVISIONAL, evict=False, followed=False)[0]
 
-    def _reserve(self, size: int, evict: bool = True) -> tuple[Reservation | None, str]:
+    def _reserve(
+        self, size: int, evict: bool = True, followed: bool = False
+    ) -> tuple[Reservation | None, str]:
         """Room for a fill of `size` bytes (see `Store.reserve`), or None and why not."""
         if self.store.unavailable is not None:
             return None, BUFFER_UNAVAILABLE
         try:
-            return self.store.reserve(size, evict), "no-room"
+            return self.store.reserve(size, evict, followed), "no-room"
         except StoreError as e:
             self.metrics.buffer_trouble("reserving room", e)
             self.store.report_failure(str(e))
@@ -235,7 +232,7 @@ class Keeper:
     def _announce(claim: _Claim, rid: str, reservation: Reservation, head: Message) -> None:
         """The claim's body is being stored: whoever waits for it joins it."""
         claim.rid = rid
-        claim.fill = {**head, "size": reservation.size, "path": str(reservation.path)}
+        claim.fill = {**head, "size": reservation.size, "path": reservation.path}
         for waiter in claim.waiters:
             if not waiter.done():
                 waiter.set_result({"join": claim.fill})
@@ -251,9 +248,10 @@ class Keeper:
         if found is None:
             return {"error": "the fill was cancelled"}
         _, key, reservation = found
-        self._forget_claim(key, rid)
+        self._provisional.discard(rid)
         headers = tuple((name, value) for name, value in message["headers"])
         try:
+            self.store.resize(reservation, message["size"])  # provisional room: the rest
             self.store.commit(
                 reservation,
                 key,
@@ -263,17 +261,25 @@ class Keeper:
                 message["lifetime"],
             )
         except StoreError as e:
+            self.store.abort(reservation)
+            self._forget_claim(key, rid, {"declined": BUFFER_UNAVAILABLE})
             return {"error": str(e)}
+        # Whoever waited on a fill nobody could follow finds it stored now.
+        self._forget_claim(key, rid, {"stored": True})
         return {}
 
     def _abort(self, rid: str) -> None:
+        found = self._reservations.get(rid)
+        if found is not None:
+            self._release(rid)
+            self._forget_claim(found[1], rid, {"declined": "fill-failed"})
+
+    def _release(self, rid: str) -> None:
+        """Return a fill's room; its partial body is deleted."""
         self._provisional.discard(rid)
         found = self._reservations.pop(rid, None)
-        if found is None:
-            return
-        _, key, reservation = found
-        self._forget_claim(key, rid)
-        self.store.abort(reservation)
+        if found is not None:
+            self.store.abort(found[2])
 
     def _invalidate(self, keys: list[str]) -> Message:
         for key in keys:
@@ -310,19 +316,26 @@ class Keeper:
             self.metrics.buffer_trouble("removing an object", e)
 
     def _settle(self, key: str, worker: int, outcome: Message) -> None:
-        """End a claim that never became a fill; its waiters get `outcome`."""
+        """End a claim that never became a fill that others follow (its provisional
+        room is returned); its waiters get `outcome`."""
         claim = self._claims.get(key)
         if claim is None or claim.owner != worker or claim.fill is not None:
             return
+        if claim.rid is not None:
+            self._release(claim.rid)
+        self._end_claim(key, claim, outcome)
+
+    def _forget_claim(self, key: str, rid: str, outcome: Message) -> None:
+        """The fill `rid` is over: its claim ends, and whoever still waits gets `outcome`."""
+        claim = self._claims.get(key)
+        if claim is not None and claim.rid == rid:
+            self._end_claim(key, claim, outcome)
+
+    def _end_claim(self, key: str, claim: _Claim, outcome: Message) -> None:
         del self._claims[key]
         for waiter in claim.waiters:
             if not waiter.done():
                 waiter.set_result(outcome)
-
-    def _forget_claim(self, key: str, rid: str) -> None:
-        claim = self._claims.get(key)
-        if claim is not None and claim.rid == rid:
-            del self._claims[key]
 
 
 @dataclass
@@ -469,10 +482,6 @@ class Buffer:
         keeper cannot be asked."""
         return await self._call("claim", key=key)
 
-    def filling(self, rid: str, key: str, size: int, head: Message) -> None:
-        """A claimed body that fits its provisional room (`rid`) is being stored."""
-        self._keeper.notify("filling", rid=rid, key=key, size=size, head=head)
-
     async def start_fill(self, key: str, size: int, head: Message) -> Message:
         return await self._call("start_fill", key=key, size=size, head=head)
 
@@ -480,6 +489,7 @@ class Buffer:
         self,
         rid: str,
         key: str,
+        size: int,
         sha256: str,
         headers: tuple[tuple[str, str], ...],
         generated_at: float,
@@ -491,6 +501,7 @@ class Buffer:
             "commit",
             rid=rid,
             key=key,
+            size=size,
             sha256=sha256,
             headers=[list(h) for h in headers],
             generated_at=generated_at,

@@ -13,11 +13,11 @@ with pwrite (a system call, hence ordered) before the count that announces them.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import mmap
 import os
 import struct
-from pathlib import Path
 
 _RECORD = struct.Struct("<QQ")  # written, state
 SUFFIX = ".progress"
@@ -30,11 +30,11 @@ class State(enum.IntEnum):
     BUFFER_FAILED = 3  # the buffer refused the body: readers fetch the rest upstream
 
 
-def path_for(partial: Path) -> Path:
-    return partial.with_name(partial.name + SUFFIX)
+def path_for(partial: str) -> str:
+    return partial + SUFFIX
 
 
-def create(partial: Path) -> None:
+def create(partial: str) -> None:
     """Create the record of a new fill (running, nothing written)."""
     fd = os.open(path_for(partial), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -46,7 +46,7 @@ def create(partial: Path) -> None:
 class Progress:
     """A mapped progress record (opened by the pump and by readers alike)."""
 
-    def __init__(self, partial: Path) -> None:
+    def __init__(self, partial: str) -> None:
         """Raises FileNotFoundError when the fill is over and its record gone."""
         fd = os.open(path_for(partial), os.O_RDWR)
         try:
@@ -68,7 +68,7 @@ class Progress:
         self._map.close()
 
 
-def mark_failed(partial: Path) -> None:
+def mark_failed(partial: str) -> None:
     """Tell readers in other workers that a fill is over without a body."""
     try:
         progress = Progress(partial)
@@ -78,5 +78,6 @@ def mark_failed(partial: Path) -> None:
     progress.close()
 
 
-def remove(partial: Path) -> None:
-    path_for(partial).unlink(missing_ok=True)
+def remove(partial: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path_for(partial))

@@ -138,12 +138,15 @@ class StoredObject:
 
 
 class Reservation:
-    """Room for one fill: `size` bytes held against the cap until commit or abort."""
+    """Room for one fill: `size` bytes held against the cap until commit or abort, and
+    its partial body `path` (a plain string: the keeper handles thousands a second)."""
 
-    def __init__(self, store: Store, size: int, path: Path) -> None:
-        self.store = store
+    def __init__(self, size: int, partial_dir: str, followed: bool) -> None:
+        """`followed`: readers in other workers may follow the fill (see `reserve`)."""
         self.size = size
-        self.path = path
+        self.name = uuid.uuid4().hex
+        self.path = os.path.join(partial_dir, self.name)
+        self.followed = followed
         self.settled = False
 
 
@@ -167,6 +170,8 @@ class Store:
         self.eviction = eviction
         self.objects_dir = directory / "objects"
         self.partial_dir = directory / "partial"
+        self._objects = str(self.objects_dir)
+        self._partial = str(self.partial_dir)
         self._checks = checks
         self.used = 0  # bytes of committed bodies
         self.reserved = 0  # bytes held by fills in progress
@@ -308,9 +313,15 @@ class Store:
 
     # -- admission, commit, abort -------------------------------------------------------
 
-    def reserve(self, size: int, evict: bool = True) -> Reservation | None:
+    def reserve(
+        self, size: int, evict: bool = True, followed: bool = True
+    ) -> Reservation | None:
         """Hold room for a `size`-byte fill, or None if the policy admits no more;
         without `evict`, only room that is free now.
+
+        A `followed` fill gets its partial body and progress record made here, so that
+        readers in any worker can open them at once; any other's partial body is made by
+        the worker that fills it (`keeper.PROVISIONAL`).
 
         None is not an error: the object is then passed through uncached.
         """
@@ -320,18 +331,17 @@ class Store:
             self._evict_until_free(size)
         if self.used + self.reserved + size > self.capacity:
             return None
-        reservation = Reservation(self, size, self.partial_dir / uuid.uuid4().hex)
+        reservation = Reservation(size, self._partial, followed)
         try:
-            try:
-                _create_partial(reservation.path)
-            except FileNotFoundError:
+            if not os.path.isdir(self._partial):
                 # Someone emptied the buffer directory under us: start again.
                 self.partial_dir.mkdir(parents=True, exist_ok=True)
                 self.objects_dir.mkdir(parents=True, exist_ok=True)
+            if followed:
                 _create_partial(reservation.path)
         except OSError as e:
             with contextlib.suppress(OSError):
-                reservation.path.unlink(missing_ok=True)
+                os.unlink(reservation.path)
             raise StoreError(f"cannot create a partial body: {_describe(e)}") from e
         self.reserved += size
         return reservation
@@ -369,22 +379,25 @@ class Store:
             raise StoreError("reservation already settled")
         reservation.settled = True
         self.reserved -= reservation.size
-        name = reservation.path.name
+        name = reservation.name
         entry = StoredObject(
             name, reservation.size, sha256, headers, time.time(), generated_at, lifetime
         )
+        body = os.path.join(self._objects, name)
         try:
-            size_on_disk = reservation.path.stat().st_size
+            size_on_disk = os.stat(reservation.path).st_size
             if size_on_disk != reservation.size:
                 raise StoreError(f"body has {size_on_disk} bytes, expected {reservation.size}")
-            os.rename(reservation.path, self.objects_dir / name)
-            progress.remove(reservation.path)
+            os.rename(reservation.path, body)
+            if reservation.followed:
+                progress.remove(reservation.path)
             if key in self._require_index():
                 self.remove(key)  # a concurrent fill of the same key committed first
             self._require_index().set(key, entry, tag=entry.size)
         except (OSError, sqlite3.Error, diskcache.Timeout) as e:
-            (self.objects_dir / name).unlink(missing_ok=True)
-            reservation.path.unlink(missing_ok=True)
+            for path in (body, reservation.path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
             raise StoreError(f"cannot commit an object: {_describe(e)}") from e
         self.entries += 1
         self.used += entry.size
@@ -403,9 +416,11 @@ class Store:
         self.reserved -= reservation.size
         # A buffer that refuses the unlink (read-only) is cleaned at the next start.
         with contextlib.suppress(OSError):
-            progress.mark_failed(reservation.path)
-            progress.remove(reservation.path)
-            reservation.path.unlink(missing_ok=True)
+            if reservation.followed:
+                progress.mark_failed(reservation.path)
+                progress.remove(reservation.path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(reservation.path)
 
     def remove(self, key: str) -> None:
         """Delete one object (evicted, stale or corrupt)."""
@@ -573,7 +588,7 @@ def _open_index(directory: Path) -> diskcache.Cache:
     )
 
 
-def _create_partial(path: Path) -> None:
+def _create_partial(path: str) -> None:
     """An empty partial body and its progress record, made by the keeper so that
     readers in any worker can open them at once."""
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))

@@ -46,27 +46,57 @@ def call(keeper: Keeper, op: str, worker: int = 0, **fields: Any) -> Any:
     return asyncio.run(keeper.handle(worker, {"op": op, **fields}))
 
 
+async def commit(keeper: Keeper, begun: dict[str, Any], key: str, size: int) -> Any:
+    """The commit of a small body written into its provisional room (made by the worker)."""
+    Path(begun["path"]).write_bytes(bytes(size))
+    return await keeper.handle(0, {"op": "commit", "rid": begun["rid"], "key": key,
+                                   "size": size, "sha256": "0" * 64, "headers": HEAD["headers"],
+                                   "generated_at": 0.0, "lifetime": 0.0})  # fmt: skip
+
+
 def store_small(keeper: Keeper, key: str, size: int, worker: int = 0) -> None:
     """A claim, the body that fits its provisional room, and the commit."""
     begun = call(keeper, "claim", worker, key=key)
     assert "rid" in begun, begun
-    call(keeper, "filling", worker, rid=begun["rid"], key=key, size=size, head=HEAD)
-    Path(begun["path"]).write_bytes(bytes(size))
-    assert call(keeper, "commit", worker, rid=begun["rid"], key=key, sha256="0" * 64,
-                headers=HEAD["headers"], generated_at=0.0, lifetime=0.0) == {}  # fmt: skip
+    assert asyncio.run(commit(keeper, begun, key, size)) == {}
 
 
-def test_a_small_body_takes_its_claims_room_and_joiners_get_it(
+def test_a_small_body_takes_its_claims_room_and_joiners_find_it_stored(
     tmp_path: Path, keeper_on: KeeperOn
 ) -> None:
     keeper = keeper_on(tmp_path, 8 * PROVISIONAL)
-    begun = call(keeper, "claim", key="a")
-    assert begun["begin"] and Path(begun["path"]).exists()
-    assert keeper.store.reserved == PROVISIONAL
-    call(keeper, "filling", rid=begun["rid"], key="a", size=1000, head=HEAD)
-    assert keeper.store.reserved == 1000  # the rest is free again
-    joined = call(keeper, "claim", worker=1, key="a")
-    assert joined["join"]["size"] == 1000 and joined["join"]["path"] == begun["path"]
+
+    async def scenario() -> None:
+        begun = await keeper.handle(0, {"op": "claim", "key": "a"})
+        assert begun["begin"] and not Path(begun["path"]).exists()  # the worker makes it
+        assert keeper.store.reserved == PROVISIONAL
+        joining = asyncio.create_task(keeper.handle(1, {"op": "claim", "key": "a"}))
+        await asyncio.sleep(0)
+        assert not joining.done()  # nobody follows a small fill: it waits for the commit
+        assert await commit(keeper, begun, "a", 1000) == {}
+        assert await joining == {"stored": True}
+        assert keeper.store.reserved == 0 and keeper.store.used == 1000
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_small_fill_sends_its_waiters_upstream_and_returns_its_room(
+    tmp_path: Path, keeper_on: KeeperOn
+) -> None:
+    keeper = keeper_on(tmp_path, 8 * PROVISIONAL)
+
+    async def scenario() -> None:
+        begun = await keeper.handle(0, {"op": "claim", "key": "a"})
+        Path(begun["path"]).write_bytes(b"half")
+        joining = asyncio.create_task(keeper.handle(1, {"op": "claim", "key": "a"}))
+        await asyncio.sleep(0)
+        await keeper.handle(0, {"op": "abort", "rid": begun["rid"]})
+        assert "declined" in await joining
+        assert keeper.store.reserved == 0 and not Path(begun["path"]).exists()
+        again = await keeper.handle(1, {"op": "claim", "key": "a"})
+        assert again["begin"]
+
+    asyncio.run(scenario())
 
 
 def test_a_larger_body_asks_for_its_room_and_gives_the_provisional_back(
@@ -74,10 +104,32 @@ def test_a_larger_body_asks_for_its_room_and_gives_the_provisional_back(
 ) -> None:
     keeper = keeper_on(tmp_path, 8 * PROVISIONAL)
     begun = call(keeper, "claim", key="big")
-    call(keeper, "abort", rid=begun["rid"])
+    Path(begun["path"]).touch()
     started = call(keeper, "start_fill", key="big", size=3 * PROVISIONAL, head=HEAD)
     assert "rid" in started and keeper.store.reserved == 3 * PROVISIONAL
-    assert not Path(begun["path"]).exists()
+    assert not Path(begun["path"]).exists() and Path(started["path"]).exists()
+    joined = call(keeper, "claim", worker=1, key="big")
+    assert joined["join"]["path"] == started["path"]
+
+
+def test_a_declined_claim_returns_its_provisional_room(
+    tmp_path: Path, keeper_on: KeeperOn
+) -> None:
+    keeper = keeper_on(tmp_path, 8 * PROVISIONAL)
+    assert "rid" in call(keeper, "claim", key="a")
+    call(keeper, "decline", key="a", reason="no-store")
+    assert keeper.store.reserved == 0 and call(keeper, "claim", key="a")["begin"]
+
+
+def test_a_dead_workers_small_fill_is_failed_and_its_room_returned(
+    tmp_path: Path, keeper_on: KeeperOn
+) -> None:
+    keeper = keeper_on(tmp_path, 8 * PROVISIONAL)
+    begun = call(keeper, "claim", key="a")
+    Path(begun["path"]).write_bytes(b"half")
+    keeper.worker_gone(0)
+    assert keeper.store.reserved == 0 and not Path(begun["path"]).exists()
+    assert call(keeper, "claim", worker=1, key="a")["begin"]
 
 
 def test_provisional_room_leaves_as_much_free_and_is_never_evicted_for(

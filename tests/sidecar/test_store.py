@@ -15,7 +15,7 @@ from sidecar.store import Index, Store, StoredObject, decode
 def commit(store: Store, key: str, body: bytes) -> StoredObject:
     reservation = store.reserve(len(body))
     assert reservation is not None
-    reservation.path.write_bytes(body)
+    Path(reservation.path).write_bytes(body)
     digest = hashlib.sha256(body).hexdigest()
     return store.commit(reservation, key, digest, (("ETag", '"e"'),), 0.0, 0.0)
 
