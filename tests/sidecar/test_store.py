@@ -95,3 +95,28 @@ def test_a_worker_reads_an_object_and_its_row(tmp_path: Path) -> None:
     assert index.find("missing") is None
     index.close()
     store.close()
+
+
+def test_a_commit_writes_the_row_diskcache_itself_would(tmp_path: Path) -> None:
+    store = reopened(tmp_path)
+    first = commit(store, "k", b"a" * 300)
+    # A large head: diskcache keeps such a value in a file of its own.
+    head = (("ETag", '"e"'), ("X-Large", "x" * 40_000))
+    reservation = store.reserve(10)
+    assert reservation is not None
+    Path(reservation.path).write_bytes(bytes(10))
+    large = store.commit(reservation, "large", "0" * 64, head, 0.0, 0.0)
+    again = commit(store, "k", b"b" * 200)  # the same key committed anew replaces it
+    store.close()
+    with diskcache.Cache(str(tmp_path / "index")) as cache:
+        assert len(cache) == 2 and cache.volume() > 0
+        assert cache.get("k") == again != first and cache.get("large") == large
+        assert cache.get("k", tag=True)[1] == 200
+    reader = Index(tmp_path)
+    reader.open()
+    found = reader.find("large")
+    assert found is not None and decode(found.encoded) == large
+    reader.close()
+    restarted = reopened(tmp_path)
+    assert (restarted.entries, restarted.used) == (2, 210)
+    restarted.close()
