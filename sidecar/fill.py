@@ -14,13 +14,16 @@ small bodies, below).
 
 When the body is complete and its length matches Content-Length the partial file is
 renamed into the buffer (commit); any failure deletes it. The body's last byte is
-handed to readers only after the commit: a request that starts after a response
-ended then always finds the object stored, and is answered as a hit (revalidated
-with `--revalidate`), never as a late joiner of the fill. That costs a miss the
-commit's round trip to the keeper, once, at its end. A small body is handed over
-whole at the commit (its client gets it in one write, rather than all but a byte and
-then that byte): waiting for all of it costs its time to first byte a fraction of a
-millisecond from a fast origin, and takes nothing from its whole. If the origin
+handed to readers once the whole body is in the partial file, while the commit is on
+its way to the keeper: a miss's client does not wait for that round trip, and its
+next request meets the keeper's answer half way. A request for the object that comes
+meanwhile waits for the commit, and is answered as a hit (revalidated with
+`--revalidate`), never as a late joiner of the fill: in this worker it waits for the
+fill to end; in another, the keeper has the commit before its claim (sent earlier), or
+answers the claim once the commit is done (`sidecar.keeper`). A small body is handed
+over whole (its client gets it in one write, rather than piece by piece): waiting for
+all of it costs its time to first byte a fraction of a millisecond from a fast origin,
+and takes nothing from its whole. If the origin
 drops the connection mid-body, the pump resumes from the byte it had with a Range
 request validated by If-Range, a few times with backoff; if it cannot, every
 reader's connection is aborted, so no client ever sees a short body with a success
@@ -50,8 +53,8 @@ logger = logging.getLogger(__name__)
 
 # Bytes per read of a body file; large, because each read becomes TLS records in one go.
 CHUNK = 256 * 1024
-# Bodies up to this size reach their readers whole, at the commit.
-WHOLE_AT_COMMIT = 256 * 1024  # bytes
+# Bodies up to this size reach their readers whole, once all of it is in.
+WHOLE_AT_END = 256 * 1024  # bytes
 # A reader following a fill in another worker polls its progress this often at first,
 # backing off to _POLL_MAX while nothing new arrives.
 _POLL_MIN = 0.001  # seconds
@@ -136,6 +139,8 @@ class Fill:
         self.provisional: tuple[str, str] | None = None
         self._readers = 0
         self._ended = False
+        # Every byte is written and handed out; only the commit is pending.
+        self.committing = False
 
     def attach(self) -> None:
         """Count a reader in; every attach() is paired with a detach()."""
@@ -378,6 +383,10 @@ class Fills:
             await asyncio.shield(pending)  # another client of this worker is asking
         local = self._active.get(key)
         if local is not None and local.invalidations == self._buffer.invalidations:
+            if local.committing:
+                # The response that started it has ended: a hit, once committed.
+                await local.ended.wait()
+                raise StoredMeanwhile(key)
             _release(fetched)
             local.attach()
             return Acquired(local, "coalesced")
@@ -404,7 +413,8 @@ class Fills:
             try:
                 joined = RemoteFill(key, url, answer["join"])
             except OSError:
-                raise Declined("fill-ended") from None
+                # It ended since the keeper answered: stored, or to be claimed anew.
+                raise StoredMeanwhile(key) from None
             _release(fetched)
             return Acquired(joined, "coalesced")
         try:
@@ -464,7 +474,7 @@ class Fills:
             self._end(fill, Declined(BUFFER_UNAVAILABLE))
             return Acquired(None, "miss", response, BUFFER_UNAVAILABLE)
         fill.attach()
-        fill._last = 0 if size <= WHOLE_AT_COMMIT else size - 1
+        fill._last = 0 if size <= WHOLE_AT_END else size - 1
         fill.head.set_result(head)
         task = asyncio.get_running_loop().create_task(self._pump(fill, response, rid))
         if not task.done():
@@ -537,6 +547,9 @@ class Fills:
                     head.size,
                 )
                 return
+            fill.committing = True
+            fill._last = head.size
+            fill._advance_to(head.size)
             committed = await self._buffer.commit(
                 rid, fill.key, head.size, sha256, head.headers, head.generated_at, head.lifetime
             )
