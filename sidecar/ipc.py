@@ -59,6 +59,7 @@ class Channel:
         self._unsent.clear()
         self._open.set()
         tasks: set[asyncio.Task[None]] = set()
+        loop = asyncio.get_running_loop()
         try:
             while line := await reader.readline():
                 message = json.loads(line)
@@ -67,7 +68,9 @@ class Channel:
                     if future is not None and not future.done():
                         future.set_result(message)
                     continue
-                task = asyncio.get_running_loop().create_task(self._dispatch(message))
+                # Started at once: most handlers never wait, and a message then costs
+                # no turn of the event loop of its own (the keeper handles thousands).
+                task = asyncio.Task(self._dispatch(message), loop=loop, eager_start=True)
                 if not task.done():
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)

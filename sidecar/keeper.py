@@ -17,7 +17,7 @@ Calls and their replies (`sidecar.ipc`):
 
 | call | reply |
 | --- | --- |
-| `claim {key}` | `{begin}` (fetch it; see below), `{join: fill}`, `{stored}`, `{declined}` |
+| `claim {key, since}` | `{begin}` (fetch it; see below), `{join: fill}`, `{stored}`, `{declined}` |
 | `start_fill {key, size, head}` | `{rid, path}` or `{refused: reason}` |
 | `commit {rid, key, size, sha256, headers, generated_at, lifetime}` | `{}`, `{error}`, |
 | | `{invalidated}` |
@@ -32,8 +32,8 @@ costs both processes a wake-up). So a `begin` comes with room for an object of u
 PROVISIONAL bytes, held against the cap like any fill's (`rid`, `path`). A body that
 fits is stored there without a word to the keeper until its commit, which says its
 size: its miss costs two round trips (claim, commit) and nothing else. Nobody follows
-such a fill while it runs: its readers get it whole at the commit anyway
-(`fill.WHOLE_AT_COMMIT`), so a claim of the same key from another worker waits for
+such a fill while it runs: its readers get it whole at its end anyway
+(`fill.WHOLE_AT_END`), so a claim of the same key from another worker waits for
 the commit and is answered `stored` (a hit), and its partial body is made by the
 worker with no progress record. A larger body asks with `start_fill`, which returns
 the provisional room first; a declined one returns it with `decline`. Provisional
@@ -78,6 +78,9 @@ TOUCH_INTERVAL = 0.5  # seconds
 # Room held for the fill of a claim that begins, until its size is known: nine in ten
 # of an ImageNet-like set's files fit in it.
 PROVISIONAL = 256 * 1024  # bytes
+# Keys of the latest commits, remembered so that a claim seldom needs an index query
+# to know whether its key was stored since the worker looked it up (`Shared.commits`).
+RECENT_COMMITS = 4096
 # Bytes a worker spends remembering stored objects (so that a hit costs no SQLite
 # query): each is kept as the index holds it, a few hundred bytes, and decoded per hit
 # (microseconds), where a decoded one costs about 3 KB of Python objects.
@@ -104,10 +107,21 @@ class _Claim:
 class Keeper:
     """The registry of fills and the buffer's accounting, for every worker."""
 
-    def __init__(self, store: Store, invalidated: Callable[[], None] = lambda: None) -> None:
-        """`invalidated()` is called after each invalidation (`Shared.bump_invalidations`)."""
+    def __init__(
+        self,
+        store: Store,
+        invalidated: Callable[[], None] = lambda: None,
+        committed: Callable[[], None] = lambda: None,
+    ) -> None:
+        """`invalidated()` is called after each invalidation (`Shared.bump_invalidations`),
+        `committed()` once each new object is in the index (`Shared.bump_commits`)."""
         self.store = store
         self._invalidated = invalidated
+        self._committed = committed
+        self._commits = 0  # as `Shared.commits`
+        # The latest commit of each recent key; every commit from `_recent_from` on is here.
+        self._recent: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._recent_from = 1
         # The buffer trouble met here (a worker counts its own in its Metrics).
         self.metrics = Metrics()
         self._claims: dict[str, _Claim] = {}
@@ -133,7 +147,7 @@ class Keeper:
     async def handle(self, worker: int, message: Message) -> Message | None:
         op = message["op"]
         if op == "claim":
-            return await self._claim(worker, message["key"])
+            return await self._claim(worker, message["key"], message.get("since"))
         if op == "start_fill":
             return self._start_fill(worker, message["key"], message["size"], message["head"])
         if op == "commit":
@@ -168,10 +182,10 @@ class Keeper:
 
     # -- operations ---------------------------------------------------------------------
 
-    async def _claim(self, worker: int, key: str) -> Message:
+    async def _claim(self, worker: int, key: str, since: int | None) -> Message:
         claim = self._claims.get(key)
         if claim is None:
-            if self.store.holds(key):
+            if self._stored_since(key, since):
                 # Committed after the worker looked it up: one fetch per object still.
                 return {"stored": True}
             claim = self._claims[key] = _Claim(worker)
@@ -189,6 +203,21 @@ class Keeper:
         waiter: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         claim.waiters.append(waiter)
         return await waiter
+
+    def _stored_since(self, key: str, since: int | None) -> bool:
+        """Is `key` stored, for a worker whose lookup missed it after `since` commits
+        (None: unknown)? Only commits since then can have stored it."""
+        if since is None or since + 1 < self._recent_from:
+            return self.store.holds(key)
+        return self._recent.get(key, 0) > since
+
+    def _note_commit(self, key: str) -> None:
+        self._commits += 1
+        self._recent.pop(key, None)
+        self._recent[key] = self._commits
+        if len(self._recent) > RECENT_COMMITS:
+            self._recent_from = self._recent.popitem(last=False)[1] + 1
+        self._committed()
 
     def _start_fill(self, worker: int, key: str, size: int, head: Message) -> Message:
         claimed = self._claims.get(key)
@@ -264,6 +293,7 @@ class Keeper:
             self.store.abort(reservation)
             self._forget_claim(key, rid, {"declined": BUFFER_UNAVAILABLE})
             return {"error": str(e)}
+        self._note_commit(key)
         # Whoever waited on a fill nobody could follow finds it stored now.
         self._forget_claim(key, rid, {"stored": True})
         return {}
@@ -372,6 +402,8 @@ class Buffer:
         self._known_bytes = 0
         self._known_generation = shared.generation
         self._track_recency = track_recency
+        # The key the last index query missed, and the commits it saw (`Shared.commits`).
+        self._missed: tuple[str, int] | None = None
         self._touched: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._last_touch_report = time.monotonic()
 
@@ -427,8 +459,10 @@ class Buffer:
         if known is not None:
             self._known.move_to_end(key)
             return known
+        commits = self._shared.commits  # before the query: it sees at least these
         found = self._index.find(key)
         if found is None:
+            self._missed = key, commits
             return None
         checked = (
             found.rowid > self._shared.found_through
@@ -480,7 +514,9 @@ class Buffer:
     async def claim(self, key: str) -> Message:
         """Fetch `key`, or join whoever does (see the table above); StoreError if the
         keeper cannot be asked."""
-        return await self._call("claim", key=key)
+        missed = self._missed
+        since = missed[1] if missed is not None and missed[0] == key else None
+        return await self._call("claim", key=key, since=since)
 
     async def start_fill(self, key: str, size: int, head: Message) -> Message:
         return await self._call("start_fill", key=key, size=size, head=head)

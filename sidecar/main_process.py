@@ -65,7 +65,7 @@ async def run(
     except StoreError as e:
         # A broken buffer must not break downloads: run as a pass-through proxy.
         logger.error("%s; serving everything from upstream", e)
-    keeper = Keeper(store, shared.bump_invalidations)
+    keeper = Keeper(store, shared.bump_invalidations, shared.bump_commits)
 
     def ready() -> str | None:
         if settings.trust_dir is not None and not all(

@@ -10,7 +10,8 @@ on the platforms pods run on), so no lock is needed:
 | 1 | the main process | invalidations: bumped whenever a write invalidates a URL |
 | 2 | the main process | found through: index rows up to this one were there at start |
 | 3 | the main process | checked through: rows found at start up to this one are verified |
-| 4 + i | worker i | its open client connections (`front.Balance`) |
+| 4 | the main process | commits: bumped once each new object is in the index |
+| 5 + i | worker i | its open client connections (`front.Balance`) |
 
 Workers remember stored objects between requests; a changed generation tells them
 to forget what they remember (`keeper.Buffer`). A worker lets a new request join a
@@ -18,7 +19,9 @@ fill it runs without asking the keeper only while no invalidation happened since
 fill began (`fill.Fills`): a fill that a write made stale must not gain readers. A
 stored object whose index row was found at start and is not checked yet is verified by
 the worker that serves it first (`keeper.Buffer`); until the store has opened the
-index, every row counts as found at start and unchecked.
+index, every row counts as found at start and unchecked. A worker's claim of a key it
+just looked up says how many commits that lookup saw: the keeper then knows, from the
+keys it committed since, whether it was stored meanwhile without asking the index.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import mmap
 import os
 
 _SLOT = 8  # bytes
-_COMMON = 4  # slots before the per-worker ones
+_COMMON = 5  # slots before the per-worker ones
 _UNKNOWN = 2**63 - 1  # "found through" before the store has looked: every row
 
 
@@ -74,6 +77,13 @@ class Shared:
         `checked_through` are verified (or gone)."""
         self._slots[3] = checked_through
         self._slots[2] = found_through
+
+    @property
+    def commits(self) -> int:
+        return int(self._slots[4])
+
+    def bump_commits(self) -> None:
+        self._slots[4] += 1
 
     @property
     def connections(self) -> memoryview:

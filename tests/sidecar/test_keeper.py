@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from sidecar import keeper as keeper_module
 from sidecar.keeper import PROVISIONAL, Keeper
 from sidecar.store import Store
 
@@ -146,3 +147,23 @@ def test_provisional_room_leaves_as_much_free_and_is_never_evicted_for(
     claims = [call(fresh, "claim", key=f"c{n}") for n in range(6)]
     held = sum("rid" in c for c in claims)
     assert held == 4 and fresh.store.reserved == 4 * PROVISIONAL
+
+
+def test_a_claim_knows_from_the_commits_since_its_lookup_whether_its_key_was_stored(
+    tmp_path: Path, keeper_on: KeeperOn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(keeper_module, "RECENT_COMMITS", 2)
+    keeper = keeper_on(tmp_path, 8 * PROVISIONAL)
+    store_small(keeper, "a", 10)  # commit 1
+    assert call(keeper, "claim", key="a", since=0) == {"stored": True}
+    assert call(keeper, "claim", key="a", since=None) == {"stored": True}  # asks the index
+    keeper.store.remove("a")
+    # A lookup that saw commit 1 and missed "a" saw it removed: fetch it again.
+    assert call(keeper, "claim", key="a", since=1)["begin"]
+    call(keeper, "decline", key="a", reason="test")
+    store_small(keeper, "b", 10)
+    store_small(keeper, "c", 10)  # commit 3: "a" is no longer remembered
+    store_small(keeper, "a", 10)
+    assert call(keeper, "claim", key="b", since=0) == {"stored": True}  # asks the index
+    assert call(keeper, "claim", key="a", since=3) == {"stored": True}
+    assert call(keeper, "claim", key="d", since=3)["begin"]
