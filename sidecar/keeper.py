@@ -206,10 +206,12 @@ class Keeper:
 
     def _stored_since(self, key: str, since: int | None) -> bool:
         """Is `key` stored, for a worker whose lookup missed it after `since` commits
-        (None: unknown)? Only commits since then can have stored it."""
-        if since is None or since + 1 < self._recent_from:
-            return self.store.holds(key)
-        return self._recent.get(key, 0) > since
+        (None: unknown)? Only a commit since then can have stored it (and the index
+        says whether it is still there)."""
+        if since is not None and since + 1 >= self._recent_from:
+            if self._recent.get(key, 0) <= since:
+                return False
+        return self.store.holds(key)
 
     def _note_commit(self, key: str) -> None:
         self._commits += 1
@@ -450,6 +452,7 @@ class Buffer:
         return entry
 
     def _remembered(self, key: str) -> _Known | None:
+        self._missed = None
         generation = self._shared.generation
         if generation != self._known_generation:
             self._known.clear()

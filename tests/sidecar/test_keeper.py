@@ -161,6 +161,9 @@ def test_a_claim_knows_from_the_commits_since_its_lookup_whether_its_key_was_sto
     # A lookup that saw commit 1 and missed "a" saw it removed: fetch it again.
     assert call(keeper, "claim", key="a", since=1)["begin"]
     call(keeper, "decline", key="a", reason="test")
+    # Committed since, and removed since: the index says.
+    assert call(keeper, "claim", key="a", since=0)["begin"]
+    call(keeper, "decline", key="a", reason="test")
     store_small(keeper, "b", 10)
     store_small(keeper, "c", 10)  # commit 3: "a" is no longer remembered
     store_small(keeper, "a", 10)
