@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 from mitmproxy.http import Headers
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from sidecar import policy
-from sidecar.policy import (
+from sidecar.cache import policy
+from sidecar.cache.policy import (
     FULL,
     UNSATISFIABLE,
     ByteRange,

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHECK = """
 from mitmproxy import version
 from mitmproxy.proxy.layers.http import _http1
-from sidecar import respond
+from sidecar.mitm import respond
 assert version.VERSION == respond.PINNED_MITMPROXY, (version.VERSION, respond.PINNED_MITMPROXY)
 assert getattr(_http1.Http1Server.send, "_burstbuffer", False), "the HTTP/1 patch is missing"
 print(respond.PINNED_MITMPROXY)

@@ -1,9 +1,9 @@
 """Fills: one upstream fetch per object, written into the buffer, read by many clients.
 
 A fill belongs to no client, and its clients may be connected to any worker: the
-worker that claims a key from the keeper (`sidecar.keeper`) runs the fill; clients
+worker that claims a key from the keeper (`sidecar.buffer.keeper`) runs the fill; clients
 in that worker follow it through its `Fill`, clients in other workers through a
-`RemoteFill` on the same partial file and its progress record (`sidecar.progress`).
+`RemoteFill` on the same partial file and its progress record (`sidecar.buffer.progress`).
 
 The pump copies the origin's body into a partial file in the buffer at the origin's
 pace; every client reading the object (the one that
@@ -38,14 +38,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar import policy
-from sidecar.h1client import Response, UpstreamError
-from sidecar.keeper import BUFFER_UNAVAILABLE, PROVISIONAL, Buffer
+from sidecar.buffer.keeper import BUFFER_UNAVAILABLE, PROVISIONAL, Buffer
+from sidecar.buffer.progress import Progress, State
+from sidecar.buffer.segments import SegmentedCopy, SegmentFailed, Target, may_split
+from sidecar.buffer.store import StoreError
+from sidecar.cache import policy
 from sidecar.metrics import Metrics
-from sidecar.progress import Progress, State
-from sidecar.segments import SegmentedCopy, SegmentFailed, Target, may_split
-from sidecar.store import StoreError
-from sidecar.upstream import Upstream, Validators, forwarded_headers, loggable_url
+from sidecar.origins.upstream import Upstream, Validators, forwarded_headers, loggable_url
+from sidecar.wire.client import Response, UpstreamError
 
 logger = logging.getLogger(__name__)
 

@@ -1,11 +1,11 @@
 """Connections relayed byte for byte: tunnels, and HTTP/1.1 connections after an upgrade.
 
 Some of a client's traffic is nothing a cache can read: TLS for a host that is not
-intercepted, a client whose ALPN list lacks HTTP/1.x (`sidecar.hello`), a WebSocket
+intercepted, a client whose ALPN list lacks HTTP/1.x (`sidecar.wire.hello`), a WebSocket
 after its `101`. Each is relayed untouched both ways, with flow control (a side that
 cannot keep up stops the other from being read), and its bytes counted. `Tunnels`
 counts them by reason and names each host once per reason in the log, whichever front
-end (`sidecar.front`, or mitmproxy's `sidecar.addon`) found it.
+end (`sidecar.proxy.front`, or mitmproxy's `sidecar.mitm.addon`) found it.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from sidecar.hello import ALPN_WITHOUT_HTTP_1
 from sidecar.metrics import Counters, Metrics
+from sidecar.wire.hello import ALPN_WITHOUT_HTTP_1
 
 logger = logging.getLogger(__name__)
 

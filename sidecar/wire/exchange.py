@@ -1,7 +1,7 @@
 """One request and the channel its response is written to, whoever parsed it.
 
-Two front ends hand requests to the router (`sidecar.router`): the lean HTTP/1.1
-server for intercepted CONNECT tunnels (`sidecar.http1`), and the mitmproxy addon for
+Two front ends hand requests to the router (`sidecar.proxy.router`): the lean HTTP/1.1
+server for intercepted CONNECT tunnels (`sidecar.wire.server`), and the mitmproxy addon for
 everything else mitmproxy terminates (plain HTTP, the hostAliases and transparent
 listeners). Both describe a request with `Request` and answer through a `Channel`, so
 hits, fills and passes are decided and written by one piece of code.
@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from sidecar import policy
+from sidecar.cache import policy
 
 
 class ClientGone(Exception):
@@ -33,7 +33,7 @@ class Request:
 
     @functools.cached_property
     def fields(self) -> policy.Fields:
-        """The fields by lower-case name, for the decisions of `sidecar.policy`."""
+        """The fields by lower-case name, for the decisions of `sidecar.cache.policy`."""
         return policy.Fields.of(self.headers)
 
     def header(self, name: str) -> str | None:

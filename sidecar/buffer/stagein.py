@@ -17,13 +17,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sidecar import policy
-from sidecar.fill import Declined, FillFailed, Fills, StoredMeanwhile
-from sidecar.h1client import UpstreamError
-from sidecar.keeper import Buffer
+from sidecar.buffer.fill import Declined, FillFailed, Fills, StoredMeanwhile
+from sidecar.buffer.keeper import Buffer
+from sidecar.buffer.store import StoreError
+from sidecar.cache import policy
+from sidecar.origins.upstream import Upstream, loggable_url
 from sidecar.settings import host_matches
-from sidecar.store import StoreError
-from sidecar.upstream import Upstream, loggable_url
+from sidecar.wire.client import UpstreamError
 
 logger = logging.getLogger(__name__)
 

@@ -46,15 +46,15 @@ from mitmproxy.proxy.mode_servers import ServerInstance
 from mitmproxy.proxy.server import ConnectionHandler
 from OpenSSL import SSL
 
-from sidecar.exchange import ClientGone
 from sidecar.metrics import Counters
-from sidecar.mitmproxy_addons import PINNED_MITMPROXY
+from sidecar.mitm import PINNED_MITMPROXY
+from sidecar.wire.exchange import ClientGone
 
 logger = logging.getLogger(__name__)
 
 if version.VERSION != PINNED_MITMPROXY:
     raise ImportError(
-        f"sidecar.respond is written against mitmproxy {PINNED_MITMPROXY} internals, "
+        f"sidecar.mitm.respond is written against mitmproxy {PINNED_MITMPROXY} internals, "
         f"found {version.VERSION}: re-validate it (tests/sidecar) before changing the pin"
     )
 

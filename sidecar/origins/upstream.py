@@ -2,10 +2,10 @@
 
 Fills, coalescing and resume need upstream fetches that belong to no single client
 connection, so the sidecar talks to origins with its own pooled HTTP/1.1 client
-(`sidecar.h1client`) rather than through mitmproxy's per-connection server side.
+(`sidecar.wire.client`) rather than through mitmproxy's per-connection server side.
 Origin certificates are always verified against the public roots plus
 `--upstream-ca`; `--upstream-proxy` is honoured with HTTP CONNECT. With `--parent`,
-what may be shared goes through the parent tier first (`sidecar.parent`), and
+what may be shared goes through the parent tier first (`sidecar.origins.parent`), and
 straight to the origin whenever the parent fails. Bodies are never decompressed: a
 cache stores bytes as sent.
 """
@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from sidecar.h1client import (
+from sidecar.cache.policy import HOP_BY_HOP
+from sidecar.origins.parent import Parents
+from sidecar.wire.client import (
     Interim,
     Pool,
     Response,
@@ -32,8 +34,6 @@ from sidecar.h1client import (
     direct_route,
     proxied_route,
 )
-from sidecar.parent import Parents
-from sidecar.policy import HOP_BY_HOP
 
 logger = logging.getLogger(__name__)
 

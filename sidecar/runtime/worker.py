@@ -1,14 +1,14 @@
 """One worker process: the proxy itself, on listening sockets its parent made.
 
-The parent (`sidecar.workers`) starts these from its fork server; nobody else should.
+The parent (`sidecar.runtime.supervisor`) starts these from its fork server; nobody else should.
 A worker parses the same flags as its parent, so both hold the same Settings, and
 inherits from it: the listening sockets (shared by every worker), one end of its
 channel to the keeper, and the shared memory (`sidecar.shared`). It serves until
 SIGTERM, or until its parent is gone.
 
-It is ready as soon as the lean path serves (`sidecar.front`: every CONNECT to an
+It is ready as soon as the lean path serves (`sidecar.proxy.front`: every CONNECT to an
 intercepted host); mitmproxy, which serves the rest, is loaded right after
-(`sidecar.embedded`), and what is handed to it meanwhile waits for it.
+(`sidecar.mitm.embedded`), and what is handed to it meanwhile waits for it.
 """
 
 from __future__ import annotations
@@ -29,29 +29,29 @@ from certs import bundle
 from certs.ca import load_or_create_ca
 from certs.leaf import ServerContexts
 from sidecar import ipc, logs
-from sidecar.fill import Fills
-from sidecar.front import Balance, Front
-from sidecar.h1client import Pool
+from sidecar.buffer.fill import Fills
+from sidecar.buffer.keeper import Buffer
+from sidecar.buffer.stagein import Progress as StageProgress
+from sidecar.buffer.stagein import StageIn, StageInError
+from sidecar.buffer.store import Index, StoreError
 from sidecar.ipc import Message
-from sidecar.keeper import Buffer
-from sidecar.listeners import listeners
 from sidecar.metrics import Metrics
-from sidecar.parent import News, Parents
-from sidecar.resolve import dns_resolver, lookup
-from sidecar.router import Router
+from sidecar.origins.parent import News, Parents
+from sidecar.origins.resolve import dns_resolver, lookup
+from sidecar.origins.upstream import Upstream
+from sidecar.proxy.front import Balance, Front
+from sidecar.proxy.listeners import listeners
+from sidecar.proxy.router import Router
+from sidecar.runtime.supervisor import Inherited
 from sidecar.settings import Settings, parse
 from sidecar.shared import Shared
-from sidecar.stagein import Progress as StageProgress
-from sidecar.stagein import StageIn, StageInError
-from sidecar.store import Index, StoreError
-from sidecar.tunnel import Tunnels
-from sidecar.upstream import Upstream
-from sidecar.workers import Inherited
+from sidecar.wire.client import Pool
+from sidecar.wire.tunnel import Tunnels
 
 if TYPE_CHECKING:
-    from sidecar.embedded import Embedded
+    from sidecar.mitm.embedded import Embedded
 
-logger = logging.getLogger("sidecar.worker")
+logger = logging.getLogger("sidecar.runtime.worker")
 
 # Allocations between two collections of the youngest generation (Python's default: 2000).
 GC_THRESHOLD = 50_000
@@ -171,10 +171,10 @@ async def _collect_garbage() -> None:
 
 
 def _load_mitmproxy() -> types.ModuleType:
-    """`sidecar.embedded`, after `sidecar.mitmproxy_addons` (first of all mitmproxy
+    """`sidecar.mitm.embedded`, after `sidecar.mitm` (first of all mitmproxy
     modules: it keeps mitmproxy's forty default addons out)."""
-    importlib.import_module("sidecar.mitmproxy_addons")
-    return importlib.import_module("sidecar.embedded")
+    importlib.import_module("sidecar.mitm")
+    return importlib.import_module("sidecar.mitm.embedded")
 
 
 def _parents(
@@ -206,7 +206,7 @@ async def _stage(stage_in: StageIn) -> None:
 
 
 def main(inherited: Inherited) -> None:
-    """Run one worker with what the main process handed it (`sidecar.workers`)."""
+    """Run one worker with what the main process handed it (`sidecar.runtime.supervisor`)."""
     settings = parse(inherited.argv, os.environ)
     logs.configure(f"w{inherited.index}")
     try:

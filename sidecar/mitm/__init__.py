@@ -8,7 +8,7 @@ first), this module registers the package without running its `__init__`; each a
 module is then loaded when something imports it, and only then.
 
 It depends on mitmproxy's package layout, so it carries the same version pin as
-`sidecar.respond`, the other module that knows mitmproxy's insides.
+`sidecar.mitm.respond`, the other module that knows mitmproxy's insides.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _register_bare_package(name: str) -> None:
 
 if importlib.metadata.version("mitmproxy") != PINNED_MITMPROXY:
     raise ImportError(
-        f"sidecar.mitmproxy_addons is written against mitmproxy {PINNED_MITMPROXY}'s layout, "
+        f"sidecar.mitm is written against mitmproxy {PINNED_MITMPROXY}'s layout, "
         f"found {importlib.metadata.version('mitmproxy')}: re-validate it before changing the pin"
     )
 _register_bare_package("mitmproxy.addons")

@@ -1,12 +1,12 @@
 """mitmproxy inside a worker: what the lean front end hands over, served by an embedded
 `Master` with only the addons a cache needs.
 
-The lean path (`sidecar.front`, `sidecar.http1`) serves every CONNECT to an
+The lean path (`sidecar.proxy.front`, `sidecar.wire.server`) serves every CONNECT to an
 intercepted host, the dataset downloads; mitmproxy terminates the rest: tunnels to
 other hosts, plain-HTTP proxy requests, the hostAliases and transparent listeners. A
 worker reports ready before it loads this module (mitmproxy takes about a third of a
 second to import), so connections handed over meanwhile wait for `Embedded.start()`.
-Import `sidecar.mitmproxy_addons` before this module.
+Import `sidecar.mitm` before this module.
 
 Two of mitmproxy's defaults are changed on purpose:
 
@@ -27,12 +27,12 @@ from mitmproxy.master import Master
 from mitmproxy_rs.dns import DnsResolver
 
 from certs import bundle
-from sidecar import capture, respond
-from sidecar.addon import BurstBuffer
-from sidecar.listeners import Listener
-from sidecar.router import Router
+from sidecar.mitm import capture, respond
+from sidecar.mitm.addon import BurstBuffer
+from sidecar.proxy.listeners import Listener
+from sidecar.proxy.router import Router
 from sidecar.settings import Settings, host_glob_regex
-from sidecar.tunnel import Tunnels
+from sidecar.wire.tunnel import Tunnels
 
 
 def allow_hosts(globs: Sequence[str]) -> list[str]:

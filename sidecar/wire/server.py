@@ -1,6 +1,6 @@
 """The lean HTTP/1.1 server inside intercepted CONNECT tunnels.
 
-After the front end (`sidecar.front`) has answered a CONNECT to an intercepted host
+After the front end (`sidecar.proxy.front`) has answered a CONNECT to an intercepted host
 and the TLS handshake with the host's leaf certificate is done, this protocol reads
 the requests in the tunnel and hands each one to the router. It does the least a
 request needs: llhttp (through httptools) parses the head, one Python object per
@@ -10,10 +10,10 @@ the router and one write into the TLS transport.
 Requests are answered strictly in order (pipelined ones wait their turn). A request
 body (PUT, POST) is streamed to the origin as it arrives, with backpressure. An upgrade
 request (a WebSocket) is relayed to the origin after the requests before it, and the
-connection is then `sidecar.upgrade`'s. The connection closes when the client asks for
+connection is then `sidecar.proxy.upgrade`'s. The connection closes when the client asks for
 it (`Connection: close`, HTTP/1.0), after a message whose framing RFC 9112 calls faulty
 (Transfer-Encoding in HTTP/1.0), after `IDLE_TIMEOUT` without a request, on a request
-refused (`sidecar.framing`: a 400, 501 or 505; a malformed chunked body is answered at
+refused (`sidecar.wire.framing`: a 400, 501 or 505; a malformed chunked body is answered at
 once and its upload cut off), and as soon as the client closes its side: nothing is
 left half-open.
 """
@@ -31,10 +31,10 @@ from typing import Any, cast
 
 import httptools
 
-from sidecar import upgrade
-from sidecar.exchange import ClientGone, Request
-from sidecar.framing import closes_after, request_head_error
-from sidecar.router import Immediate, Router
+from sidecar.proxy import upgrade
+from sidecar.proxy.router import Immediate, Router
+from sidecar.wire.exchange import ClientGone, Request
+from sidecar.wire.framing import closes_after, request_head_error
 
 logger = logging.getLogger(__name__)
 

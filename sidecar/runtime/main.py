@@ -2,9 +2,9 @@
 keeps it.
 
 1. the pod CA and the trust files (written once, before /healthz turns 200);
-2. the buffer (`store.Store`: its index, cap and policy; the keeper of `sidecar.keeper`);
+2. the buffer (`store.Store`: its index, cap and policy; the keeper of `sidecar.buffer.keeper`);
 3. the admin endpoints (/healthz, /metrics, /stats), which add up every worker;
-4. the workers themselves (`sidecar.workers`): told to start once 1 and 2 are ready,
+4. the workers themselves (`sidecar.runtime.supervisor`): told to start once 1 and 2 are ready,
    replaced when one dies, stopped on SIGTERM.
 
 It never touches client traffic, and does not load mitmproxy.
@@ -22,12 +22,13 @@ from collections.abc import Callable
 from certs import bundle
 from certs.bundle import TrustError
 from certs.ca import CAError, load_or_create_ca
-from sidecar import admin, exposition, metrics
-from sidecar.keeper import Keeper
+from sidecar import metrics
+from sidecar.buffer.keeper import Keeper
+from sidecar.buffer.store import Store, StoreError, UnusableBufferDir, check_buffer_dir
+from sidecar.runtime import admin, exposition
+from sidecar.runtime.supervisor import Workers
 from sidecar.settings import Settings
 from sidecar.shared import Shared
-from sidecar.store import Store, StoreError, UnusableBufferDir, check_buffer_dir
-from sidecar.workers import Workers
 
 logger = logging.getLogger("sidecar")
 

@@ -47,10 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sidecar import ipc
-from sidecar.ipc import Message
-from sidecar.metrics import Metrics
-from sidecar.shared import Shared
-from sidecar.store import (
+from sidecar.buffer.store import (
     Corrupt,
     Index,
     Reservation,
@@ -60,6 +57,9 @@ from sidecar.store import (
     check_body,
     decode,
 )
+from sidecar.ipc import Message
+from sidecar.metrics import Metrics
+from sidecar.shared import Shared
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The mitmproxy addon: the router's front end for connections mitmproxy terminates.
 
-Intercepted CONNECT tunnels are served by the lean front end (`sidecar.http1`);
+Intercepted CONNECT tunnels are served by the lean front end (`sidecar.wire.server`);
 mitmproxy terminates the rest: plain-HTTP proxy requests and the hostAliases and
 transparent listeners (TLS with the pod CA's leaf certificates, request parsing,
 tunnels for hosts that are not intercepted). For a GET or HEAD to an intercepted host
@@ -10,7 +10,7 @@ which streams it through without buffering bodies, and is counted here as a pass
 its reason. An HTTP/1.1 upgrade (a WebSocket) is one of those: mitmproxy relays it,
 and after the origin's `101` it relays the new protocol. Connections mitmproxy tunnels
 untouched (hosts that are not intercepted; TLS clients whose ALPN lacks HTTP/1.x,
-`sidecar.hello`) are counted by reason with their bytes (`sidecar.tunnel`), and each
+`sidecar.wire.hello`) are counted by reason with their bytes (`sidecar.wire.tunnel`), and each
 such host is named once in the log, so that a forgotten `--intercept` shows where the
 bytes went.
 """
@@ -26,14 +26,15 @@ from mitmproxy.proxy.layer import NextLayer
 from mitmproxy.proxy.layers import TCPLayer
 from mitmproxy.proxy.mode_specs import RegularMode
 
-from sidecar import hello, policy
-from sidecar.exchange import ClientGone, Request, asks_upgrade
-from sidecar.framing import request_head_error
-from sidecar.respond import Connections
-from sidecar.router import Router
+from sidecar.cache import policy
+from sidecar.mitm.respond import Connections
+from sidecar.proxy.router import Router
+from sidecar.proxy.upgrade import UPGRADE
 from sidecar.settings import Settings, host_matches
-from sidecar.tunnel import NOT_INTERCEPTED, Tunnels
-from sidecar.upgrade import UPGRADE
+from sidecar.wire import hello
+from sidecar.wire.exchange import ClientGone, Request, asks_upgrade
+from sidecar.wire.framing import request_head_error
+from sidecar.wire.tunnel import NOT_INTERCEPTED, Tunnels
 
 logger = logging.getLogger(__name__)
 

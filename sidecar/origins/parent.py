@@ -15,13 +15,13 @@ HEAD. A response the parent answers with `Cache-Control: private` or `no-store` 
 a shared cache must not store) is relayed, and its object is fetched from the origin
 directly from then on.
 
-Which parent: rendezvous hashing of the cache key (`sidecar.rendezvous`), so each
+Which parent: rendezvous hashing of the cache key (`sidecar.origins.rendezvous`), so each
 object lives in one parent. A `--parent` whose name resolves to several addresses
 (a headless Service) is one parent per address.
 
 The parent never becomes a single point of failure: unreachable, no first byte within
 `--parent-timeout`, a 5xx, or a body that breaks off -> that request goes to the
-origin directly (a fill resumes there with Range + If-Range, see `sidecar.segments`),
+origin directly (a fill resumes there with Range + If-Range, see `sidecar.buffer.segments`),
 and the parent is skipped for a backoff that doubles on each failure up to a cap.
 Failures are counted by reason; the state change is logged once each way. A request
 Squid answers with its own error page (its ACL refuses it, or it cannot reach or verify
@@ -47,9 +47,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from sidecar import policy, rendezvous
-from sidecar.h1client import Pool, Response, UpstreamError, parent_route
+from sidecar.cache import policy
 from sidecar.metrics import Metrics
+from sidecar.origins import rendezvous
+from sidecar.wire.client import Pool, Response, UpstreamError, parent_route
 
 logger = logging.getLogger(__name__)
 

@@ -3,13 +3,13 @@
 - `hostAliases` (Nezha's mode): the injector maps each dataset host to 127.0.0.1 in the
   pod's /etc/hosts, and the sidecar also listens on 127.0.0.1:443 and :80, routing
   each connection by its TLS SNI or HTTP Host. The sidecar shares that hosts file, so
-  it resolves origins through DNS itself (`sidecar.resolve`).
+  it resolves origins through DNS itself (`sidecar.origins.resolve`).
 - `transparent`: an init container redirects the pod's outbound 80/443 (every UID but
   the sidecar's) to a transparent listener; mitmproxy reads each connection's original
   destination, and the TLS SNI or HTTP Host names the host.
 
 In both, a connection whose SNI is not an intercepted host is tunnelled untouched, and
-so is one whose ALPN list lacks HTTP/1.x (`sidecar.addon`, after `HostRouting` named
+so is one whose ALPN list lacks HTTP/1.x (`sidecar.mitm.addon`, after `HostRouting` named
 its origin).
 """
 
@@ -22,10 +22,10 @@ from mitmproxy.proxy import server_hooks
 from mitmproxy.proxy.mode_specs import ReverseMode, TransparentMode
 from mitmproxy_rs.dns import DnsResolver
 
-from sidecar.h1client import is_ip
-from sidecar.listeners import HOSTALIASES_TLS_PORT, PLACEHOLDER
-from sidecar.resolve import lookup
+from sidecar.origins.resolve import lookup
+from sidecar.proxy.listeners import HOSTALIASES_TLS_PORT, PLACEHOLDER
 from sidecar.settings import Settings, host_matches
+from sidecar.wire.client import is_ip
 
 logger = logging.getLogger(__name__)
 

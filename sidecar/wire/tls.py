@@ -1,7 +1,7 @@
 """A TLS connection driven by the event loop, on a non-blocking `ssl.SSLSocket`.
 
 The transport of the lean front end's client connections and of the connections to
-origins (`sidecar.h1client`). asyncio's own TLS transport encrypts into a memory
+origins (`sidecar.wire.client`). asyncio's own TLS transport encrypts into a memory
 BIO, copies the records out and hands them to a socket transport: for a 110 KiB hit
 that costs three times the CPU of `SSLSocket.send`, which encrypts straight into
 the socket (measured: 228 µs against 74 µs per write). Here OpenSSL talks to the

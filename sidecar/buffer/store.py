@@ -58,7 +58,7 @@ from pathlib import Path
 
 import diskcache
 
-from sidecar import progress
+from sidecar.buffer import progress
 from sidecar.settings import Eviction
 
 logger = logging.getLogger(__name__)

@@ -31,9 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from sidecar.h1client import Response, UpstreamError
 from sidecar.metrics import Metrics
-from sidecar.upstream import CannotResume, Upstream, Validators, loggable_url
+from sidecar.origins.upstream import CannotResume, Upstream, Validators, loggable_url
+from sidecar.wire.client import Response, UpstreamError
 
 logger = logging.getLogger(__name__)
 

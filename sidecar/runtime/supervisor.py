@@ -3,8 +3,8 @@
 The parent makes the listening sockets, the connection counts they share and one
 channel per worker, then starts that many workers with those descriptors. Each is
 forked from a multiprocessing fork server (its socket in the sidecar's private
-directory) that has preloaded `sidecar.worker`: the lean path only, without
-mitmproxy, which every worker loads for itself once it serves (see `sidecar.worker`).
+directory) that has preloaded `sidecar.runtime.worker`: the lean path only, without
+mitmproxy, which every worker loads for itself once it serves (see `sidecar.runtime.worker`).
 So a worker, a first one or a replacement, starts in milliseconds. A worker that
 exits unasked is replaced (after a pause that grows while it keeps crashing); its
 fills in progress are failed and their room returned first (`Keeper.worker_gone`).
@@ -41,7 +41,7 @@ from sidecar.shared import Shared
 
 if TYPE_CHECKING:
     # Only a type here: the main process starts its workers before it loads the buffer.
-    from sidecar.keeper import Keeper
+    from sidecar.buffer.keeper import Keeper
 
 logger = logging.getLogger(__name__)
 
@@ -123,8 +123,8 @@ class Inherited:
 
 
 def _run_worker(inherited: Inherited) -> None:
-    """A worker process's entry point (`sidecar.worker` is preloaded by the fork server)."""
-    from sidecar import worker
+    """A worker process's entry point (`sidecar.runtime.worker` is preloaded by the fork server)."""
+    from sidecar.runtime import worker
 
     worker.main(inherited)
 
@@ -162,7 +162,7 @@ class Workers:
         self._context = multiprocessing.get_context("forkserver")
         self._private_dir = private_dir
         self._spawn_failure: BaseException | None = None
-        self._context.set_forkserver_preload(["sidecar.worker"])
+        self._context.set_forkserver_preload(["sidecar.runtime.worker"])
         self._retired: list[dict[str, Any]] = []  # counters of workers that exited
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -173,7 +173,7 @@ class Workers:
 
     def spawn(self) -> threading.Thread:
         """Start every worker process, in a thread (the first start waits for the fork
-        server to preload `sidecar.worker`); each worker waits for `serve()` before it
+        server to preload `sidecar.runtime.worker`); each worker waits for `serve()` before it
         serves. Join the thread before `serve()`."""
         thread = threading.Thread(target=self._spawn_all, name="spawn-workers", daemon=True)
         thread.start()

@@ -10,7 +10,7 @@ itself, with llhttp (through httptools, as the front end parses requests):
 - Bytes the origin sends while nothing was asked (on an idle connection) close it.
 - 1xx interim responses are handed to the caller before the final one (RFC 9110 §15.2).
 - A status outside 100-599, or a 1xx that announces a body, is an `UpstreamError` and
-  the connection is closed (`sidecar.framing`), as it is after a response whose framing
+  the connection is closed (`sidecar.wire.framing`), as it is after a response whose framing
   RFC 9112 calls faulty (Transfer-Encoding in HTTP/1.0). A chunked body llhttp would
   leave coded (a tab after `chunked`) is decoded here.
 - A request can be sent in absolute form on a plain or TLS connection (to a parent
@@ -38,8 +38,8 @@ from urllib.parse import SplitResult, unquote, urlsplit
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from sidecar import tls
-from sidecar.framing import (
+from sidecar.wire import tls
+from sidecar.wire.framing import (
     ChunkedDecoder,
     closes_after,
     llhttp_misframes,
@@ -763,7 +763,7 @@ class Pool:
 
 async def _connect_tls(address: str, route: Route, connection: _Connection) -> None:
     """Connect to `address` and verify the origin as `route.host`, on the lean TLS
-    transport (`sidecar.tls`): OpenSSL writes into the socket itself, where asyncio's
+    transport (`sidecar.wire.tls`): OpenSSL writes into the socket itself, where asyncio's
     TLS transport encrypts into memory and copies the records out, in Python, for every
     request and every body chunk."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET

@@ -8,7 +8,7 @@
 Requests that may not be answered from the buffer at all (other methods, preconditions
 on an object without a strong ETag) are forwarded with their bodies and relayed. A
 failing buffer never fails a download: every buffer error falls back to upstream. The
-front ends (`sidecar.http1`, `sidecar.addon`) parse requests; everything decided here is
+front ends (`sidecar.wire.server`, `sidecar.mitm.addon`) parse requests; everything decided here is
 the same for both.
 """
 
@@ -23,9 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from sidecar import policy
-from sidecar.exchange import Body, Channel, ClientGone, Request
-from sidecar.fill import (
+from sidecar.buffer.fill import (
     Acquired,
     AnyFill,
     Declined,
@@ -35,18 +33,20 @@ from sidecar.fill import (
     StoredMeanwhile,
     read_file,
 )
-from sidecar.h1client import Interim, Response, UpstreamError
-from sidecar.keeper import BUFFER_UNAVAILABLE, Buffer
+from sidecar.buffer.keeper import BUFFER_UNAVAILABLE, Buffer
+from sidecar.buffer.store import StoredObject, StoreError
+from sidecar.cache import policy
 from sidecar.metrics import Metrics
-from sidecar.settings import Settings, host_matches
-from sidecar.store import StoredObject, StoreError
-from sidecar.upstream import (
+from sidecar.origins.upstream import (
     Upstream,
     forwarded_headers,
     interim_sink,
     loggable_url,
     response_headers,
 )
+from sidecar.settings import Settings, host_matches
+from sidecar.wire.client import Interim, Response, UpstreamError
+from sidecar.wire.exchange import Body, Channel, ClientGone, Request
 
 logger = logging.getLogger(__name__)
 

@@ -2,11 +2,11 @@
 
 - A CONNECT to an intercepted host on the proxy port: answered here, TLS with the
   host's leaf certificate (or plain HTTP, when that is what the client tunnels), then
-  the lean HTTP/1.1 server (`sidecar.http1`). This is the path of every dataset
+  the lean HTTP/1.1 server (`sidecar.wire.server`). This is the path of every dataset
   download through the proxy variables, kept free of mitmproxy's per-request machinery.
   A TLS client whose ALPN list offers no HTTP/1.x (gRPC, HTTP/2 only) could not
-  speak to that server: its ClientHello, peeked, says so (`sidecar.hello`), and it is
-  tunnelled to the origin untouched (`sidecar.tunnel`).
+  speak to that server: its ClientHello, peeked, says so (`sidecar.wire.hello`), and it is
+  tunnelled to the origin untouched (`sidecar.wire.tunnel`).
 - Everything else (CONNECT to other hosts, which are tunnelled untouched, plain-HTTP
   proxy requests, the hostAliases and transparent listeners): handed to mitmproxy
   exactly as it arrived. The first bytes are only peeked (MSG_PEEK), never read,
@@ -26,12 +26,12 @@ import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sidecar import hello, tls, tunnel
-from sidecar.h1client import UpstreamError
-from sidecar.http1 import Http1Connection, Tunnel
-from sidecar.router import Router
+from sidecar.proxy.router import Router
 from sidecar.settings import host_matches
-from sidecar.tunnel import Tunnels
+from sidecar.wire import hello, tls, tunnel
+from sidecar.wire.client import UpstreamError
+from sidecar.wire.server import Http1Connection, Tunnel
+from sidecar.wire.tunnel import Tunnels
 
 logger = logging.getLogger(__name__)
 

@@ -4,10 +4,10 @@ An upgrade request (RFC 9110 §7.8) asks the origin to switch the connection to 
 protocol; nothing in it or after it can be stored. The request is sent to the origin as
 the client sent it (its `Upgrade` and `Connection` fields included) on a connection of
 its own, and the origin's answer is relayed byte for byte as it arrives. After a `101
-Switching Protocols` both connections become one byte tunnel (`sidecar.tunnel`); any
+Switching Protocols` both connections become one byte tunnel (`sidecar.wire.tunnel`); any
 other answer (a refusal) is relayed as it is, and the connection then closes. Each
 upgrade is a pass with reason `upgrade`. mitmproxy does the same for the connections
-it terminates (`sidecar.addon`).
+it terminates (`sidecar.mitm.addon`).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from sidecar import tunnel
-from sidecar.exchange import Request
-from sidecar.h1client import UpstreamError, request_head
 from sidecar.metrics import Metrics
-from sidecar.upstream import Upstream, loggable_url
+from sidecar.origins.upstream import Upstream, loggable_url
+from sidecar.wire import tunnel
+from sidecar.wire.client import UpstreamError, request_head
+from sidecar.wire.exchange import Request
 
 logger = logging.getLogger(__name__)
 
