@@ -46,6 +46,7 @@ from sidecar.cache import policy
 from sidecar.metrics import Metrics
 from sidecar.origins.upstream import Upstream, Validators, forwarded_headers, loggable_url
 from sidecar.wire.client import Response, UpstreamError
+from sidecar.wire.fields import content_length
 
 logger = logging.getLogger(__name__)
 
@@ -425,7 +426,7 @@ class Fills:
             fetched = await self.fetch(fill.url, headers)
         response = fetched.response
         verdict = policy.response_is_cacheable(response.status, response.headers)
-        size = policy.content_length(response.headers)
+        size = content_length(response.headers)
         if not verdict.cacheable or size is None:
             return self._decline(fill, response, verdict.reason)
         validators = Validators(response.headers.get("ETag"), response.headers.get("Last-Modified"))

@@ -1,9 +1,9 @@
-"""Pure cache policy: the cache key, what is stored, and how a stored object answers.
+"""Pure cache policy (RFC 9111): the cache key, what is stored, and how a stored object
+answers.
 
-Everything here is a decision made from strings and numbers: no I/O, no mitmproxy, no
-aiohttp. Header arguments are any `Mapping[str, str]` (a dict, mitmproxy's `Headers`,
-aiohttp's `CIMultiDictProxy`) or a stored object's (name, value) pairs, always read
-case-insensitively through `header()`.
+Everything here is a decision made from strings and numbers: no I/O, no mitmproxy. The
+generic HTTP pieces it builds on (fields, dates, ranges, conditional requests) are in
+`sidecar.wire`; what is here is what a cache adds to them.
 
 The sidecar is a *private* cache in RFC 9111 terms (§1: "A private cache, in contrast,
 is dedicated to a single user"): one pod, one tenant, one buffer that nothing outside
@@ -20,9 +20,11 @@ How a stored object answers a GET or HEAD (RFC 9110 §13.2.2, with RFC 9111 §4.
 1. `request_may_hit()`: GET and HEAD only.
 2. `answers_preconditions()`: a request carrying `If-Match`/`If-Unmodified-Since` is
    answered here only when the object has a strong ETag; otherwise it goes upstream.
-3. `preconditions_hold()`: 412 when they do not (If-Match, else If-Unmodified-Since).
-4. `not_modified()`: 304 (If-None-Match, else If-Modified-Since).
-5. GET with `Range`: if `if_range_allows()`, `parse_range()` picks 206, 416 or 200.
+3. `conditionals.preconditions_hold()`: 412 when they do not (If-Match, else
+   If-Unmodified-Since).
+4. `conditionals.not_modified()`: 304 (If-None-Match, else If-Modified-Since).
+5. GET with `Range`: if `conditionals.if_range_allows()`, `ranges.parse_range()` picks
+   206, 416 or 200.
 6. Otherwise 200 with the whole object.
 
 The same steps answer a request that started or joined a fill, against the response
@@ -67,105 +69,21 @@ from __future__ import annotations
 
 import enum
 import functools
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from email.utils import formatdate
 from typing import NamedTuple
 from urllib.parse import unquote_plus, urljoin, urlsplit
 
-from multidict import CIMultiDict, CIMultiDictProxy
-
 from sidecar.settings import host_matches
-
-# A headers mapping, or stored fields as (name, value) pairs.
-Headers = Mapping[str, str] | Sequence[tuple[str, str]]
-
-# Longer numbers (after leading zeros) are absurd for a size or an offset: 10**19 bytes is
-# beyond any object, and int() of thousands of digits raises. RFC 9110 §14.1.2:
-# "recipients MUST anticipate potentially large decimal numerals and prevent parsing
-# errors due to integer conversion overflows".
-_MAX_DIGITS = 19
-
-
-class Fields(dict[str, str]):
-    """A request's fields by lower-case name, several lines joined with ", " (RFC 9110
-    §5.3): built once per request, so that each lookup is one dictionary access."""
-
-    @classmethod
-    def of(cls, lines: Sequence[tuple[str, str]]) -> Fields:
-        fields = cls()
-        for name, value in lines:
-            key = name.lower()
-            fields[key] = f"{fields[key]}, {value}" if key in fields else value
-        return fields
-
-
-def header(headers: Headers, name: str) -> str | None:
-    """The value of field `name` in any headers mapping, case-insensitively; None if absent.
-
-    Several lines of the same field are joined with ", ", which RFC 9110 §5.3 makes
-    equivalent to one line ("A recipient MAY combine multiple field lines ... into one
-    field line ... by appending each subsequent field line value to the combined field
-    line value in order, separated by a comma"). Scanning `items()` works for every
-    mapping we meet: a plain dict holds one entry per spelling, mitmproxy's `Headers`
-    yields each name once with its lines already joined, aiohttp's multidicts yield
-    every line. The fields of an origin's response (a case-insensitive multidict, asked
-    a score of times per miss) and `Fields` are looked up instead.
-    """
-    if isinstance(headers, CIMultiDictProxy | CIMultiDict):
-        lines = headers.getall(name, ())
-        return ", ".join(lines) if lines else None
-    wanted = name.lower()
-    if isinstance(headers, Fields):
-        return headers.get(wanted)
-    fields = headers.items() if isinstance(headers, Mapping) else headers
-    values = [value for key, value in fields if key.lower() == wanted]
-    return ", ".join(values) if values else None
-
-
-def _split_list(value: str) -> list[str]:
-    """The members of a comma-separated field value (RFC 9110 §5.6.1), quoted strings intact.
-
-    Empty members are dropped: "a recipient MUST parse and ignore a reasonable number of
-    empty list elements".
-    """
-    members: list[str] = []
-    current: list[str] = []
-    quoted = escaped = False
-    for char in value:
-        if escaped:
-            escaped = False
-        elif quoted and char == "\\":
-            escaped = True
-        elif char == '"':
-            quoted = not quoted
-        elif char == "," and not quoted:
-            members.append("".join(current).strip())
-            current = []
-            continue
-        current.append(char)
-    members.append("".join(current).strip())
-    return [member for member in members if member]
-
-
-def _unquote(value: str) -> str:
-    """A quoted-string's content (RFC 9110 §5.6.4); a token is returned as it is."""
-    if len(value) >= 2 and value[0] == value[-1] == '"':
-        return re.sub(r"\\(.)", r"\1", value[1:-1])
-    return value
-
-
-def _cache_directives(headers: Headers) -> dict[str, str | None]:
-    """The Cache-Control directives (RFC 9111 §5.2): lower-cased name -> argument or None."""
-    value = header(headers, "Cache-Control")
-    directives: dict[str, str | None] = {}
-    for member in _split_list(value or ""):
-        name, sep, argument = member.partition("=")
-        directives.setdefault(name.strip().lower(), _unquote(argument.strip()) if sep else None)
-    return directives
-
+from sidecar.wire import conditionals, dates
+from sidecar.wire.fields import (
+    HOP_BY_HOP,
+    Headers,
+    cache_directives,
+    content_length,
+    header,
+    split_list,
+)
 
 # --- cache keys ------------------------------------------------------------------------
 
@@ -338,7 +256,7 @@ def request_is_cacheable(method: str, headers: Headers) -> Verdict:
         return verdict
     if method != "GET":
         return Verdict(False, Reason.METHOD)
-    if "no-store" in _cache_directives(headers):
+    if "no-store" in cache_directives(headers):
         return Verdict(False, Reason.REQUEST_NO_STORE)
     return _YES
 
@@ -351,24 +269,6 @@ def request_is_cacheable(method: str, headers: Headers) -> Verdict:
 _HARMLESS_VARY = frozenset(
     ("accept-encoding", "origin", "access-control-request-method", "access-control-request-headers")
 )
-
-
-def content_length(headers: Headers) -> int | None:
-    """The Content-Length as a number; None when absent or invalid.
-
-    Identical repeated values count as one ("a recipient MAY ... replace that invalid
-    field value with a single instance of the decimal value", RFC 9110 §8.6).
-    """
-    value = header(headers, "Content-Length")
-    if value is None:
-        return None
-    members = {member.strip() for member in value.split(",")}
-    if len(members) != 1:
-        return None
-    (digits,) = members
-    if not digits or not digits.isascii() or not digits.isdigit():
-        return None
-    return int(digits) if len(digits.lstrip("0")) <= _MAX_DIGITS else None
 
 
 def response_is_cacheable(status: int, headers: Headers) -> Verdict:
@@ -396,25 +296,18 @@ def response_is_cacheable(status: int, headers: Headers) -> Verdict:
         return Verdict(False, Reason.NO_LENGTH)
     if content_length(headers) is None:
         return Verdict(False, Reason.BAD_LENGTH)
-    if "no-store" in _cache_directives(headers):
+    if "no-store" in cache_directives(headers):
         return Verdict(False, Reason.RESPONSE_NO_STORE)
-    codings = [c.lower() for c in _split_list(header(headers, "Content-Encoding") or "")]
+    codings = [c.lower() for c in split_list(header(headers, "Content-Encoding") or "")]
     if any(coding != "identity" for coding in codings):
         return Verdict(False, Reason.CONTENT_ENCODING)
-    vary = {member.lower() for member in _split_list(header(headers, "Vary") or "")}
+    vary = {member.lower() for member in split_list(header(headers, "Vary") or "")}
     if "*" in vary:
         return Verdict(False, Reason.VARY_STAR)
     if not vary <= _HARMLESS_VARY:
         return Verdict(False, Reason.VARY)
     return _YES
 
-
-# Hop-by-hop fields describe one connection and are never forwarded or replayed
-# (RFC 9110 §7.6.1; RFC 9111 §3.1).
-HOP_BY_HOP = frozenset(
-    "connection proxy-connection keep-alive te transfer-encoding trailer upgrade"
-    " proxy-authenticate proxy-authentication-info proxy-authorization".split()
-)
 
 # Fields never replayed from a stored response. `Date` is: it is "the date and time at
 # which the message was originated" (RFC 9110 §6.6.1), and the `Age` of each answer
@@ -444,7 +337,7 @@ def relayed_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
     """
     dropped = set(HOP_BY_HOP | _FRAMING)
     dropped.add("alt-svc")
-    dropped.update(name.lower() for name in _split_list(header(headers, "Connection") or ""))
+    dropped.update(name.lower() for name in split_list(header(headers, "Connection") or ""))
     return [(name, value) for name, value in headers.items() if name.lower() not in dropped]
 
 
@@ -463,10 +356,10 @@ def stored_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
     without successful revalidation" (RFC 9111 §5.2.2.4).
     """
     dropped = set(_NOT_REPLAYED)
-    dropped.update(name.lower() for name in _split_list(header(headers, "Connection") or ""))
-    no_cache = _cache_directives(headers).get("no-cache")
+    dropped.update(name.lower() for name in split_list(header(headers, "Connection") or ""))
+    no_cache = cache_directives(headers).get("no-cache")
     if no_cache:
-        dropped.update(name.lower() for name in _split_list(no_cache))
+        dropped.update(name.lower() for name in split_list(no_cache))
     return [
         (name, value)
         for name, value in headers.items()
@@ -489,234 +382,6 @@ def updated_headers(
     return [(name, value) for name, value in stored if name.lower() not in replaced] + fresh
 
 
-# --- ranges ----------------------------------------------------------------------------
-
-
-class ByteRange(NamedTuple):
-    """One satisfiable byte range of a stored object: answer 206 with these bytes."""
-
-    start: int
-    end: int  # inclusive, as in Content-Range
-
-    @property
-    def length(self) -> int:
-        return self.end - self.start + 1
-
-
-@dataclass(frozen=True)
-class Full:
-    """No usable Range: answer 200 with the whole object."""
-
-
-@dataclass(frozen=True)
-class Unsatisfiable:
-    """No requested range overlaps the object: answer 416 with `unsatisfied_range(size)`."""
-
-
-FULL = Full()
-UNSATISFIABLE = Unsatisfiable()
-
-# More range-specs than this and the Range field is ignored: RFC 9110 §14.2 lets a server
-# ignore "a set of many small ranges", "indications of either a broken client or a
-# deliberate denial-of-service attack".
-MAX_RANGE_SPECS = 100
-# What longer numbers in a Range become: more than any object's size.
-_SATURATED = 10**_MAX_DIGITS
-_INT_RANGE = re.compile(r"([0-9]+)-([0-9]*)")
-_SUFFIX_RANGE = re.compile(r"-([0-9]+)")
-
-
-def _number(digits: str) -> int:
-    significant = digits.lstrip("0")
-    return int(significant or "0") if len(significant) <= _MAX_DIGITS else _SATURATED
-
-
-def _coalesce(ranges: list[ByteRange]) -> list[ByteRange]:
-    merged: list[ByteRange] = []
-    for current in sorted(ranges):
-        if merged and current.start <= merged[-1].end + 1:
-            merged[-1] = ByteRange(merged[-1].start, max(merged[-1].end, current.end))
-        else:
-            merged.append(current)
-    return merged
-
-
-def parse_range(value: str | None, size: int) -> ByteRange | Full | Unsatisfiable:
-    """Decide a GET's `Range` against a stored object of `size` bytes (RFC 9110 §14).
-
-    Returns `FULL` to serve the whole object with 200, a `ByteRange` to serve with 206,
-    or `UNSATISFIABLE` for 416. For GET only: "A server MUST ignore a Range header field
-    received with a request method that is unrecognized or for which range handling is
-    not defined" (§14.2), and HEAD is such a method.
-
-    - `bytes=a-b`, `bytes=a-`, `bytes=-n`; the unit is case-insensitive (§14.1), the end
-      is clamped to `size - 1`, a suffix longer than the object is the whole object.
-    - Invalid syntax, a `last-pos` before its `first-pos`, or a unit other than bytes:
-      `FULL`, the Range is ignored (§14.2: a server "MAY ignore or reject a Range header
-      field that contains an invalid ranges-specifier"; "A proxy MAY discard a Range
-      header field that contains a range unit it does not understand").
-    - Range-specs that are not satisfiable (a first-pos at or past the end, `-0`) are
-      left out; when none is left, the set is unsatisfiable: 416 (§15.5.17).
-    - Several satisfiable ranges: overlapping and adjacent ones are coalesced (§15.3.7.2:
-      "a server MAY coalesce any of the ranges that overlap, or that are separated by
-      a gap that is smaller than the overhead of sending multiple parts"). If they
-      collapse into one, that range is served; otherwise the whole object is (`FULL`).
-      Download tools ask for one range at a time; `multipart/byteranges` would cost a
-      second body format for requests that hardly ever come, and §14.2 allows ignoring
-      Range altogether.
-    - An empty object: `FULL` (§14.2: a server "MAY ignore a Range header field when the
-      selected representation has no content"; no Content-Range can describe it).
-    """
-    if value is None or size <= 0:
-        return FULL
-    unit, sep, range_set = value.partition("=")
-    if not sep or unit.strip().lower() != "bytes":
-        return FULL
-    specs = [spec.strip() for spec in range_set.split(",")]
-    specs = [spec for spec in specs if spec]
-    if not specs or len(specs) > MAX_RANGE_SPECS:
-        return FULL
-    ranges: list[ByteRange] = []
-    for spec in specs:
-        if match := _INT_RANGE.fullmatch(spec):
-            first = _number(match[1])
-            last = _number(match[2]) if match[2] else None
-            if last is not None and last < first:
-                return FULL
-            if first < size:
-                ranges.append(ByteRange(first, size - 1 if last is None else min(last, size - 1)))
-        elif match := _SUFFIX_RANGE.fullmatch(spec):
-            suffix = _number(match[1])
-            if suffix > 0:
-                ranges.append(ByteRange(max(size - suffix, 0), size - 1))
-        else:
-            return FULL
-    if not ranges:
-        return UNSATISFIABLE
-    merged = _coalesce(ranges)
-    return merged[0] if len(merged) == 1 else FULL
-
-
-def content_range(start: int, end: int, size: int) -> str:
-    """The Content-Range of a 206 (RFC 9110 §14.4): `bytes 0-499/1234`."""
-    return f"bytes {start}-{end}/{size}"
-
-
-def unsatisfied_range(size: int) -> str:
-    """The Content-Range of a 416 (RFC 9110 §14.4): `bytes */1234`."""
-    return f"bytes */{size}"
-
-
-# --- conditional requests --------------------------------------------------------------
-
-_ENTITY_TAG = re.compile(r'(W/)?("[^"]*")')
-
-
-class _EntityTag(NamedTuple):
-    weak: bool
-    opaque: str  # with its quotes
-
-
-def _entity_tag(value: str) -> _EntityTag | None:
-    match = _ENTITY_TAG.fullmatch(value.strip())
-    return _EntityTag(match[1] is not None, match[2]) if match else None
-
-
-_DAY = "(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
-_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
-_MONTH = f"({'|'.join(_MONTHS)})"
-_TIME = "([0-9]{2}):([0-9]{2}):([0-9]{2})"
-# RFC 9110 §5.6.7: IMF-fixdate `Sun, 06 Nov 1994 08:49:37 GMT`, rfc850-date
-# `Sunday, 06-Nov-94 08:49:37 GMT`, asctime-date `Sun Nov  6 08:49:37 1994`. The grammar
-# is case-sensitive, but a name in the wrong case still says which day it means.
-_IMF_FIXDATE = re.compile(f"{_DAY}, ([0-9]{{2}}) {_MONTH} ([0-9]{{4}}) {_TIME} GMT", re.IGNORECASE)
-_RFC850_DATE = re.compile(
-    f"(?:Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday), "
-    f"([0-9]{{2}})-{_MONTH}-([0-9]{{2}}) {_TIME} GMT",
-    re.IGNORECASE,
-)
-_ASCTIME_DATE = re.compile(
-    f"{_DAY} {_MONTH} ([0-9]{{2}}| [0-9]) {_TIME} ([0-9]{{4}})", re.IGNORECASE
-)
-
-
-def _http_date(value: str) -> datetime | None:
-    """An HTTP-date in one of RFC 9110 §5.6.7's three formats, as an aware UTC datetime;
-    None for anything else.
-
-    Strict on purpose (but for the case of names): lenient parsers read `Thu, 18 Aug 50
-    ...`, a `UTC` or `AEST` zone or a one-digit hour as some moment, but "a cache
-    recipient MUST interpret invalid date formats ... as representing a time in the
-    past (i.e., 'already expired')" (RFC 9111 §5.3), and invalid `If-Modified-Since` and
-    `If-Unmodified-Since` values MUST be ignored (RFC 9110 §13.1.3, §13.1.4). A
-    two-digit rfc850 year more than 50 years ahead is "the most recent year in the past
-    that had the same last two digits".
-    """
-    text = value.strip()
-    if match := _IMF_FIXDATE.fullmatch(text):
-        day, month, year, hour, minute, second = match.groups()
-    elif match := _ASCTIME_DATE.fullmatch(text):
-        month, day, hour, minute, second, year = match.groups()
-    elif match := _RFC850_DATE.fullmatch(text):
-        day, month, short_year, hour, minute, second = match.groups()
-        this_year = datetime.now(UTC).year
-        year_value = this_year - this_year % 100 + int(short_year)
-        year = str(year_value - 100 if year_value > this_year + 50 else year_value)
-    else:
-        return None
-    try:
-        return datetime(
-            int(year),
-            _MONTHS.index(month.capitalize()) + 1,
-            int(day),
-            int(hour),
-            int(minute),
-            min(int(second), 59),  # 60 is a leap second
-            tzinfo=UTC,
-        )
-    except ValueError:  # Feb 30, hour 25, ...
-        return None
-
-
-def if_range_allows(if_range: str | None, etag: str | None, last_modified: str | None) -> bool:
-    """Does `If-Range` let the Range apply to the stored object? (RFC 9110 §13.1.5).
-
-    True without If-Range. An entity tag must match the stored ETag by strong comparison
-    ("the condition is true if the entity-tag validator provided exactly matches the
-    ETag field value ... using the strong comparison function"): a weak tag on either
-    side never matches. A date must exactly match the stored Last-Modified ("the
-    condition is true if the HTTP-date validator provided exactly matches the
-    Last-Modified field value"); a stored object never changes, so its Last-Modified
-    counts as strong. False means: ignore the Range and send the whole object. The
-    caller asks only when the request has a Range (If-Range alone is ignored, §13.1.5).
-    """
-    if if_range is None:
-        return True
-    value = if_range.strip()
-    if value.startswith(('"', "W/")):  # "examining the first three characters"
-        wanted, stored = _entity_tag(value), _entity_tag(etag) if etag else None
-        return (
-            wanted is not None
-            and stored is not None
-            and not wanted.weak
-            and not stored.weak
-            and wanted.opaque == stored.opaque
-        )
-    return (
-        last_modified is not None
-        and value == last_modified.strip()
-        and _http_date(value) is not None
-    )
-
-
-_PRECONDITIONS = ("If-Match", "If-Unmodified-Since")
-
-
-def has_precondition(request_headers: Headers) -> bool:
-    """Does the request carry `If-Match` or `If-Unmodified-Since`?"""
-    return any(header(request_headers, name) is not None for name in _PRECONDITIONS)
-
-
 def answers_preconditions(request_headers: Headers, etag: str | None) -> Verdict:
     """May an object with this ETag evaluate the request's preconditions itself?
 
@@ -729,79 +394,12 @@ def answers_preconditions(request_headers: Headers, etag: str | None) -> Verdict
     rest on a one-second date: such requests go upstream (`ORIGIN_PRECONDITION`).
     Requests without either field are always answered here.
     """
-    if not has_precondition(request_headers):
+    if not conditionals.has_precondition(request_headers):
         return _YES
-    stored = _entity_tag(etag) if etag else None
+    stored = conditionals.entity_tag(etag) if etag else None
     if stored is None or stored.weak:
         return Verdict(False, Reason.ORIGIN_PRECONDITION)
     return _YES
-
-
-def preconditions_hold(
-    request_headers: Headers, etag: str | None, last_modified: str | None
-) -> bool:
-    """Steps 1 and 2 of RFC 9110 §13.2.2 for a GET or HEAD: False means 412.
-
-    If-Match first (§13.1.1): `*` holds for any stored object; otherwise some listed
-    tag must match the ETag by strong comparison ("An origin server MUST use the strong
-    comparison function when comparing entity tags for If-Match"). Only without
-    If-Match, If-Unmodified-Since (§13.1.4): it holds when the object's Last-Modified is
-    "earlier than or equal to the date provided", and is ignored when it is not a valid
-    HTTP-date or the object has no Last-Modified ("A recipient MUST ignore the
-    If-Unmodified-Since header field if the resource does not have a modification date
-    available").
-    """
-    if_match = header(request_headers, "If-Match")
-    if if_match is not None:
-        members = _split_list(if_match)
-        if "*" in members:
-            return True
-        stored = _entity_tag(etag) if etag else None
-        return (
-            stored is not None
-            and not stored.weak
-            and any(
-                (tag := _entity_tag(member)) is not None
-                and not tag.weak
-                and tag.opaque == stored.opaque
-                for member in members
-            )
-        )
-    if_unmodified_since = header(request_headers, "If-Unmodified-Since")
-    if if_unmodified_since is None or last_modified is None:
-        return True
-    since, modified = _http_date(if_unmodified_since), _http_date(last_modified)
-    return since is None or modified is None or modified <= since
-
-
-def not_modified(request_headers: Headers, etag: str | None, last_modified: str | None) -> bool:
-    """Should a GET or HEAD be answered 304 from the stored object's validators?
-
-    RFC 9110 §13.2.2: If-None-Match is evaluated first and, when present, decides alone
-    ("A recipient MUST ignore If-Modified-Since if the request contains an If-None-Match
-    header field", §13.1.3). It is compared weakly ("A recipient MUST use the weak
-    comparison function when comparing entity tags for If-None-Match", §13.1.2); `*`
-    matches any stored object. Otherwise If-Modified-Since, when it is a valid date,
-    gives 304 if the stored Last-Modified is not later. Without a stored Last-Modified
-    the answer is no: a full 200 is always a correct answer to a conditional GET.
-    """
-    if_none_match = header(request_headers, "If-None-Match")
-    if if_none_match is not None:
-        members = _split_list(if_none_match)
-        if "*" in members:
-            return True
-        stored = _entity_tag(etag) if etag else None
-        if stored is None:
-            return False
-        return any(
-            (tag := _entity_tag(member)) is not None and tag.opaque == stored.opaque
-            for member in members
-        )
-    if_modified_since = header(request_headers, "If-Modified-Since")
-    if if_modified_since is None or last_modified is None:
-        return False
-    since, modified = _http_date(if_modified_since), _http_date(last_modified)
-    return since is not None and modified is not None and modified <= since
 
 
 def conditional_headers(etag: str | None, last_modified: str | None) -> dict[str, str]:
@@ -881,11 +479,11 @@ def generated_at(
     bracket, and `current_age()` is one subtraction per hit. Times are `time.time()`
     seconds; a missing or invalid `Date` or `Age` counts as zero age.
     """
-    moment = _http_date(date) if date is not None else None
+    moment = dates.parse_http_date(date) if date is not None else None
     apparent = max(0.0, response_time - moment.timestamp()) if moment is not None else 0.0
     # "a cache encountering a message with a list-based Age field value SHOULD use the
     # first member of the field value, discarding subsequent ones" (RFC 9111 §5.1).
-    members = _split_list(age or "")
+    members = split_list(age or "")
     corrected = _delta_seconds(members[0] if members else None) + (response_time - request_time)
     return response_time - max(apparent, corrected)
 
@@ -906,16 +504,6 @@ def _delta_seconds(value: str | None) -> int:
     return min(int(significant or "0"), 2**31) if len(significant) <= 10 else 2**31
 
 
-@functools.lru_cache(maxsize=4)
-def _formatted_date(second: int) -> str:
-    return formatdate(second, usegmt=True)
-
-
-def http_date(now: float) -> str:
-    """`now` as an IMF-fixdate (RFC 9110 §5.6.7), formatted once per second."""
-    return _formatted_date(int(now))
-
-
 def dated(fields: Sequence[tuple[str, str]], received: float) -> list[tuple[str, str]]:
     """A stored response's fields with a valid `Date`: its own, else `received` as one.
 
@@ -925,10 +513,10 @@ def dated(fields: Sequence[tuple[str, str]], received: float) -> list[tuple[str,
     that value with the time that response was received".
     """
     date = header(fields, "Date")
-    if date is not None and _http_date(date) is not None:
+    if date is not None and dates.parse_http_date(date) is not None:
         return list(fields)
     undated = [(name, value) for name, value in fields if name.lower() != "date"]
-    return [*undated, ("Date", http_date(received))]
+    return [*undated, ("Date", dates.http_date(received))]
 
 
 # --- freshness -------------------------------------------------------------------------
@@ -947,17 +535,17 @@ def freshness_lifetime(headers: Headers, date: str | None, received: float) -> f
     typical setting of this fraction might be 10%"); else 0. `date` is the response's
     `Date` (not stored), `received` when it came, standing in for a missing one.
     """
-    directives = _cache_directives(headers)
+    directives = cache_directives(headers)
     if "max-age" in directives:
         return float(_delta_seconds(directives["max-age"]))
-    moment = _http_date(date) if date is not None else None
+    moment = dates.parse_http_date(date) if date is not None else None
     date_value = moment.timestamp() if moment is not None else received
     expires = header(headers, "Expires")
     if expires is not None:
-        until = _http_date(expires)
+        until = dates.parse_http_date(expires)
         return max(0.0, until.timestamp() - date_value) if until is not None else 0.0
     modified_value = header(headers, "Last-Modified")
-    modified = _http_date(modified_value) if modified_value is not None else None
+    modified = dates.parse_http_date(modified_value) if modified_value is not None else None
     if modified is not None:
         return max(0.0, (date_value - modified.timestamp()) / 10)
     return 0.0
@@ -976,11 +564,11 @@ def is_fresh(
     than the request's `max-stale` (§5.2.1.2; no value: any staleness) when the response
     allows serving it stale (`may_serve_stale()`).
     """
-    directives = _cache_directives(headers)
+    directives = cache_directives(headers)
     if "no-cache" in directives and directives["no-cache"] is None:
         return False
     age = now - generated
-    wanted = _cache_directives(request_headers)
+    wanted = cache_directives(request_headers)
     max_age = wanted.get("max-age")
     if max_age and age > _delta_seconds(max_age):
         return False
@@ -1002,7 +590,7 @@ def may_serve_stale(headers: Headers) -> bool:
     response directive ...)"; with must-revalidate "the cache MUST generate an error
     response rather than reuse the stale response" (§5.2.2.2).
     """
-    directives = _cache_directives(headers)
+    directives = cache_directives(headers)
     return "must-revalidate" not in directives and directives.get("no-cache", "") is not None
 
 
@@ -1017,9 +605,9 @@ def client_asks_no_cache(request_headers: Headers) -> bool:
     every request, and stored objects here do not age.
     """
     if header(request_headers, "Cache-Control") is not None:
-        return "no-cache" in _cache_directives(request_headers)
+        return "no-cache" in cache_directives(request_headers)
     pragma = header(request_headers, "Pragma") or ""
-    return any(member.lower() == "no-cache" for member in _split_list(pragma))
+    return any(member.lower() == "no-cache" for member in split_list(pragma))
 
 
 def only_if_cached(request_headers: Headers) -> bool:
@@ -1028,7 +616,7 @@ def only_if_cached(request_headers: Headers) -> bool:
     RFC 9111 §5.2.1.7: "a cache SHOULD either respond using a stored response consistent
     with the other constraints of the request or respond with a 504 (Gateway Timeout)".
     """
-    return "only-if-cached" in _cache_directives(request_headers)
+    return "only-if-cached" in cache_directives(request_headers)
 
 
 def needs_revalidation(revalidate: bool, request_headers: Headers) -> bool:

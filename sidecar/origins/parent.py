@@ -51,6 +51,7 @@ from sidecar.cache import policy
 from sidecar.metrics import Metrics
 from sidecar.origins import rendezvous
 from sidecar.wire.client import Pool, Response, UpstreamError, parent_route
+from sidecar.wire.fields import Headers, cache_directives, header
 
 logger = logging.getLogger(__name__)
 
@@ -85,18 +86,18 @@ def bypass_reason(method: str, headers: Iterable[tuple[str, str]], url: str) -> 
     if method not in ("GET", "HEAD"):
         return "method"
     fields = list(headers)
-    if any(policy.header(fields, name) is not None for name in _CREDENTIAL_FIELDS):
+    if any(header(fields, name) is not None for name in _CREDENTIAL_FIELDS):
         return "credentials"
     if any(name.lower() in _SIGNED_QUERY for name, _ in parse_qsl(urlsplit(url).query, True)):
         return "signed-url"
-    if any(policy.header(fields, name) is not None for name in _CONDITIONAL_FIELDS):
+    if any(header(fields, name) is not None for name in _CONDITIONAL_FIELDS):
         return "conditional"
     return None
 
 
-def shared_may_store(headers: policy.Headers) -> bool:
+def shared_may_store(headers: Headers) -> bool:
     """RFC 9111 §5.2.2.5 and §5.2.2.7: no-store, and private for a shared cache."""
-    directives = policy._cache_directives(headers)
+    directives = cache_directives(headers)
     return "no-store" not in directives and "private" not in directives
 
 

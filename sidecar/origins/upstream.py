@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from sidecar.cache.policy import HOP_BY_HOP
 from sidecar.origins.parent import Parents
 from sidecar.wire.client import (
     Interim,
@@ -34,6 +33,7 @@ from sidecar.wire.client import (
     direct_route,
     proxied_route,
 )
+from sidecar.wire.fields import HOP_BY_HOP
 
 logger = logging.getLogger(__name__)
 

@@ -45,8 +45,10 @@ from sidecar.origins.upstream import (
     response_headers,
 )
 from sidecar.settings import Settings, host_matches
+from sidecar.wire import conditionals, ranges
 from sidecar.wire.client import Interim, Response, UpstreamError
 from sidecar.wire.exchange import Body, Channel, ClientGone, Request
+from sidecar.wire.fields import Headers, header
 
 logger = logging.getLogger(__name__)
 
@@ -77,17 +79,17 @@ class Representation:
 
     @functools.cached_property
     def etag(self) -> str | None:
-        return policy.header(self.headers, "ETag")
+        return header(self.headers, "ETag")
 
     @functools.cached_property
     def last_modified(self) -> str | None:
-        return policy.header(self.headers, "Last-Modified")
+        return header(self.headers, "Last-Modified")
 
     @functools.cached_property
     def modified(self) -> str | None:
         """What `If-Modified-Since` is compared with: the Last-Modified, else the Date
         (RFC 9111 §4.3.2: "a cache SHOULD use the stored response's Date field value")."""
-        return self.last_modified or policy.header(self.replayed, "Date")
+        return self.last_modified or header(self.replayed, "Date")
 
     @functools.cached_property
     def replayed(self) -> tuple[tuple[str, str], ...]:
@@ -148,18 +150,18 @@ def answer(request: Request, representation: Representation, now: float) -> Answ
         base = representation.replayed
     else:
         base = representation.stamped(now)
-    if not policy.preconditions_hold(request.fields, etag, last_modified):
+    if not conditionals.preconditions_hold(request.fields, etag, last_modified):
         return Answer(412, [("Content-Length", "0")])
-    if policy.not_modified(request.fields, etag, representation.modified):
+    if conditionals.not_modified(request.fields, etag, representation.modified):
         return Answer(304, [(k, v) for k, v in base if k.lower() not in _NOT_IN_304])
-    wanted = policy.parse_range(request.header("Range"), size)
-    if not policy.if_range_allows(request.header("If-Range"), etag, last_modified):
-        wanted = policy.FULL
-    if wanted is policy.UNSATISFIABLE:
+    wanted = ranges.parse_range(request.header("Range"), size)
+    if not conditionals.if_range_allows(request.header("If-Range"), etag, last_modified):
+        wanted = ranges.FULL
+    if wanted is ranges.UNSATISFIABLE:
         return Answer(416, [("Content-Range", f"bytes */{size}"), ("Content-Length", "0")])
-    if isinstance(wanted, policy.ByteRange):
+    if isinstance(wanted, ranges.ByteRange):
         start, end = wanted.start, wanted.end + 1
-        content_range = policy.content_range(wanted.start, wanted.end, size)
+        content_range = ranges.content_range(wanted.start, wanted.end, size)
         # A stored Content-Range (meaningless on the origin's 200) gives way to the part's.
         fields = [(k, v) for k, v in base if k.lower() != "content-range"]
         headers = [*fields, ("Content-Range", content_range), ("Content-Length", str(end - start))]
@@ -278,7 +280,7 @@ class Router:
         if acquired.fill is None:
             assert acquired.response is not None
             # The unconditional full response answers neither a Range nor a precondition.
-            if request.header("Range") is not None or policy.has_precondition(request.fields):
+            if request.header("Range") is not None or conditionals.has_precondition(request.fields):
                 acquired.response.release()
                 await self._pass(request, channel, acquired.reason)
             else:
@@ -309,8 +311,8 @@ class Router:
         if not verdict.cacheable:
             await self._pass(request, channel, verdict.reason)
             return
-        wanted = policy.parse_range(request.header("Range"), head.size)
-        if isinstance(wanted, policy.ByteRange) and wanted.start > fill.written + RANGE_WAIT_WINDOW:
+        wanted = ranges.parse_range(request.header("Range"), head.size)
+        if isinstance(wanted, ranges.ByteRange) and wanted.start > fill.written + RANGE_WAIT_WINDOW:
             await self._pass(request, channel, "range-ahead-of-fill")
             return
         if kind == "miss":
@@ -347,7 +349,7 @@ class Router:
         headers = forwarded_headers(request.headers, for_fill=True)
         headers += list(
             policy.conditional_headers(
-                policy.header(entry.headers, "ETag"), policy.header(entry.headers, "Last-Modified")
+                header(entry.headers, "ETag"), header(entry.headers, "Last-Modified")
             ).items()
         )
         stale_allowed = not self._by_freshness(key) or policy.may_serve_stale(entry.headers)
@@ -542,7 +544,7 @@ class Router:
             raise
         await self._relay(request, channel, response, reason)
 
-    async def invalidate(self, method: str, url: str, status: int, headers: policy.Headers) -> None:
+    async def invalidate(self, method: str, url: str, status: int, headers: Headers) -> None:
         """After a write, forget what it made stale (RFC 9111 §4.4), in every worker,
         before the client sees the response: a read that follows it never gets the old
         object."""

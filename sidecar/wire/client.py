@@ -591,9 +591,10 @@ class _Connection(asyncio.Protocol):
 
 def _ends_at_close(headers: CIMultiDictProxy[str]) -> bool:
     """A body framed neither by Content-Length nor by chunked coding (RFC 9112 §6.3)."""
-    return "Content-Length" not in headers and "chunked" not in headers.get(
-        "Transfer-Encoding", ""
-    ).lower()
+    return (
+        "Content-Length" not in headers
+        and "chunked" not in headers.get("Transfer-Encoding", "").lower()
+    )
 
 
 def _because(exc: Exception | None) -> str:

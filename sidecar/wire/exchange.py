@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from sidecar.cache import policy
+from sidecar.wire.fields import Fields, Headers, header
 
 
 class ClientGone(Exception):
@@ -32,22 +32,22 @@ class Request:
     http_version: str = "HTTP/1.1"
 
     @functools.cached_property
-    def fields(self) -> policy.Fields:
+    def fields(self) -> Fields:
         """The fields by lower-case name, for the decisions of `sidecar.cache.policy`."""
-        return policy.Fields.of(self.headers)
+        return Fields.of(self.headers)
 
     def header(self, name: str) -> str | None:
-        """Field `name`, several lines joined (see `policy.header`)."""
+        """Field `name`, several lines joined (see `header`)."""
         return self.fields.get(name.lower())
 
 
-def asks_upgrade(headers: policy.Headers) -> bool:
+def asks_upgrade(headers: Headers) -> bool:
     """Does a request ask to switch protocols (a WebSocket)? RFC 9110 §7.8: an `Upgrade`
     field, named in `Connection` (it is hop-by-hop), as llhttp decides for the lean front
     end. Connection options are tokens: never quoted, so a plain split reads them."""
-    if policy.header(headers, "Upgrade") is None:
+    if header(headers, "Upgrade") is None:
         return False
-    options = policy.header(headers, "Connection") or ""
+    options = header(headers, "Connection") or ""
     return any(option.strip().lower() == "upgrade" for option in options.split(","))
 
 
