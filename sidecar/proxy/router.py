@@ -21,6 +21,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from sidecar.buffer.fill import (
@@ -44,10 +45,11 @@ from sidecar.origins.upstream import (
     loggable_url,
     response_headers,
 )
+from sidecar.proxy import upgrade
 from sidecar.settings import Settings, host_matches
 from sidecar.wire import conditionals, ranges
 from sidecar.wire.client import Interim, Response, UpstreamError
-from sidecar.wire.exchange import Body, Channel, ClientGone, Request
+from sidecar.wire.exchange import Body, Channel, ClientGone, Immediate, Request
 from sidecar.wire.fields import Headers, header
 
 logger = logging.getLogger(__name__)
@@ -129,15 +131,6 @@ class Answer:
     headers: list[tuple[str, str]]
     start: int = 0
     end: int = 0
-
-
-@dataclass(frozen=True)
-class Immediate:
-    """A whole response, body included (a small hit)."""
-
-    status: int
-    headers: list[tuple[str, str]]
-    body: bytes
 
 
 def answer(request: Request, representation: Representation, now: float) -> Answer:
@@ -464,6 +457,12 @@ class Router:
         channel.finish()
         if self.settings.access_log:
             _log_object(kind, request, plan.status, channel.body_bytes, started)
+
+    async def upgrade(
+        self, request: Request, client: Any, early: bytes, on_close: Callable[[], None]
+    ) -> None:
+        """Relay a protocol upgrade to the origin (`sidecar.proxy.upgrade`)."""
+        await upgrade.relay(request, client, early, self.upstream, self.metrics, on_close)
 
     def hit_now(self, request: Request) -> Immediate | None:
         """The whole response to a request for a small stored object, read at once; None

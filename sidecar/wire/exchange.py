@@ -1,19 +1,22 @@
-"""One request and the channel its response is written to, whoever parsed it.
+"""One request, the channel its response is written to, and the handler that answers it,
+whoever parsed it.
 
 Two front ends hand requests to the router (`sidecar.proxy.router`): the lean HTTP/1.1
 server for intercepted CONNECT tunnels (`sidecar.wire.server`), and the mitmproxy addon for
 everything else mitmproxy terminates (plain HTTP, the hostAliases and transparent
 listeners). Both describe a request with `Request` and answer through a `Channel`, so
-hits, fills and passes are decided and written by one piece of code.
+hits, fills and passes are decided and written by one piece of code. The server knows
+the router only as a `Handler`, as Go's `http.Server` knows a `Handler`: the wire is
+read and tested without the cache above it.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from sidecar.wire.fields import Fields, Headers, header
 
@@ -91,3 +94,32 @@ class Channel(Protocol):
 
 # A request body to relay upstream, as it arrives from the client.
 Body = AsyncIterator[bytes]
+
+
+@dataclass(frozen=True)
+class Immediate:
+    """A whole response, body included (a small hit)."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+class Handler(Protocol):
+    """What answers the requests a server parses (`sidecar.proxy.router.Router`)."""
+
+    def hit_now(self, request: Request) -> Immediate | None:
+        """The whole response when it can be had at once (a small hit), else None."""
+        ...
+
+    async def handle(self, request: Request, channel: Channel, body: Body | None = None) -> None:
+        """Answer `request` through `channel`; `body`: the request's body, if it has one."""
+        ...
+
+    async def upgrade(
+        self, request: Request, client: Any, early: bytes, on_close: Callable[[], None]
+    ) -> None:
+        """Relay a protocol upgrade and what follows it; from then on the connection is the
+        relay's. `client`: the transport, reading paused; `early`: bytes the client sent
+        after the request head; `on_close`: called once the relay has closed it."""
+        ...

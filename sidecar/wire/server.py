@@ -2,15 +2,16 @@
 
 After the front end (`sidecar.proxy.front`) has answered a CONNECT to an intercepted host
 and the TLS handshake with the host's leaf certificate is done, this protocol reads
-the requests in the tunnel and hands each one to the router. It does the least a
+the requests in the tunnel and hands each one to its handler
+(`sidecar.wire.exchange.Handler`, which the router implements). It does the least a
 request needs: llhttp (through httptools) parses the head, one Python object per
-request, no per-request hooks or events. A hit of a small object is one pass through
-the router and one write into the TLS transport.
+request, no per-request hooks or events. A hit of a small object is one call of the
+handler and one write into the TLS transport.
 
 Requests are answered strictly in order (pipelined ones wait their turn). A request
 body (PUT, POST) is streamed to the origin as it arrives, with backpressure. An upgrade
 request (a WebSocket) is relayed to the origin after the requests before it, and the
-connection is then `sidecar.proxy.upgrade`'s. The connection closes when the client asks for
+connection is then the handler's relay's. The connection closes when the client asks for
 it (`Connection: close`, HTTP/1.0), after a message whose framing RFC 9112 calls faulty
 (Transfer-Encoding in HTTP/1.0), after `IDLE_TIMEOUT` without a request, on a request
 refused (`sidecar.wire.framing`: a 400, 501 or 505; a malformed chunked body is answered at
@@ -31,9 +32,7 @@ from typing import Any, cast
 
 import httptools
 
-from sidecar.proxy import upgrade
-from sidecar.proxy.router import Immediate, Router
-from sidecar.wire.exchange import ClientGone, Request
+from sidecar.wire.exchange import ClientGone, Handler, Immediate, Request
 from sidecar.wire.framing import closes_after, request_head_error
 
 logger = logging.getLogger(__name__)
@@ -207,9 +206,9 @@ class _Pending:
 class Http1Connection(asyncio.Protocol):
     """One client's tunnel to one intercepted origin (TLS, or plain HTTP)."""
 
-    def __init__(self, tunnel: Tunnel, router: Router, on_close: Callable[[], None]) -> None:
+    def __init__(self, tunnel: Tunnel, handler: Handler, on_close: Callable[[], None]) -> None:
         self._tunnel = tunnel
-        self._router = router
+        self._handler = handler
         self._on_close = on_close
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
@@ -342,7 +341,7 @@ class Http1Connection(asyncio.Protocol):
                 self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         elif not self._answering and not self._queue:
             # Nothing ahead of it: a small hit is answered right here.
-            immediate = self._router.hit_now(request)
+            immediate = self._handler.hit_now(request)
             if immediate is not None:
                 self._answer_now(immediate, close)
                 return
@@ -375,7 +374,7 @@ class Http1Connection(asyncio.Protocol):
                 response = _Response(self, pending.close)
                 self._current = (pending, response)
                 body = pending.body.chunks() if pending.body is not None else None
-                await self._router.handle(pending.request, response, body)
+                await self._handler.handle(pending.request, response, body)
                 unread_body = pending.body is not None and not pending.body.complete
                 if not response.done or response.closes or unread_body:
                     # What follows on the connection cannot be trusted to be in step.
@@ -479,13 +478,8 @@ class Http1Connection(asyncio.Protocol):
             if self._idle_timer is not None:
                 self._idle_timer.cancel()
             self._closed = True  # to this protocol: from here on the relay's
-            await upgrade.relay(
-                request,
-                self._transport,
-                bytes(self._early),
-                self._router.upstream,
-                self._router.metrics,
-                self._on_close,
+            await self._handler.upgrade(
+                request, self._transport, bytes(self._early), self._on_close
             )
 
         self._relaying = asyncio.get_running_loop().create_task(after_the_others())
