@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
             raise SystemExit(1) from None
     shared = Shared.create(settings.workers or available_cpus())
-    workers = Workers(shared, args, sockets, settings.ca_dir)
+    workers = Workers(shared, args, sockets, settings.ca_dir, entry="sidecar.runtime.worker:main")
     spawning = workers.spawn()
     # Loaded while the workers load mitmproxy: the CA, the buffer, the admin endpoints.
     from sidecar.runtime import main as main_process

@@ -1,15 +1,18 @@
-"""mitmproxy's addons package, without the forty default addons a cache does not need.
+"""Everything that touches mitmproxy, behind its one version pin.
 
-Importing anything from `mitmproxy.addons` (even `mitmproxy.master`, which imports
-`mitmproxy.addons.termlog`) first runs the package's `__init__`, which imports every
-default addon: about 0.2 s of a worker's 0.45 s start, and their memory. A worker
-needs five. Imported before any other mitmproxy module (the fork server preloads it
-first), this module registers the package without running its `__init__`; each addon
-module is then loaded when something imports it, and only then.
+mitmproxy terminates what the lean front end does not (plain HTTP, the hostAliases and
+transparent listeners, non-HTTP/1.1 TLS). No module outside this package imports it
+(an import-linter contract in `make test`), and this `__init__` runs before any module
+of the package does, so two things hold wherever mitmproxy is loaded:
 
-It depends on mitmproxy's package layout, so it carries the same version pin as
-`sidecar.mitm.respond`, the other module that knows mitmproxy's insides.
-"""
+- The pin: `respond` and this file are written against mitmproxy's insides; another
+  release is refused at import, not discovered in production.
+- mitmproxy's addons package without the forty default addons a cache does not need.
+  Importing anything from `mitmproxy.addons` (even `mitmproxy.master`, which imports
+  `mitmproxy.addons.termlog`) first runs the package's `__init__`, which imports every
+  default addon: about 0.2 s of a worker's 0.45 s start, and their memory. A worker
+  needs five. The package is registered here without running its `__init__`; each
+  addon module is then loaded when something imports it, and only then."""
 
 from __future__ import annotations
 

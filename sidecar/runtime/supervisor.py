@@ -3,8 +3,9 @@
 The parent makes the listening sockets, the connection counts they share and one
 channel per worker, then starts that many workers with those descriptors. Each is
 forked from a multiprocessing fork server (its socket in the sidecar's private
-directory) that has preloaded `sidecar.runtime.worker`: the lean path only, without
-mitmproxy, which every worker loads for itself once it serves (see `sidecar.runtime.worker`).
+directory) that has preloaded the workers' module (`sidecar.runtime.worker`, named by
+`sidecar.__main__`): the lean path only, without mitmproxy, which every worker loads for
+itself once it serves.
 So a worker, a first one or a replacement, starts in milliseconds. A worker that
 exits unasked is replaced (after a pause that grows while it keeps crashing); its
 fills in progress are failed and their room returned first (`Keeper.worker_gone`).
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import math
 import multiprocessing
@@ -48,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 class WorkersFailed(Exception):
     """The worker processes could not be started."""
+
 
 # A worker gets this long to finish after SIGTERM before it is killed.
 STOP_GRACE = 1.5  # seconds
@@ -122,11 +125,11 @@ class Inherited:
     shared: InheritedFd  # the shared memory (`sidecar.shared`)
 
 
-def _run_worker(inherited: Inherited) -> None:
-    """A worker process's entry point (`sidecar.runtime.worker` is preloaded by the fork server)."""
-    from sidecar.runtime import worker
-
-    worker.main(inherited)
+def _run_worker(entry: str, inherited: Inherited) -> None:
+    """A worker process: `entry` (`module:function`, the module preloaded by the fork
+    server) called with what the main process hands it."""
+    module, _, function = entry.partition(":")
+    getattr(importlib.import_module(module), function)(inherited)
 
 
 @dataclass
@@ -148,11 +151,15 @@ class Workers:
         argv: Sequence[str],
         sockets: Sequence[socket.socket],
         private_dir: Path,
+        entry: str,
     ) -> None:
         """One worker per connection slot of `shared`; `argv`: the sidecar's own flags,
         passed on to every worker; `private_dir`: a directory only the sidecar can use
-        (its --ca-dir), where the fork server's socket lives."""
+        (its --ca-dir), where the fork server's socket lives; `entry`: the workers' code
+        as `module:function`, named rather than imported (as gunicorn names an app), so
+        that the supervisor does not depend on the worker that depends on it."""
         self._argv = list(argv)
+        self._entry = entry
         self._shared = shared
         self._sockets = sockets
         self._keeper: Keeper | None = None
@@ -162,7 +169,7 @@ class Workers:
         self._context = multiprocessing.get_context("forkserver")
         self._private_dir = private_dir
         self._spawn_failure: BaseException | None = None
-        self._context.set_forkserver_preload(["sidecar.runtime.worker"])
+        self._context.set_forkserver_preload([entry.partition(":")[0]])
         self._retired: list[dict[str, Any]] = []  # counters of workers that exited
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -261,7 +268,7 @@ class Workers:
             # Daemonic: if the main process fails or exits, it takes its workers along.
             worker.process = self._context.Process(
                 target=_run_worker,
-                args=(inherited,),
+                args=(self._entry, inherited),
                 name=f"burstbuffer-w{worker.index}",
                 daemon=True,
             )

@@ -171,9 +171,8 @@ async def _collect_garbage() -> None:
 
 
 def _load_mitmproxy() -> types.ModuleType:
-    """`sidecar.mitm.embedded`, after `sidecar.mitm` (first of all mitmproxy
-    modules: it keeps mitmproxy's forty default addons out)."""
-    importlib.import_module("sidecar.mitm")
+    """`sidecar.mitm.embedded`, loaded by name: a worker loads mitmproxy only once it
+    serves, never in the fork server."""
     return importlib.import_module("sidecar.mitm.embedded")
 
 
