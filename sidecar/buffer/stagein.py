@@ -89,7 +89,9 @@ def parse_manifest(text: str) -> list[str]:
 
 
 @dataclass
-class Progress:
+class StageInCounts:
+    """How far the stage-in has come: objects listed, stored, failed, already there."""
+
     objects: int = 0
     done: int = 0
     failed: int = 0
@@ -123,7 +125,7 @@ class StageIn:
         self.buffer = buffer
         self.fills = fills
         self.upstream = upstream
-        self.progress = Progress()
+        self.progress = StageInCounts()
 
     async def run(self) -> None:
         started = time.monotonic()

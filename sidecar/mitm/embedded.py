@@ -29,6 +29,7 @@ from mitmproxy_rs.dns import DnsResolver
 from certs import bundle
 from sidecar.mitm import capture, respond
 from sidecar.mitm.addon import BurstBuffer
+from sidecar.mitm.handoff import Handoff
 from sidecar.proxy.listeners import Listener
 from sidecar.proxy.router import Router
 from sidecar.settings import Settings, host_glob_regex
@@ -75,7 +76,7 @@ class Embedded:
             stream_large_bodies="1m",
         )
         self._proxyserver = ps
-        self._handoff = respond.Handoff(ps, [listener.mode for listener in listeners])
+        self._handoff = Handoff(ps, [listener.mode for listener in listeners])
         self._running: asyncio.Task[None] | None = None
 
     async def start(self) -> None:

@@ -14,22 +14,19 @@ headers-only response we leave in `flow.response`; `_install()` teaches its
 HTTP/1 server to write nothing for responses we already wrote (and to answer a
 malformed request body with a 400 before it closes, as the lean front end does).
 
-This is the only module that uses mitmproxy internals. They are pinned to one
-version: importing it with another fails loudly, and tests/sidecar cover keep-alive,
-HEAD, ranges and aborts through a real proxy so an upgrade that breaks it is seen.
+The mitmproxy internals used here are pinned to one version (`sidecar.mitm`: importing
+the package with another fails loudly), and tests/sidecar cover keep-alive, HEAD, ranges
+and aborts through a real proxy so an upgrade that breaks them is seen.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import socket
 import time
 import weakref
-from collections.abc import Iterable, Sequence
-from typing import SupportsIndex
+from collections.abc import Sequence
 
-from mitmproxy import http, version
+from mitmproxy import http
 from mitmproxy.addons.proxyserver import Proxyserver
 from mitmproxy.connection import ConnectionState
 from mitmproxy.net.http import http1, status_codes
@@ -42,21 +39,14 @@ from mitmproxy.proxy.layers.http._events import (
     ResponseEndOfMessage,
     ResponseHeaders,
 )
-from mitmproxy.proxy.mode_servers import ServerInstance
 from mitmproxy.proxy.server import ConnectionHandler
 from OpenSSL import SSL
 
 from sidecar.metrics import Counters
-from sidecar.mitm import PINNED_MITMPROXY
+from sidecar.mitm.handoff import CountingWriter
 from sidecar.wire.exchange import ClientGone
 
 logger = logging.getLogger(__name__)
-
-if version.VERSION != PINNED_MITMPROXY:
-    raise ImportError(
-        f"sidecar.mitm.respond is written against mitmproxy {PINNED_MITMPROXY} internals, "
-        f"found {version.VERSION}: re-validate it (tests/sidecar) before changing the pin"
-    )
 
 # Largest TLS output drained from the memory BIO at once; a 256 KiB chunk becomes ~16
 # records, far below this.
@@ -122,77 +112,6 @@ def _install() -> None:
 _install()
 
 
-class Handoff:
-    """Hands connections the front end accepted to mitmproxy, one mode per listener.
-
-    mitmproxy does not listen itself (`server=False`): the listening sockets are
-    shared by every worker process, which mitmproxy's own servers cannot do. Each
-    accepted connection goes to the same handler mitmproxy's server would call, with
-    streams that can count its bytes once it turns out to be a tunnel
-    (`Connections.tunnelled`).
-    """
-
-    def __init__(self, proxyserver: Proxyserver, modes: Sequence[str]) -> None:
-        self._instances: list[ServerInstance] = [
-            ServerInstance.make(mode, proxyserver) for mode in modes
-        ]
-
-    async def handle(self, listener: int, sock: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        tally = _Tally()
-        reader = _CountingReader(tally, loop=loop)
-        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
-        transport, _ = await loop.connect_accepted_socket(lambda: protocol, sock=sock)
-        writer = _CountingWriter(tally, transport, protocol, reader, loop)
-        try:
-            await self._instances[listener].handle_stream(reader, writer)
-        finally:
-            # The connection is ours: closed when mitmproxy is done with it. mitmproxy
-            # skips its own close when a client's FIN reaches a response still in
-            # progress (its handler cancels itself while processing the close), which
-            # every client that closes right after the response it got from the fast
-            # path does: without this, each such connection stayed in CLOSE-WAIT.
-            writer.close()
-
-
-class _Tally:
-    """Where a client connection's bytes are counted: nowhere until it is a tunnel."""
-
-    __slots__ = ("counters",)
-
-    def __init__(self) -> None:
-        self.counters: Counters | None = None
-
-
-class _CountingReader(asyncio.StreamReader):
-    def __init__(self, tally: _Tally, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(loop=loop)
-        self.tally = tally
-
-    def feed_data(self, data: Iterable[SupportsIndex]) -> None:
-        if self.tally.counters is not None:
-            self.tally.counters.tunnelled_bytes += len(data)  # type: ignore[arg-type]
-        super().feed_data(data)
-
-
-class _CountingWriter(asyncio.StreamWriter):
-    def __init__(
-        self,
-        tally: _Tally,
-        transport: asyncio.BaseTransport,
-        protocol: asyncio.StreamReaderProtocol,
-        reader: asyncio.StreamReader,
-        loop: asyncio.AbstractEventLoop,
-    ) -> None:
-        super().__init__(transport, protocol, reader, loop)  # type: ignore[arg-type]
-        self.tally = tally
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self.tally.counters is not None:
-            self.tally.counters.tunnelled_bytes += len(data)
-        super().write(data)
-
-
 class Connections:
     """The TLS objects of live client connections, keyed by connection id."""
 
@@ -212,7 +131,7 @@ class Connections:
         (it became a tunnel to a host that is not intercepted)."""
         handler = self._proxyserver.connections.get(client_id)
         io = handler.transports.get(handler.client) if handler is not None else None
-        if io is not None and isinstance(io.writer, _CountingWriter):
+        if io is not None and isinstance(io.writer, CountingWriter):
             io.writer.tally.counters = counters
 
     def channel(self, flow: http.HTTPFlow) -> ClientChannel:

@@ -31,8 +31,7 @@ from certs.leaf import ServerContexts
 from sidecar import ipc, logs
 from sidecar.buffer.fill import Fills
 from sidecar.buffer.keeper import Buffer
-from sidecar.buffer.stagein import Progress as StageProgress
-from sidecar.buffer.stagein import StageIn, StageInError
+from sidecar.buffer.stagein import StageIn, StageInCounts, StageInError
 from sidecar.buffer.store import Index, StoreError
 from sidecar.ipc import Message
 from sidecar.metrics import Metrics
@@ -76,7 +75,7 @@ async def run(settings: Settings, inherited: Inherited) -> None:
             return None
         if message["op"] != "stats":
             raise ValueError(f"unknown operation {message['op']!r}")
-        progress = stage_in.progress if stage_in is not None else StageProgress()
+        progress = stage_in.progress if stage_in is not None else StageInCounts()
         return {"counters": metrics.snapshot(), "gauges": progress.gauges()}
 
     keeper = ipc.Channel(inherited.keeper, from_parent)
