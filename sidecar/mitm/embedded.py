@@ -6,7 +6,6 @@ intercepted host, the dataset downloads; mitmproxy terminates the rest: tunnels 
 other hosts, plain-HTTP proxy requests, the hostAliases and transparent listeners. A
 worker reports ready before it loads this module (mitmproxy takes about a third of a
 second to import), so connections handed over meanwhile wait for `Embedded.start()`.
-Import `sidecar.mitm` before this module.
 
 Two of mitmproxy's defaults are changed on purpose:
 
