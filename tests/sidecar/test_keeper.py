@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from sidecar import keeper as keeper_module
-from sidecar.keeper import PROVISIONAL, Keeper
-from sidecar.store import Store
+from sidecar.buffer import keeper as keeper_module
+from sidecar.buffer.keeper import PROVISIONAL, Keeper
+from sidecar.buffer.store import Store
 
 HEAD = {
     "headers": [["ETag", '"e"']],

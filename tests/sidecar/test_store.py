@@ -9,7 +9,7 @@ from pathlib import Path
 
 import diskcache
 
-from sidecar.store import Index, Store, StoredObject, decode
+from sidecar.buffer.store import Index, Store, StoredObject, decode
 
 
 def commit(store: Store, key: str, body: bytes) -> StoredObject:

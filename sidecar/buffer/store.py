@@ -1,0 +1,740 @@
+"""The burst buffer: stored objects, their index, and admission control.
+
+Layout of `--buffer-dir`:
+
+    index/      a diskcache Cache: cache key -> StoredObject (metadata only, small)
+    objects/    one body file per stored object, named by a random id
+    partial/    bodies being filled; renamed into objects/ on commit (same file
+                system, so committing never copies the body)
+
+diskcache keeps the index transactional and crash-safe; the bodies are ours because
+diskcache's own file values would copy a finished fill once more on `set()`, and
+its `size_limit` is soft while an emptyDir that outgrows its `sizeLimit` gets the
+whole pod evicted. So the hard cap and the admission policy live here:
+
+- `none` ("no replacement"): once full, what is stored stays, new objects pass
+  through uncached. A scan over a dataset larger than the buffer then keeps a steady
+  hit ratio of buffer/dataset per epoch, where LRU would keep nothing.
+- `lru`: least recently used objects are evicted to make room.
+
+Fills in progress reserve their full Content-Length up front, so concurrent fills
+can never overshoot the cap together.
+
+Nothing is done per stored object before a restarted sidecar is ready. The index's
+`tag` column holds each object's body size, so the accounting is one indexed sum; its
+rowids say what was found at start: every row up to the largest rowid at open
+(`found_through`). A background check reads those rows in rowid order at the speed of
+the disk, hashes their bodies against the size and SHA-256 recorded at commit, drops
+those that do not match, and publishes how far it has come (`checked_through`). A row
+found at start and not checked yet is verified by the worker that serves it first
+(`keeper.Buffer`). New commits get larger rowids, and an object moved to the end of the
+`lru` order (a new rowid) was served, hence verified. What was found at start is
+neither rewritten nor held in memory.
+
+Two sides share the directory: `Store`, in the parent process, is the one writer of
+the index and keeps the accounting (cap, reservations, recency); `Index`, in every
+worker, only reads it to answer hits. diskcache's SQLite index (WAL mode) is made
+for several processes: a worker sees an object as soon as its commit is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import os
+import pickle
+import shutil
+import sqlite3
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import diskcache
+
+from sidecar.buffer import progress
+from sidecar.settings import Eviction
+
+logger = logging.getLogger(__name__)
+
+# Bytes hashed per read when verifying a body after a restart.
+_VERIFY_CHUNK = 1024 * 1024
+# Index rows the background check reads and hashes per batch (between two reports of
+# how far it has come, and two turns of the event loop for removals).
+_CHECK_BATCH = 2048
+# SQLite's page cache per connection (diskcache's default is 32 MiB), and no memory
+# map: an index of a million rows is hundreds of MB, and each process mapping the part
+# it touched would hold it again. Lookups are one indexed query; the OS caches pages.
+SQLITE_CACHE_KIB = 4096
+# diskcache waits this long for SQLite's lock before raising Timeout. Index calls run
+# on the event loop and only the parent writes the index, so a lock held longer
+# means something is wrong: fail open quickly rather than stall every client.
+_INDEX_TIMEOUT = 0.25  # seconds
+# Deletes removed bodies off the event loop, in order.
+_JANITOR = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="unlink")
+# After a failed write (disk full, read-only), admit nothing for this long: downloads
+# pass through once instead of failing into the buffer and resuming upstream each time.
+FAILURE_BACKOFF = 30.0  # seconds
+
+
+class StoreError(Exception):
+    """The buffer could not do what was asked (disk full, read-only, corrupt index)."""
+
+
+class Corrupt(StoreError):
+    """A stored body does not match the size and digest recorded at its commit."""
+
+
+class UnusableBufferDir(Exception):
+    """The buffer directory can never hold a buffer (not a directory, not writable)."""
+
+
+def check_buffer_dir(directory: Path) -> None:
+    """Raise UnusableBufferDir unless `directory` is, or can be made, a writable directory.
+
+    A configuration error, found at start: a buffer that fails later is worked around
+    (every download then comes from upstream), but one that cannot ever work is a
+    mistake for the operator to fix, named as such.
+    """
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UnusableBufferDir(f"{directory} exists and is not a directory") from None
+    except OSError as e:
+        raise UnusableBufferDir(f"cannot create {directory}: {_describe(e)}") from None
+    if not directory.is_dir():
+        raise UnusableBufferDir(f"{directory} is not a directory")
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".probe-"):
+            pass
+    except OSError as e:
+        raise UnusableBufferDir(f"cannot write into {directory}: {_describe(e)}") from None
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """What the index records for one complete, committed object."""
+
+    file: str  # body file name inside objects/
+    size: int  # body bytes (== Content-Length of the stored 200 response)
+    sha256: str  # hex digest of the body, computed while filling
+    headers: tuple[tuple[str, str], ...]  # end-to-end response headers to replay
+    stored_at: float  # time.time() of the commit
+    # time.time() the origin generated or last validated it (`policy.generated_at`);
+    # objects stored by an earlier version count from their commit.
+    generated_at: float = 0.0
+    # Seconds it stays fresh (`policy.freshness_lifetime`), for --http-freshness hosts.
+    lifetime: float = 0.0
+
+    @property
+    def born(self) -> float:
+        return self.generated_at or self.stored_at
+
+
+class Reservation:
+    """Room for one fill: `size` bytes held against the cap until commit or abort, and
+    its partial body `path` (a plain string: the keeper handles thousands a second)."""
+
+    def __init__(self, size: int, partial_dir: str, followed: bool) -> None:
+        """`followed`: readers in other workers may follow the fill (see `reserve`)."""
+        self.size = size
+        self.name = uuid.uuid4().hex
+        self.path = os.path.join(partial_dir, self.name)
+        self.followed = followed
+        self.settled = False
+
+
+class Store:
+    """The buffer directory with a hard cap and an admission policy."""
+
+    def __init__(
+        self,
+        directory: Path,
+        capacity: int,
+        eviction: Eviction,
+        changed: Callable[[], None] = lambda: None,
+        checks: Callable[[int, int], None] = lambda found, checked: None,
+    ) -> None:
+        """`changed()` is called after each object is removed from the index or has its
+        fields changed; `checks(found_through, checked_through)` whenever the background
+        check moves on (`Shared.publish_checks`)."""
+        self.directory = directory
+        self._changed = changed
+        self.capacity = capacity
+        self.eviction = eviction
+        self.objects_dir = directory / "objects"
+        self.partial_dir = directory / "partial"
+        self._objects = str(self.objects_dir)
+        self._partial = str(self.partial_dir)
+        self._checks = checks
+        self.used = 0  # bytes of committed bodies
+        self.reserved = 0  # bytes held by fills in progress
+        self.entries = 0  # committed objects
+        self.unverified = 0  # objects found at start that the background check has not reached
+        self._found_through = 0  # the largest rowid at open
+        self._opened_at = 0.0  # time.time() of open; older unknown bodies are leftovers
+        self._index: diskcache.Cache | None = None
+        self._writer: sqlite3.Connection | None = None  # commits' rows (`_insert`)
+        self._refuse_until = 0.0  # time.monotonic() until which nothing is admitted
+        self._failure = ""  # why, the last time a write failed
+        self._open_failure: str | None = "not opened yet"
+
+    # -- start ------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Open (or create) the buffer; drop leftovers of an earlier, killed sidecar."""
+        try:
+            self.objects_dir.mkdir(parents=True, exist_ok=True)
+            if self.partial_dir.exists():
+                # A fill interrupted by a crash can never be completed: its client is gone.
+                shutil.rmtree(self.partial_dir, ignore_errors=True)
+            self.partial_dir.mkdir(exist_ok=True)
+            self._index = _open_index(self.directory)
+            self._writer = _connect(self.directory, write=True)
+            self._load_index()
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            self._open_failure = f"cannot open the buffer in {self.directory}: {_describe(e)}"
+            raise StoreError(self._open_failure) from e
+        self._open_failure = None
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why nothing can be stored now (the buffer failed), or None while it works."""
+        if self._open_failure is not None:
+            return self._open_failure
+        if time.monotonic() < self._refuse_until:
+            return self._failure
+        return None
+
+    def _load_index(self) -> None:
+        index = self._require_index()
+        self._opened_at = time.time()
+        with _reader(self.directory) as reader:
+            # Both over the tag index alone; in its order NULL < numbers < text < blobs,
+            # so the second finds any row without a size in a few page reads.
+            entries, used, last = reader.execute(
+                "SELECT COUNT(*), TOTAL(tag), MAX(rowid) FROM Cache"
+            ).fetchone()
+            (unsized,) = reader.execute(
+                "SELECT EXISTS (SELECT 1 FROM Cache WHERE tag IS NULL)"
+                " OR EXISTS (SELECT 1 FROM Cache WHERE tag >= '')"
+            ).fetchone()
+        if unsized:
+            # Written by a version that did not record sizes in the index. An emptyDir
+            # is only reopened by its own pod, whose image is the same: start empty (the
+            # bodies are deleted as leftovers by the background check).
+            logger.warning("buffer: the index is of another version; starting empty")
+            index.clear()
+            entries, used, last = 0, 0, 0
+        self.entries, self.used = entries, int(used)
+        self.unverified = entries
+        self._found_through = last or 0
+        self._checks(self._found_through, 0)
+        if entries:
+            logger.info(
+                "buffer: found %d objects (%d bytes) from before a restart; checking them in"
+                " the background",
+                entries,
+                self.used,
+            )
+
+    async def verify_existing(self) -> None:
+        """Check every object found at start against its recorded size and digest, in
+        rowid order, dropping those that do not match; then delete leftover bodies."""
+        if self._open_failure is not None:
+            return
+        checked_through = 0
+        with _reader(self.directory) as reader:
+            while checked_through < self._found_through:
+                rows = await asyncio.to_thread(
+                    _check_rows,
+                    reader,
+                    str(self.objects_dir),
+                    checked_through,
+                    self._found_through,
+                )
+                if not rows.last:
+                    break
+                for key, rowid in rows.corrupt:
+                    logger.warning("buffer: dropping an object that does not match its digest")
+                    self._remove_row(key, rowid)
+                checked_through = rows.last
+                self.unverified = max(0, self.unverified - rows.count)
+                self._checks(self._found_through, checked_through)
+        self.unverified = 0
+        self._checks(self._found_through, self._found_through)
+        logger.info("buffer: checked; %d objects stored", self.entries)
+        removed = await asyncio.to_thread(
+            _sweep, self.directory, self._opened_at, self.entries
+        )
+        if removed:
+            logger.info("buffer: deleted %d bodies no object refers to", removed)
+
+    def _remove_row(self, key: str, rowid: int) -> None:
+        """Remove `key` if its index row is still `rowid` (not stored anew meanwhile)."""
+        with _reader(self.directory) as reader:
+            found = reader.execute(
+                "SELECT rowid FROM Cache WHERE key = ? AND raw = 1", (key,)
+            ).fetchone()
+        if found is not None and found[0] == rowid:
+            try:
+                self.remove(key)
+            except StoreError as e:
+                logger.warning("buffer: cannot drop a corrupt object: %s", e)
+
+    # -- accounting ---------------------------------------------------------------------
+
+    def touch(self, keys: list[str]) -> None:
+        """Objects just served: the most recently used now (for `lru`).
+
+        An object's place in the `lru` order is its rowid: moved to the end, it gets a
+        new, largest one (and, having been served, counts as checked).
+        """
+        index = self._require_index()
+        try:
+            with index.transact():
+                for key in keys:
+                    entry, size = index.pop(key, tag=True)
+                    if isinstance(entry, StoredObject):
+                        index.set(key, entry, tag=size)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            raise StoreError(f"cannot record what was used: {_describe(e)}") from e
+
+    def holds(self, key: str) -> bool:
+        """Is `key` stored (workers serve it, checking it first if found at start)?"""
+        try:
+            return key in self._require_index()
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            raise StoreError(f"cannot read the index: {_describe(e)}") from e
+
+    # -- admission, commit, abort -------------------------------------------------------
+
+    def reserve(
+        self, size: int, evict: bool = True, followed: bool = True
+    ) -> Reservation | None:
+        """Hold room for a `size`-byte fill, or None if the policy admits no more;
+        without `evict`, only room that is free now.
+
+        A `followed` fill gets its partial body and progress record made here, so that
+        readers in any worker can open them at once; any other's partial body is made by
+        the worker that fills it (`keeper.PROVISIONAL`).
+
+        None is not an error: the object is then passed through uncached.
+        """
+        if size > self.capacity:
+            return None
+        if self.eviction == "lru" and evict:
+            self._evict_until_free(size)
+        if self.used + self.reserved + size > self.capacity:
+            return None
+        reservation = Reservation(size, self._partial, followed)
+        try:
+            if not os.path.isdir(self._partial):
+                # Someone emptied the buffer directory under us: start again.
+                self.partial_dir.mkdir(parents=True, exist_ok=True)
+                self.objects_dir.mkdir(parents=True, exist_ok=True)
+            if followed:
+                _create_partial(reservation.path)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(reservation.path)
+            raise StoreError(f"cannot create a partial body: {_describe(e)}") from e
+        self.reserved += size
+        return reservation
+
+    def resize(self, reservation: Reservation, size: int) -> None:
+        """Hold `size` bytes for a fill instead of what it reserved (never more: room
+        is only ever taken by `reserve`)."""
+        if reservation.settled or size > reservation.size:
+            raise StoreError(f"cannot grow a reservation of {reservation.size} bytes to {size}")
+        self.reserved -= reservation.size - size
+        reservation.size = size
+
+    def _evict_until_free(self, size: int) -> None:
+        while self.entries and self.used + self.reserved + size > self.capacity:
+            try:
+                (victim, _), _ = self._require_index().peekitem(last=False, tag=True)
+            except KeyError:
+                return  # nothing left to evict
+            except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+                raise StoreError(f"cannot read the index: {_describe(e)}") from e
+            logger.info("buffer: evicting the least recently used object to admit a new one")
+            self.remove(victim)
+
+    def commit(
+        self,
+        reservation: Reservation,
+        key: str,
+        sha256: str,
+        headers: tuple[tuple[str, str], ...],
+        generated_at: float,
+        lifetime: float,
+    ) -> StoredObject:
+        """Make a complete fill servable: move its body into objects/ and index it."""
+        if reservation.settled:
+            raise StoreError("reservation already settled")
+        reservation.settled = True
+        self.reserved -= reservation.size
+        name = reservation.name
+        entry = StoredObject(
+            name, reservation.size, sha256, headers, time.time(), generated_at, lifetime
+        )
+        body = os.path.join(self._objects, name)
+        try:
+            size_on_disk = os.stat(reservation.path).st_size
+            if size_on_disk != reservation.size:
+                raise StoreError(f"body has {size_on_disk} bytes, expected {reservation.size}")
+            os.rename(reservation.path, body)
+            if reservation.followed:
+                progress.remove(reservation.path)
+            if not self._insert(key, entry):
+                self.remove(key)  # a concurrent fill of the same key committed first
+                self._require_index().set(key, entry, tag=entry.size)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            for path in (body, reservation.path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            raise StoreError(f"cannot commit an object: {_describe(e)}") from e
+        self.entries += 1
+        self.used += entry.size
+        return entry
+
+    def report_failure(self, why: str) -> None:
+        """A write into the buffer failed: stop admitting for FAILURE_BACKOFF seconds."""
+        self._refuse_until = time.monotonic() + FAILURE_BACKOFF
+        self._failure = why
+
+    def abort(self, reservation: Reservation) -> None:
+        """Forget a fill that will not complete; its partial body is deleted."""
+        if reservation.settled:
+            return
+        reservation.settled = True
+        self.reserved -= reservation.size
+        # A buffer that refuses the unlink (read-only) is cleaned at the next start.
+        with contextlib.suppress(OSError):
+            if reservation.followed:
+                progress.mark_failed(reservation.path)
+                progress.remove(reservation.path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(reservation.path)
+
+    def remove(self, key: str) -> None:
+        """Delete one object (evicted, stale or corrupt)."""
+        try:
+            entry, size = self._require_index().pop(key, tag=True)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            self._changed()  # whatever happened, workers look again
+            raise StoreError(f"cannot remove an object: {_describe(e)}") from e
+        if entry is None:
+            return
+        self.entries -= 1
+        self.used -= size if isinstance(size, int) else 0
+        self._changed()
+        if isinstance(entry, StoredObject):
+            # Unlinking a large tmpfs file takes tens of milliseconds: not on the event
+            # loop. Readers that still have it open keep reading it.
+            _JANITOR.submit(_unlink_quietly, self.objects_dir / entry.file)
+
+    def update(
+        self,
+        key: str,
+        file: str,
+        headers: tuple[tuple[str, str], ...],
+        generated_at: float,
+        lifetime: float,
+    ) -> None:
+        """Record a stored object's fields and age after a 304 validated it; nothing if
+        the object was replaced or removed meanwhile."""
+        entry = self._get(key)
+        if entry is None or entry.file != file:
+            return
+        self._set(
+            key,
+            dataclasses.replace(
+                entry, headers=headers, generated_at=generated_at, lifetime=lifetime
+            ),
+        )
+        if headers != entry.headers:
+            # Workers forget what they remember; an age alone they may overestimate.
+            self._changed()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        if self._index is not None:
+            self._index.close()
+
+    # -- internals --------------------------------------------------------------------
+
+    def _insert(self, key: str, entry: StoredObject) -> bool:
+        """Index a new object, as diskcache's `set` would (its triggers keep its count),
+        in one statement: `set` takes six (a transaction, a look for the key, a cull),
+        the cost of every miss. False if `key` is indexed already.
+        """
+        index, writer = self._require_index(), self._writer
+        assert writer is not None
+        size, mode, filename, value = index.disk.store(entry, False, key=key)
+        now = time.time()
+        try:
+            writer.execute(
+                "INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count,"
+                " tag, size, mode, filename, value) VALUES (?, 1, ?, NULL, ?, 0, ?, ?, ?, ?, ?)",
+                (key, now, now, entry.size, size, mode, filename, value),
+            )
+        except sqlite3.IntegrityError:
+            if filename is not None:
+                index.disk.remove(filename)
+            return False
+        return True
+
+    def _require_index(self) -> diskcache.Cache:
+        if self._index is None:
+            raise StoreError("the buffer is not open")
+        return self._index
+
+    def _get(self, key: str) -> StoredObject | None:
+        try:
+            entry = self._require_index().get(key)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            raise StoreError(f"cannot read the index: {_describe(e)}") from e
+        return entry if isinstance(entry, StoredObject) else None
+
+    def _set(self, key: str, entry: StoredObject) -> None:
+        try:
+            self._require_index().set(key, entry, tag=entry.size)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            raise StoreError(f"cannot write the index: {_describe(e)}") from e
+
+
+@dataclass(frozen=True)
+class Found:
+    """A stored object as a worker's index read finds it, with its index row."""
+
+    rowid: int
+    encoded: bytes  # the StoredObject as the index holds it (`decode`)
+
+
+class Index:
+    """A worker's read-only view of the buffer: stored objects and their bodies.
+
+    It reads diskcache's table itself, on a read-only connection of its own: diskcache's
+    `get` does not say which row an object is in, and the row says whether the object
+    was found at start (see the module docstring).
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self._objects_dir = str(directory / "objects")
+        self._directory = directory
+        self._reader: sqlite3.Connection | None = None
+        self._disk = diskcache.Disk(str(directory / "index"))
+
+    def open(self) -> None:
+        try:
+            _open_index(self._directory).close()  # creates it if this worker is first
+            self._reader = _connect(self._directory)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            raise StoreError(f"cannot open the buffer in {self._directory}: {e}") from e
+
+    def find(self, key: str) -> Found | None:
+        """The row stored under `key`, or None (a miss); StoreError if the index fails."""
+        if self._reader is None:
+            raise StoreError("the buffer is not open")
+        try:
+            found = self._reader.execute(
+                "SELECT rowid, mode, filename, value FROM Cache WHERE key = ? AND raw = 1",
+                (key,),
+            ).fetchone()
+            if found is None:
+                return None
+            rowid, mode, filename, value = found
+            if filename is not None:  # a large head, kept in a file by diskcache
+                value = pickle.dumps(self._disk.fetch(mode, filename, value, False))
+        except (OSError, sqlite3.Error) as e:
+            raise StoreError(f"cannot read the index: {_describe(e)}") from e
+        return Found(rowid, bytes(value))
+
+    def open_body(self, entry: StoredObject) -> int:
+        """A descriptor of a stored body (it stays readable even if evicted)."""
+        try:
+            return os.open(os.path.join(self._objects_dir, entry.file), os.O_RDONLY)
+        except OSError as e:
+            raise StoreError(f"cannot read a stored body: {_describe(e)}") from e
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+
+
+def decode(encoded: bytes) -> StoredObject | None:
+    """The StoredObject of an index value, or None for anything else."""
+    try:
+        entry = pickle.loads(encoded)
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
+        return None
+    return entry if isinstance(entry, StoredObject) else None
+
+
+def check_body(fd: int, entry: StoredObject) -> None:
+    """Raise Corrupt unless the body open as `fd` has the size and digest of `entry`."""
+    digest = hashlib.sha256()
+    offset = 0
+    try:
+        while True:
+            # One byte past the recorded end: a short read ends it (one read for a small
+            # body), and a longer body shows.
+            wanted = min(_VERIFY_CHUNK, entry.size + 1 - offset)
+            chunk = os.pread(fd, wanted, offset)
+            digest.update(chunk)
+            offset += len(chunk)
+            if len(chunk) < wanted or offset > entry.size:
+                break
+    except OSError as e:
+        raise Corrupt(f"cannot read a stored body: {_describe(e)}") from e
+    if offset != entry.size or digest.hexdigest() != entry.sha256:
+        raise Corrupt("a stored body does not match its digest")
+
+
+def _open_index(directory: Path) -> diskcache.Cache:
+    return diskcache.Cache(
+        str(directory / "index"),
+        eviction_policy="none",  # eviction is ours: see the module docstring
+        size_limit=2**62,
+        timeout=_INDEX_TIMEOUT,
+        statistics=False,
+        tag_index=True,  # the tag is the body size, summed at start: see the docstring
+        sqlite_cache_size=-SQLITE_CACHE_KIB,  # negative: KiB rather than pages
+        sqlite_mmap_size=0,
+    )
+
+
+def _create_partial(path: str) -> None:
+    """An empty partial body and its progress record, made by the keeper so that
+    readers in any worker can open them at once."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    progress.create(path)
+
+
+def _connect(directory: Path, write: bool = False) -> sqlite3.Connection:
+    """A read-only connection to the index (or a writing one, in autocommit mode and as
+    durable as diskcache's own), with the page cache of `_open_index`."""
+    uri = f"file:{directory / 'index' / diskcache.core.DBNAME}?mode={'rw' if write else 'ro'}"
+    connection = sqlite3.connect(
+        uri,
+        uri=True,
+        timeout=_INDEX_TIMEOUT,
+        check_same_thread=False,
+        isolation_level=None if write else "DEFERRED",
+    )
+    connection.execute(f"PRAGMA cache_size = -{SQLITE_CACHE_KIB}")
+    connection.execute("PRAGMA mmap_size = 0")
+    if write:
+        connection.execute("PRAGMA synchronous = NORMAL")  # diskcache's: WAL, no fsync per row
+    return connection
+
+
+@contextlib.contextmanager
+def _reader(directory: Path) -> Iterator[sqlite3.Connection]:
+    connection = _connect(directory)
+    try:
+        yield connection
+    finally:
+        connection.close()
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """One batch of the background check: its last rowid (0: nothing left), how many
+    rows it read, and the (key, rowid) of those whose body does not match."""
+
+    last: int
+    count: int
+    corrupt: list[tuple[str, int]]
+
+
+def _check_rows(
+    reader: sqlite3.Connection,
+    objects_dir: str,
+    after: int,
+    through: int,
+) -> _Checked:
+    """Check the next rows found at start (run in a thread: it reads and hashes)."""
+    rows = reader.execute(
+        "SELECT rowid, key, raw, filename, value FROM Cache WHERE rowid > ? AND rowid <= ?"
+        " ORDER BY rowid LIMIT ?",
+        (after, through, _CHECK_BATCH),
+    ).fetchall()
+    corrupt = []
+    for rowid, key, raw, filename, value in rows:
+        entry = decode(value) if raw == 1 and filename is None and value is not None else None
+        if entry is None:
+            corrupt.append((key, rowid))  # not an object of ours: dropped as corrupt
+            continue
+        try:
+            fd = os.open(os.path.join(objects_dir, entry.file), os.O_RDONLY)
+        except OSError:
+            corrupt.append((key, rowid))
+            continue
+        try:
+            check_body(fd, entry)
+        except Corrupt:
+            corrupt.append((key, rowid))
+        finally:
+            os.close(fd)
+    return _Checked(rows[-1][0] if rows else 0, len(rows), corrupt)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        # Left for the next start, which deletes bodies the index does not know.
+        logger.warning("buffer: cannot delete a removed body: %s", e)
+
+
+def _describe(error: BaseException) -> str:
+    return str(error) or type(error).__name__  # diskcache.Timeout has no message
+
+
+def _sweep(directory: Path, opened_at: float, entries: int) -> int:
+    """Delete bodies older than `opened_at` that no object refers to (left by a crash
+    between writing a body and indexing it, or by a failed unlink); how many.
+
+    Run in a thread once the check is done. Bodies written since `opened_at` may not be
+    indexed yet, so they stay; every older one that an object still refers to is in one
+    snapshot of the index. The names seen there go into a Bloom filter of 64 bits per
+    object (8 MB for a million, where a set of names would take ~100 MB), so about one
+    leftover in a thousand is kept until a later start; a referenced body never goes.
+    """
+    bits = 1 << max(16, (64 * entries).bit_length())
+    seen = bytearray(bits // 8)
+    with _reader(directory) as reader:
+        for (value,) in reader.execute("SELECT value FROM Cache WHERE value IS NOT NULL"):
+            entry = decode(value)
+            for slot in _slots(entry.file if entry else "", bits):
+                seen[slot >> 3] |= 1 << (slot & 7)
+    removed = 0
+    for body in os.scandir(directory / "objects"):
+        slots = _slots(body.name, bits)
+        if slots and all(seen[slot >> 3] & (1 << (slot & 7)) for slot in slots):
+            continue
+        with contextlib.suppress(OSError):
+            if body.stat(follow_symlinks=False).st_ctime < opened_at:
+                os.unlink(body.path)
+                removed += 1
+    return removed
+
+
+def _slots(name: str, bits: int) -> tuple[int, ...]:
+    """Two Bloom filter positions of a body name (a uuid4 in hex: its low 62 and high 48
+    bits are random); none for a name of anything else."""
+    try:
+        number = int(name, 16)
+    except ValueError:
+        return ()
+    return number % bits, (number >> 80) % bits
