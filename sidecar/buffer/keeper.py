@@ -19,7 +19,7 @@ Calls and their replies (`sidecar.ipc`):
 | --- | --- |
 | `claim {key, since}` | `{begin}` (fetch it; see below), `{join: fill}`, `{stored}`, `{declined}` |
 | `start_fill {key, size, head}` | `{rid, path}` or `{refused: reason}` |
-| `commit {rid, key, size, sha256, headers, generated_at, lifetime}` | `{}` `{error}` `{invalidated}` |
+| `commit {rid key size sha256 headers generated_at lifetime}` | `{}`, `{error}`, `{invalidated}` |
 | `invalidate {keys}` | `{}` once the objects are gone and their fills will not commit |
 | `update {key, file, headers, generated_at, lifetime}` (after a 304) | `{}` once recorded |
 
