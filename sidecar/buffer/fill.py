@@ -80,6 +80,12 @@ class Declined(Exception):
 class StoredMeanwhile(Exception):
     """The object was committed after the caller looked it up: serve it from there."""
 
+    def __init__(self, key: str, joined: bool = False) -> None:
+        """`joined`: the request came while the fill that stored it ran (it counts as
+        coalesced, not as a hit)."""
+        super().__init__(key)
+        self.joined = joined
+
 
 @dataclass(frozen=True)
 class Head:
@@ -408,13 +414,13 @@ class Fills:
         if "declined" in answer:
             raise Declined(answer["declined"])
         if "stored" in answer:
-            raise StoredMeanwhile(key)
+            raise StoredMeanwhile(key, joined="joined" in answer)
         if "join" in answer:
             try:
                 joined = RemoteFill(key, url, answer["join"])
             except OSError:
                 # It ended since the keeper answered: stored, or to be claimed anew.
-                raise StoredMeanwhile(key) from None
+                raise StoredMeanwhile(key, joined=True) from None
             _release(fetched)
             return Acquired(joined, "coalesced")
         try:

@@ -33,7 +33,8 @@ fits is stored there without a word to the keeper until its commit, which says i
 size: its miss costs two round trips (claim, commit) and nothing else. Nobody follows
 such a fill while it runs: its readers get it whole at its end anyway
 (`fill.WHOLE_AT_END`), so a claim of the same key from another worker waits for
-the commit and is answered `stored` (a hit), and its partial body is made by the
+the commit and is answered `stored` and `joined` (it counts as coalesced, and is
+served from the buffer), and its partial body is made by the
 worker with no progress record. A larger body asks with `start_fill`, which returns
 the provisional room first; a declined one returns it with `decline`. Provisional
 room is only ever free room, and only while at least as much stays free besides: so
@@ -297,7 +298,7 @@ class Keeper:
             return {"error": str(e)}
         self._note_commit(key)
         # Whoever waited on a fill nobody could follow finds it stored now.
-        self._forget_claim(key, rid, {"stored": True})
+        self._forget_claim(key, rid, {"stored": True, "joined": True})
         return {}
 
     def _abort(self, rid: str) -> None:

@@ -223,7 +223,9 @@ class Router:
 
     # -- routing ----------------------------------------------------------------------
 
-    async def _serve(self, request: Request, channel: Channel) -> None:
+    async def _serve(self, request: Request, channel: Channel, joined: bool = False) -> None:
+        """`joined`: the object was stored by a fill that ran when this request came
+        (`fill.StoredMeanwhile`): served from the buffer, counted as coalesced."""
         key = policy.cache_key(request.url)
         entry = self._lookup(key)
         if entry is not None and self.buffer.unchecked(key):
@@ -246,7 +248,7 @@ class Router:
             etag = self._representation(entry).etag
             verdict = policy.answers_preconditions(request.fields, etag)
             if verdict.cacheable:
-                await self._serve_stored(request, channel, key, entry)
+                await self._serve_stored(request, channel, key, entry, joined)
             else:
                 await self._pass(request, channel, verdict.reason)
             return
@@ -263,9 +265,9 @@ class Router:
         except Declined as e:
             await self._pass(request, channel, e.reason)
             return
-        except StoredMeanwhile:
+        except StoredMeanwhile as e:
             # Another worker committed it since the lookup above: a stored object now.
-            await self._serve(request, channel)
+            await self._serve(request, channel, e.joined)
             return
         except UpstreamError as e:
             await self._error(channel, 502, f"burstbuffer: upstream request failed: {e}")
@@ -416,7 +418,7 @@ class Router:
     # -- responses --------------------------------------------------------------------
 
     async def _serve_stored(
-        self, request: Request, channel: Channel, key: str, entry: StoredObject
+        self, request: Request, channel: Channel, key: str, entry: StoredObject, joined: bool
     ) -> None:
         try:
             body = self.buffer.open_body(entry)
@@ -425,13 +427,16 @@ class Router:
             self._forget(key)
             await self._pass(request, channel, BUFFER_UNAVAILABLE)
             return
-        self.metrics.counters.hits += 1
+        if joined:
+            self.metrics.counters.coalesced += 1
+        else:
+            self.metrics.counters.hits += 1
         try:
             await self._send(
                 request,
                 channel,
                 self._representation(entry),
-                "hit",
+                "coalesced" if joined else "hit",
                 lambda start, end: _file_chunks(body, start, end),
             )
         finally:

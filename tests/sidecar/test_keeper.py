@@ -75,7 +75,7 @@ def test_a_small_body_takes_its_claims_room_and_joiners_find_it_stored(
         await asyncio.sleep(0)
         assert not joining.done()  # nobody follows a small fill: it waits for the commit
         assert await commit(keeper, begun, "a", 1000) == {}
-        assert await joining == {"stored": True}
+        assert await joining == {"stored": True, "joined": True}
         assert keeper.store.reserved == 0 and keeper.store.used == 1000
 
     asyncio.run(scenario())
