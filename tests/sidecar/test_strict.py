@@ -248,6 +248,25 @@ def test_a_request_the_rfc_refuses_is_refused_and_never_forwarded(
     assert not any(path.encode() in seen.raw for seen in raw_origin.connections)
 
 
+def test_chunked_followed_by_a_tab_frames_a_request_as_chunked(
+    client: Client, raw_origin: RawOrigin
+) -> None:
+    # RFC 9112 §7.1 and RFC 9110 §5.6.3: the tab is optional whitespace after the field
+    # value's last coding, `chunked` (llhttp refuses it unless told to be lenient). The
+    # request after the body, pipelined, is read as one.
+    name, after = f"tab-{time.monotonic_ns()}", f"after-tab-{time.monotonic_ns()}"
+    client.send(
+        f"POST {client.target(name)} HTTP/1.1\r\nHost: {client.authority}\r\n"
+        "Transfer-Encoding: chunked\t\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        f"GET {client.target(after)} HTTP/1.1\r\nHost: {client.authority}\r\n\r\n".encode()
+    )
+    reply = client.replies(count=2, linger=0.5)
+    assert reply.statuses == [200, 200] and not reply.closed, reply
+    seen = raw_origin.seen(name)
+    assert seen.bodies[[t.endswith(name.encode()) for t in seen.targets].index(True)] == b"hello"
+    raw_origin.seen(after)
+
+
 def test_transfer_encoding_in_an_http_1_0_request_closes_the_connection_after_it(
     client: Client, raw_origin: RawOrigin
 ) -> None:
