@@ -19,11 +19,14 @@ Calls and their replies (`sidecar.ipc`):
 | --- | --- |
 | `claim {key}` | `{begin}` (fetch it; see below), `{join: fill}`, `{stored}`, `{declined}` |
 | `start_fill {key, size, head}` | `{rid, path}` or `{refused: reason}` |
+| `start_unsized {key}` | `{rid, path, size}` (room of UNSIZED_ROOM bytes) or `{refused: reason}` |
+| `grow {rid, size}` | `{}` or `{refused: reason}` |
 | `commit {rid, key, sha256, headers, generated_at, lifetime}` | `{}`, `{error}`, `{invalidated}` |
 | `invalidate {keys}` | `{}` once the objects are gone and their fills will not commit |
 | `update {key, file, headers, generated_at, lifetime}` (after a 304) | `{}` once recorded |
 
-Notifications: `filling {rid, key, size, head}`, `decline {key, reason}`, `abort {rid}`,
+A `commit` of a body of unknown length also carries its `size`. Notifications:
+`filling {rid, key, size, head}`, `decline {key, reason}`, `abort {rid}`,
 `remove {key}`, `failure {}`, `touch {keys}`.
 
 Most objects are small, and a miss waits for every round trip it makes here. So a
@@ -34,6 +37,14 @@ larger one asks with `start_fill`, and the provisional room is returned. Provisi
 room is only ever free room, and only while at least as much stays free besides: so
 it never makes `lru` evict, and never turns away an object that fits in half the room
 that is free (near a full buffer, every claim takes the three round trips).
+
+A body whose length only its end tells (chunked, or delimited by the connection's
+close) is a fill of its own kind (`start_unsized`): its room grows as it is written
+(`grow`), and nobody joins it: requests for its key pass (UNSIZED) until it ends. A
+joiner follows the partial body, but this one may outgrow its room and be abandoned
+half-written, and the rest of it is then nowhere a joiner could read it: the origin's
+stream is read in one worker, at its one client's pace, and a body of unknown length
+cannot be resumed elsewhere with a Range.
 """
 
 from __future__ import annotations
@@ -67,11 +78,15 @@ logger = logging.getLogger(__name__)
 BUFFER_UNAVAILABLE = "buffer-unavailable"
 # The pass reason of requests for a URL written to while its fill was running.
 INVALIDATED = "invalidated"
+# The pass reason of requests for a URL whose body of unknown length is being stored.
+UNSIZED = "filling-unsized"
 # Served keys are reported to the keeper (for `lru`) at most this often.
 TOUCH_INTERVAL = 0.5  # seconds
 # Room held for the fill of a claim that begins, until its size is known: nine in ten
 # of an ImageNet-like set's files fit in it.
 PROVISIONAL = 256 * 1024  # bytes
+# Room a fill of unknown length starts with (it grows as the body comes).
+UNSIZED_ROOM = 1024 * 1024  # bytes
 # Bytes a worker spends remembering stored objects (so that a hit costs no SQLite
 # query): each is kept as the index holds it, a few hundred bytes, and decoded per hit
 # (microseconds), where a decoded one costs about 3 KB of Python objects.
@@ -93,6 +108,7 @@ class _Claim:
     # A write made what this fill fetches stale: it gets no new readers and is not
     # committed; requests for the key pass until it ends.
     invalidated: bool = False
+    unsized: bool = False  # a body of unknown length: nobody joins it (see above)
 
 
 class Keeper:
@@ -130,6 +146,10 @@ class Keeper:
             return await self._claim(worker, message["key"])
         if op == "start_fill":
             return self._start_fill(worker, message["key"], message["size"], message["head"])
+        if op == "start_unsized":
+            return self._start_unsized(worker, message["key"])
+        if op == "grow":
+            return self._grow(message["rid"], message["size"])
         if op == "commit":
             return self._commit(message)
         if op == "invalidate":
@@ -180,6 +200,8 @@ class Keeper:
             return {"begin": True, "rid": rid, "path": str(reservation.path)}
         if claim.invalidated:
             return {"declined": INVALIDATED}
+        if claim.unsized:
+            return {"declined": UNSIZED}
         if claim.fill is not None:
             return {"join": claim.fill}
         waiter: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
@@ -198,6 +220,38 @@ class Keeper:
         self._reservations[rid] = (worker, key, reservation)
         self._announce(self._claims.setdefault(key, _Claim(worker)), rid, reservation, head)
         return {"rid": rid, "path": str(reservation.path)}
+
+    def _start_unsized(self, worker: int, key: str) -> Message:
+        claimed = self._claims.get(key)
+        if claimed is not None and claimed.invalidated:
+            return {"refused": INVALIDATED}
+        reservation, reason = self._reserve(UNSIZED_ROOM)
+        if reservation is None:
+            self._settle(key, worker, {"declined": reason})
+            return {"refused": reason}
+        rid = reservation.path.name
+        self._reservations[rid] = (worker, key, reservation)
+        claim = self._claims.setdefault(key, _Claim(worker))
+        claim.rid = rid
+        claim.unsized = True
+        for waiter in claim.waiters:
+            if not waiter.done():
+                waiter.set_result({"declined": UNSIZED})
+        claim.waiters.clear()
+        return {"rid": rid, "path": str(reservation.path), "size": reservation.size}
+
+    def _grow(self, rid: str, size: int) -> Message:
+        found = self._reservations.get(rid)
+        if found is None:
+            return {"refused": "the fill was cancelled"}
+        if self.store.unavailable is not None:
+            return {"refused": BUFFER_UNAVAILABLE}
+        try:
+            grown = self.store.grow(found[2], size)
+        except StoreError as e:
+            self.metrics.buffer_trouble("growing room", e)
+            return {"refused": BUFFER_UNAVAILABLE}
+        return {} if grown else {"refused": "no-room"}
 
     def _filling(self, message: Message) -> None:
         """A body that fits its claim's provisional room is being stored."""
@@ -261,6 +315,7 @@ class Keeper:
                 headers,
                 message["generated_at"],
                 message["lifetime"],
+                message.get("size"),
             )
         except StoreError as e:
             return {"error": str(e)}
@@ -476,6 +531,14 @@ class Buffer:
     async def start_fill(self, key: str, size: int, head: Message) -> Message:
         return await self._call("start_fill", key=key, size=size, head=head)
 
+    async def start_unsized(self, key: str) -> Message:
+        """Room for a claimed body of unknown length (see the module docstring)."""
+        return await self._call("start_unsized", key=key)
+
+    async def grow(self, rid: str, size: int) -> bool:
+        """Hold `size` bytes for a fill of unknown length; False if refused."""
+        return "refused" not in await self._call("grow", rid=rid, size=size)
+
     async def commit(
         self,
         rid: str,
@@ -484,9 +547,11 @@ class Buffer:
         headers: tuple[tuple[str, str], ...],
         generated_at: float,
         lifetime: float,
+        size: int | None = None,
     ) -> bool:
         """Make a complete body servable: False if a write invalidated it meanwhile (the
-        caller aborts it), StoreError if the keeper could not."""
+        caller aborts it), StoreError if the keeper could not. `size`: the body's, for a
+        fill that did not know it up front."""
         reply = await self._call(
             "commit",
             rid=rid,
@@ -495,6 +560,7 @@ class Buffer:
             headers=[list(h) for h in headers],
             generated_at=generated_at,
             lifetime=lifetime,
+            size=size,
         )
         if "error" in reply:
             raise StoreError(reply["error"])

@@ -18,7 +18,9 @@ whole pod evicted. So the hard cap and the admission policy live here:
 - `lru`: least recently used objects are evicted to make room.
 
 Fills in progress reserve their full Content-Length up front, so concurrent fills
-can never overshoot the cap together.
+can never overshoot the cap together; a body whose length only its end tells (chunked)
+holds room that grows ahead of what it writes (`grow`), and gives back the rest at its
+commit.
 
 Nothing is done per stored object before a restarted sidecar is ready. The index's
 `tag` column holds each object's body size, so the accounting is one indexed sum; its
@@ -344,6 +346,20 @@ class Store:
         self.reserved -= reservation.size - size
         reservation.size = size
 
+    def grow(self, reservation: Reservation, size: int) -> bool:
+        """Hold `size` bytes for a fill instead of the fewer it holds, evicting for them
+        as `reserve` does; False (nothing changed) if the policy admits no more."""
+        if reservation.settled or size > self.capacity:
+            return False
+        more = size - reservation.size
+        if self.eviction == "lru":
+            self._evict_until_free(more)
+        if self.used + self.reserved + more > self.capacity:
+            return False
+        self.reserved += more
+        reservation.size = size
+        return True
+
     def _evict_until_free(self, size: int) -> None:
         while self.entries and self.used + self.reserved + size > self.capacity:
             try:
@@ -363,10 +379,16 @@ class Store:
         headers: tuple[tuple[str, str], ...],
         generated_at: float,
         lifetime: float,
+        size: int | None = None,
     ) -> StoredObject:
-        """Make a complete fill servable: move its body into objects/ and index it."""
+        """Make a complete fill servable: move its body into objects/ and index it.
+
+        `size`: the body's, for a fill that did not know it up front (its room shrinks
+        to it); else the room it reserved is its size."""
         if reservation.settled:
             raise StoreError("reservation already settled")
+        if size is not None and size < reservation.size:
+            self.resize(reservation, size)
         reservation.settled = True
         self.reserved -= reservation.size
         name = reservation.path.name

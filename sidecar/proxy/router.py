@@ -32,9 +32,10 @@ from sidecar.buffer.fill import (
     FillFailed,
     Fills,
     StoredMeanwhile,
+    UnsizedFill,
     read_file,
 )
-from sidecar.buffer.keeper import BUFFER_UNAVAILABLE, Buffer
+from sidecar.buffer.keeper import BUFFER_UNAVAILABLE, UNSIZED, Buffer
 from sidecar.buffer.store import StoredObject, StoreError
 from sidecar.cache import policy
 from sidecar.metrics import Metrics
@@ -274,10 +275,12 @@ class Router:
             assert acquired.response is not None
             # The unconditional full response answers neither a Range nor a precondition.
             if request.header("Range") is not None or conditionals.has_precondition(request.fields):
-                acquired.response.release()
-                await self._pass(request, channel, acquired.reason)
+                acquired.release()
+                await self._pass(request, channel, acquired.reason or UNSIZED)
             else:
-                await self._relay(request, channel, acquired.response, acquired.reason)
+                await self._relay(
+                    request, channel, acquired.response, acquired.reason, acquired.unsized
+                )
             return
         try:
             await self._serve_fill(request, channel, acquired.fill, acquired)
@@ -565,10 +568,17 @@ class Router:
         channel: Channel,
         response: Response,
         reason: str,
+        unsized: UnsizedFill | None = None,
     ) -> None:
-        """Stream an upstream response to the client as it arrives, storing nothing."""
+        """Stream an upstream response to the client as it arrives: a pass for `reason`,
+        or the miss that starts an `unsized` fill, which stores it on its way."""
         started = time.monotonic()
-        self.metrics.count_pass(reason)
+        if unsized is None:
+            self.metrics.count_pass(reason)
+            chunks = response.chunks()
+        else:
+            self.metrics.counters.misses += 1
+            chunks = unsized.chunks(response)
         try:
             headers = response_headers(response.headers.items())
             length = response.headers.get("Content-Length")
@@ -580,7 +590,7 @@ class Router:
             if not bodiless:
                 # The body ends where the origin framed it; one cut short raises.
                 try:
-                    async for chunk in response.chunks():
+                    async for chunk in chunks:
                         self.metrics.counters.bytes_from_upstream += len(chunk)
                         await channel.write(
                             b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk
@@ -600,8 +610,11 @@ class Router:
                     await channel.write(b"0\r\n\r\n")
             channel.finish()
         finally:
+            if unsized is not None:
+                unsized.close()
             response.release()
-        _log_object(f"pass ({reason})", request, response.status, channel.body_bytes, started)
+        kind = "miss" if unsized is not None else f"pass ({reason})"
+        _log_object(kind, request, response.status, channel.body_bytes, started)
 
     async def _error(self, channel: Channel, status: int, message: str) -> None:
         body = (message + "\n").encode()

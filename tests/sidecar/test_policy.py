@@ -269,8 +269,8 @@ OK_RESPONSE = {"Content-Length": "10", "Content-Type": "application/octet-stream
         (304, {}, Reason.STATUS),
         (302, {"Location": "https://cdn/"}, Reason.STATUS),
         (404, {}, Reason.STATUS),
-        (200, {"Content-Length": None}, Reason.NO_LENGTH),
-        (200, {"Transfer-Encoding": "chunked"}, Reason.NO_LENGTH),
+        (200, {"Content-Length": None}, Reason.OK),  # stored once its end says it is whole
+        (200, {"Transfer-Encoding": "chunked"}, Reason.OK),
         (200, {"Content-Length": "10, 11"}, Reason.BAD_LENGTH),
         (200, {"Content-Length": "-1"}, Reason.BAD_LENGTH),
         (200, {"Content-Length": "1e3"}, Reason.BAD_LENGTH),
