@@ -1,7 +1,8 @@
 """The router: each request to an intercepted host becomes a hit, a fill or a pass.
 
 - hit: the object is stored and verified -> streamed from the buffer;
-- miss: a new fill starts -> the client follows the fill;
+- miss: a new fill starts -> the client follows the fill (a body of unknown length: the
+  client relays the origin's stream, which the fill stores on its way);
 - coalesced: a fill for the object is running -> the client joins it;
 - pass: not cacheable, or no room -> relayed from upstream, nothing stored.
 

@@ -95,3 +95,33 @@ def test_a_worker_reads_an_object_and_its_row(tmp_path: Path) -> None:
     assert index.find("missing") is None
     index.close()
     store.close()
+
+
+def test_room_of_unknown_length_grows_within_the_cap_and_shrinks_to_its_body(
+    tmp_path: Path,
+) -> None:
+    store = reopened(tmp_path, capacity=1000)
+    reservation = store.reserve(100)
+    assert reservation is not None
+    assert store.grow(reservation, 600) and store.reserved == 600
+    assert not store.grow(reservation, 1001)  # never beyond the cap
+    other = store.reserve(300)
+    assert other is not None
+    assert not store.grow(reservation, 800) and store.reserved == 900  # held by another
+    store.abort(other)
+    body = b"z" * 450
+    reservation.path.write_bytes(body)
+    store.commit(reservation, "k", hashlib.sha256(body).hexdigest(), (), 0.0, 0.0, len(body))
+    assert (store.used, store.reserved, store.entries) == (450, 0, 1)
+    store.close()
+
+
+def test_room_that_grows_evicts_under_lru_and_never_under_none(tmp_path: Path) -> None:
+    for eviction, kept in (("lru", False), ("none", True)):
+        store = reopened(tmp_path / eviction, capacity=300, eviction=eviction)
+        commit(store, "old", bytes(200))
+        reservation = store.reserve(100)
+        assert reservation is not None
+        assert store.grow(reservation, 300) != kept
+        assert store.holds("old") == kept
+        store.close()
