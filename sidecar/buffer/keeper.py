@@ -85,8 +85,9 @@ TOUCH_INTERVAL = 0.5  # seconds
 # Room held for the fill of a claim that begins, until its size is known: nine in ten
 # of an ImageNet-like set's files fit in it.
 PROVISIONAL = 256 * 1024  # bytes
-# Room a fill of unknown length starts with (it grows as the body comes).
-UNSIZED_ROOM = 1024 * 1024  # bytes
+# Room a fill of unknown length starts with (it grows as the body comes): as much as a
+# claim's provisional room, so that near a full buffer it is turned away no sooner.
+UNSIZED_ROOM = PROVISIONAL  # bytes
 # Bytes a worker spends remembering stored objects (so that a hit costs no SQLite
 # query): each is kept as the index holds it, a few hundred bytes, and decoded per hit
 # (microseconds), where a decoded one costs about 3 KB of Python objects.
