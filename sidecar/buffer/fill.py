@@ -46,13 +46,7 @@ from typing import Any
 
 from sidecar.buffer.keeper import BUFFER_UNAVAILABLE, PROVISIONAL, UNSIZED, Buffer
 from sidecar.buffer.progress import Progress, State
-from sidecar.buffer.segments import (
-    SegmentedCopy,
-    SegmentFailed,
-    Target,
-    may_split,
-    pwrite_all,
-)
+from sidecar.buffer.segments import SegmentedCopy, SegmentFailed, Target, may_split, pwrite_all
 from sidecar.buffer.store import StoreError
 from sidecar.cache import policy
 from sidecar.metrics import Metrics
@@ -297,8 +291,9 @@ class UnsizedFill:
     paces it). Anything else abandons it, and the client still gets every byte the origin
     sends: a body that outgrows the room the buffer can give, a failing buffer, a write
     that invalidated it meanwhile. If the origin breaks off, so does the client's
-    response: with no length, there is no resuming with a Range. The caller `close()`s
-    it, whatever happened, with the response.
+    response: with no length, there is no resuming with a Range. Unlike other fills it
+    is read at its client's pace and ends with its client (who would read on for
+    nobody?). The caller `close()`s it, whatever happened, with the response.
     """
 
     def __init__(
