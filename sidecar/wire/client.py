@@ -435,6 +435,11 @@ class _Connection(asyncio.Protocol):
         self._method = method
         self._interim = interim
         self._head = self._loop.create_future()
+        if body is None:
+            # No body goes with it (the front ends drop a GET's, which has "no generally
+            # defined semantics", RFC 9110 §9.3.1), nor may its length: the origin would
+            # wait for a body that never comes.
+            fields = [(k, v) for k, v in fields if k.lower() != "content-length" or v == "0"]
         has_length = any(name.lower() == "content-length" for name, _ in fields)
         chunked = body is not None and not has_length
         self.transport.write(request_head(self.route, method, url, fields, chunked))

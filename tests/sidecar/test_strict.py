@@ -287,6 +287,21 @@ def test_chunked_followed_by_a_tab_frames_a_request_as_chunked(
     raw_origin.seen(after)
 
 
+def test_the_body_of_a_get_is_not_forwarded_and_neither_is_its_length(
+    client: Client, raw_origin: RawOrigin
+) -> None:
+    # RFC 9110 §9.3.1: content in a GET "has no generally defined semantics"; the front
+    # ends drop it, and the origin must not be told to wait for it.
+    name = f"get-body-{time.monotonic_ns()}"
+    client.send(
+        f"GET {client.target(name)} HTTP/1.1\r\nHost: {client.authority}\r\n"
+        "Content-Length: 5\r\n\r\nhello".encode()
+    )
+    reply = client.replies()
+    assert reply.statuses == [200] and reply.bodies == [b"hello"], reply
+    assert b"content-length" not in raw_origin.seen(name).raw.lower()
+
+
 def test_transfer_encoding_in_an_http_1_0_request_closes_the_connection_after_it(
     client: Client, raw_origin: RawOrigin
 ) -> None:
