@@ -302,6 +302,13 @@ def test_content_length() -> None:
     assert fields.content_length({"Content-Length": ""}) is None
 
 
+def test_body_length_is_unknown_when_chunked_or_delimited_by_the_close() -> None:
+    assert fields.body_length({"Content-Length": "42"}) == 42
+    assert fields.body_length({}) is None  # RFC 9112 §6.3: read until the close
+    # "the Transfer-Encoding overrides the Content-Length"
+    assert fields.body_length({"Transfer-Encoding": "chunked", "Content-Length": "42"}) is None
+
+
 def test_stored_headers_replays_end_to_end_fields_in_order() -> None:
     upstream = aiohttp_headers(
         ("Content-Type", "application/x-tar"),
