@@ -10,6 +10,7 @@ clients would refuse to send most of these bytes.
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -18,10 +19,12 @@ from pathlib import Path
 
 import httptools
 import pytest
+import trustme
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bench.harness import Sidecar
+from tests.sidecar.conftest import curl
 
 pytestmark = pytest.mark.e2e
 
@@ -45,11 +48,14 @@ class Seen:
 class RawOrigin:
     """A plain-HTTP origin on loopback: answers a request for `/r/<name>` with the bytes
     of `responses[name]` (others with OK) once the request arrived whole, and closes the
-    connection after it if `name` is in `closing`."""
+    connection after it if `name` is in `closing`. With a TLS `context` it speaks HTTPS,
+    and ends that close with TLS's closure alert if `name` is in `notifying`."""
 
-    def __init__(self) -> None:
+    def __init__(self, context: ssl.SSLContext | None = None) -> None:
         self.responses: dict[str, bytes] = {}
         self.closing: set[str] = set()
+        self.notifying: set[str] = set()
+        self._context = context
         self.connections: list[Seen] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
@@ -82,6 +88,12 @@ class RawOrigin:
             threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
 
     def _serve(self, connection: socket.socket) -> None:
+        if self._context is not None:
+            try:
+                connection = self._context.wrap_socket(connection, server_side=True)
+            except (OSError, ssl.SSLError):
+                connection.close()
+                return
         seen = Seen()
         self.connections.append(seen)
         origin = self
@@ -98,8 +110,10 @@ class RawOrigin:
                 seen.complete += 1
                 name = seen.targets[-1].rpartition(b"/r/")[2].decode()
                 connection.sendall(origin.responses.get(name, OK))
-                if name in origin.closing:
-                    connection.shutdown(socket.SHUT_WR)
+                if isinstance(connection, ssl.SSLSocket) and name in origin.notifying:
+                    connection.unwrap().shutdown(socket.SHUT_WR)  # close_notify, then FIN
+                elif name in origin.closing:
+                    connection.shutdown(socket.SHUT_WR)  # of TLS's too: no closure alert
 
         parser = httptools.HttpRequestParser(Requests())
         with connection:
@@ -108,7 +122,7 @@ class RawOrigin:
                 while data := connection.recv(65536):
                     seen.raw += data
                     parser.feed_data(data)
-            except (OSError, httptools.HttpParserError, httptools.HttpParserUpgrade):
+            except (OSError, ssl.SSLError, httptools.HttpParserError, httptools.HttpParserUpgrade):
                 return
             seen.closed.set()
 
@@ -676,3 +690,44 @@ def test_a_body_of_unknown_length_that_outgrows_the_buffer_is_relayed_whole_and_
 @pytest.fixture(params=FRONTS)
 def front(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def tls_origin(origin_ca: trustme.CA) -> Iterator[RawOrigin]:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    origin_ca.issue_cert("origin.test").configure_cert(context)
+    origin = RawOrigin(context)
+    yield origin
+    origin.close()
+
+
+@pytest.fixture(scope="module")
+def tls_sidecar(
+    needs_root: None,
+    hosts_file: Path,
+    origin_ca: trustme.CA,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Sidecar]:
+    base = tmp_path_factory.mktemp("tls")
+    origin_ca.cert_pem.write_to_path(str(base / "origin-ca.pem"))
+    argv = ["--intercept", "origin.test", "--upstream-ca", str(base / "origin-ca.pem")]
+    sidecar = Sidecar(base, hosts_file, argv)
+    sidecar.start()
+    yield sidecar
+    sidecar.stop()
+
+
+@pytest.mark.parametrize("alert", [True, False], ids=["with the closure alert", "without it"])
+def test_over_tls_a_body_ended_by_the_close_is_stored_only_after_the_closure_alert(
+    tls_sidecar: Sidecar, tls_origin: RawOrigin, alert: bool
+) -> None:
+    # RFC 9112 §9.8: "A response that has neither chunked transfer coding nor
+    # Content-Length is complete only if a valid closure alert has been received."
+    name = f"tls-close-{time.monotonic_ns()}"
+    tls_origin.responses[name] = b"HTTP/1.1 200 OK\r\nCache-Control: max-age=3600\r\n\r\nhello"
+    (tls_origin.notifying if alert else tls_origin.closing).add(name)
+    url = f"https://origin.test:{tls_origin.port}/r/{name}"
+    for _ in range(2):
+        download = curl(tls_sidecar, url)
+        assert download.returncode == 0 and download.body == b"hello", download.stderr
+    assert tls_origin.count(name) == (1 if alert else 2)
