@@ -20,7 +20,9 @@ whole pod evicted. So the hard cap and the admission policy live here:
 Fills in progress reserve their full Content-Length up front, so concurrent fills
 can never overshoot the cap together; a body whose length only its end tells (chunked)
 holds room that grows ahead of what it writes (`grow`), and gives back the rest at its
-commit.
+commit. Under `lru` that growth evicts as a reservation does, so such a body that turns
+out larger than the whole buffer has evicted what it grew over before it is abandoned
+(one of known length that large is refused at once).
 
 Nothing is done per stored object before a restarted sidecar is ready. The index's
 `tag` column holds each object's body size, so the accounting is one indexed sum; its
