@@ -39,7 +39,7 @@ def url(index: int) -> str:
 
 
 # The store's index format the buffers are made in: changed with it.
-FORMAT = "sizes-in-tags"
+FORMAT = "packed-rows"
 
 
 def buffer(count: int) -> tuple[Path, Path]:
