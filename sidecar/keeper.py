@@ -58,7 +58,6 @@ from sidecar.store import (
     StoredObject,
     StoreError,
     check_body,
-    decode,
 )
 
 logger = logging.getLogger(__name__)
@@ -73,10 +72,13 @@ TOUCH_INTERVAL = 0.5  # seconds
 # of an ImageNet-like set's files fit in it.
 PROVISIONAL = 256 * 1024  # bytes
 # Bytes a worker spends remembering stored objects (so that a hit costs no SQLite
-# query): each is kept as the index holds it, a few hundred bytes, and decoded per hit
-# (microseconds), where a decoded one costs about 3 KB of Python objects.
+# query and no decoding): about 1 KB each with a few response fields (`_cost`).
 REMEMBERED_BYTES = 16 * 2**20
-_REMEMBERED_OVERHEAD = 200  # bytes of dict slot, tuple and objects around each one
+# Bytes of Python objects around a remembered StoredObject and each of its fields,
+# measured with tracemalloc (a dict slot, _Known, the object, its hex strings; a tuple
+# and two strings' headers per field).
+_REMEMBERED_OVERHEAD = 600
+_FIELD_OVERHEAD = 150
 # An object found at start that nobody has checked yet is hashed before its first hit:
 # at once when it is this small (a millisecond), else in a thread.
 CHECK_AT_ONCE = 1024 * 1024  # bytes
@@ -327,11 +329,11 @@ class Keeper:
 
 @dataclass
 class _Known:
-    """A stored object this worker remembers: its index row and value, and whether its
+    """A stored object this worker remembers: its index row and record, and whether its
     body is known to match its digest (or known not to, until the keeper removes it)."""
 
     rowid: int
-    encoded: bytes
+    entry: StoredObject
     checked: bool
     corrupt: bool = False
 
@@ -368,9 +370,7 @@ class Buffer:
         known = self._remembered(key)
         if known is None or known.corrupt:
             return None
-        entry = decode(known.encoded)
-        if entry is None:
-            return None
+        entry = known.entry
         if not known.checked and entry.size <= CHECK_AT_ONCE:
             if not self._check_now(key, known, entry):
                 return None
@@ -421,7 +421,7 @@ class Buffer:
             found.rowid > self._shared.found_through
             or found.rowid <= self._shared.checked_through
         )
-        known = self._known[key] = _Known(found.rowid, found.encoded, checked)
+        known = self._known[key] = _Known(found.rowid, found.entry, checked)
         self._known_bytes += _cost(key, known)
         while self._known_bytes > REMEMBERED_BYTES:
             forgotten, oldest = self._known.popitem(last=False)
@@ -546,4 +546,6 @@ class Buffer:
 
 
 def _cost(key: str, known: _Known) -> int:
-    return len(key) + len(known.encoded) + _REMEMBERED_OVERHEAD
+    fields = known.entry.headers
+    text = sum(len(name) + len(value) for name, value in fields)
+    return len(key) + text + _FIELD_OVERHEAD * len(fields) + _REMEMBERED_OVERHEAD

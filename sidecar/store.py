@@ -140,7 +140,7 @@ def check_buffer_dir(directory: Path) -> None:
         raise UnusableBufferDir(f"cannot write into {directory}: {_describe(e)}") from None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StoredObject:
     """What the index records for one complete, committed object."""
 
@@ -505,7 +505,7 @@ class Found:
     """A stored object as a worker's index read finds it, with its index row."""
 
     rowid: int
-    encoded: bytes  # the StoredObject as the index holds it (`encode`)
+    entry: StoredObject
 
 
 class Index:
@@ -540,7 +540,8 @@ class Index:
             raise StoreError(f"cannot read the index: {_describe(e)}") from e
         if found is None or not isinstance(found[1], bytes):
             return None
-        return Found(*found)
+        entry = decode(found[1])
+        return None if entry is None else Found(found[0], entry)
 
     def open_body(self, entry: StoredObject) -> int:
         """A descriptor of a stored body (it stays readable even if evicted)."""

@@ -137,7 +137,7 @@ def test_a_worker_reads_an_object_and_its_row(tmp_path: Path) -> None:
     index = Index(tmp_path)
     index.open()
     found = index.find("k")
-    assert found is not None and decode(found.encoded) == entry
+    assert found is not None and found.entry == entry
     store.touch(["k"])  # moved to the end of the lru order: a new, larger row
     moved = index.find("k")
     assert moved is not None and moved.rowid > found.rowid
