@@ -335,6 +335,7 @@ class _Known:
     rowid: int
     entry: StoredObject
     checked: bool
+    cost: int  # bytes it takes (`_cost`)
     corrupt: bool = False
 
 
@@ -421,11 +422,11 @@ class Buffer:
             found.rowid > self._shared.found_through
             or found.rowid <= self._shared.checked_through
         )
-        known = self._known[key] = _Known(found.rowid, found.entry, checked)
-        self._known_bytes += _cost(key, known)
+        cost = _cost(key, found.entry)
+        known = self._known[key] = _Known(found.rowid, found.entry, checked, cost)
+        self._known_bytes += cost
         while self._known_bytes > REMEMBERED_BYTES:
-            forgotten, oldest = self._known.popitem(last=False)
-            self._known_bytes -= _cost(forgotten, oldest)
+            self._known_bytes -= self._known.popitem(last=False)[1].cost
         return known
 
     def _check_now(self, key: str, known: _Known, entry: StoredObject) -> bool:
@@ -452,7 +453,7 @@ class Buffer:
     def _forget(self, key: str) -> None:
         known = self._known.pop(key, None)
         if known is not None:
-            self._known_bytes -= _cost(key, known)
+            self._known_bytes -= known.cost
 
     def open_body(self, entry: StoredObject) -> int:
         return self._index.open_body(entry)
@@ -545,7 +546,7 @@ class Buffer:
         self._keeper.notify("failure", why=why)
 
 
-def _cost(key: str, known: _Known) -> int:
-    fields = known.entry.headers
+def _cost(key: str, entry: StoredObject) -> int:
+    fields = entry.headers
     text = sum(len(name) + len(value) for name, value in fields)
     return len(key) + text + _FIELD_OVERHEAD * len(fields) + _REMEMBERED_OVERHEAD

@@ -76,12 +76,17 @@ class Representation:
     generated_at: float | None
 
     @functools.cached_property
+    def fields(self) -> policy.Fields:
+        """The stored fields by lower-case name: read once for every lookup below."""
+        return policy.Fields.of(self.headers)
+
+    @functools.cached_property
     def etag(self) -> str | None:
-        return policy.header(self.headers, "ETag")
+        return self.fields.get("etag")
 
     @functools.cached_property
     def last_modified(self) -> str | None:
-        return policy.header(self.headers, "Last-Modified")
+        return self.fields.get("last-modified")
 
     @functools.cached_property
     def modified(self) -> str | None:
