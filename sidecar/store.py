@@ -36,7 +36,7 @@ was found at start is neither rewritten nor held in memory.
 A row is small because a buffer holds up to a million of them, in the same volume as the
 bodies (and, on tmpfs, in the pod's memory): its key is a 16-byte digest of the cache key
 rather than the URL, and its value a packed record (`encode`) rather than a pickle, about
-200 bytes with a typical response's fields, that a worker decodes in a microsecond or two.
+200 bytes with a typical response's three fields, that a worker decodes in a few microseconds.
 
 Bodies are charged in whole blocks of the buffer's file system, at least one each: a body
 of 1 KiB takes a 4 KiB page of tmpfs, and the volume's `sizeLimit` counts pages, not
