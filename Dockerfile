@@ -17,13 +17,10 @@ RUN python -m venv /opt/burstbuffer \
  && if [ -n "$PIP_CA" ]; then \
       { cat /etc/ssl/certs/ca-certificates.crt; printf '%s\n' "$PIP_CA"; } > /tmp/pip-ca.pem; fi
 # Dependencies first, so that a change of the source or the README does not reinstall
-# them (the README is the package's long description: a placeholder until then).
+# them: the list is read from pyproject.toml alone.
 COPY pyproject.toml /src/
-# Empty packages stand in for the source, as pyproject.toml lists them.
-RUN touch /src/README.md \
- && /opt/burstbuffer/bin/python -c 'import os, tomllib; [(os.makedirs(d, exist_ok=True), open(d + "/__init__.py", "a").close()) for d in ("/src/" + p.replace(".", "/") for p in tomllib.load(open("/src/pyproject.toml", "rb"))["tool"]["setuptools"]["packages"])]' \
- && /opt/burstbuffer/bin/pip install ${PIP_CA:+--cert /tmp/pip-ca.pem} /src \
- && /opt/burstbuffer/bin/pip uninstall -y burstbuffer
+RUN /opt/burstbuffer/bin/python -c 'import tomllib; print("\n".join(tomllib.load(open("/src/pyproject.toml", "rb"))["project"]["dependencies"]))' > /tmp/requirements.txt \
+ && /opt/burstbuffer/bin/pip install ${PIP_CA:+--cert /tmp/pip-ca.pem} -r /tmp/requirements.txt
 
 FROM deps AS builder
 ARG PIP_INDEX_URL

@@ -26,6 +26,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check sidecar injector certs tests bench
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS); status=$$?; \
 	  if [ $$status -eq 5 ]; then echo "error: no tests were collected" >&2; exit 1; fi; exit $$status
 

@@ -1,4 +1,4 @@
-"""Buffers of many stored objects, made through `sidecar.store`'s own API.
+"""Buffers of many stored objects, made through `sidecar.buffer.store`'s own API.
 
 A restarted sidecar finds what an earlier one committed; making that through real
 fills would time the fills, not the restart. So the objects (random bodies of 1–4 KiB,
@@ -21,8 +21,8 @@ import random
 import shutil
 from pathlib import Path
 
-from sidecar import policy
-from sidecar.store import Store
+from sidecar.buffer.store import Store
+from sidecar.cache import policy
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 The main process binds the listening sockets first (a port in use is one clear line)
 and starts the worker processes at once: each loads mitmproxy (about half a second),
 and meanwhile this process loads the rest and prepares the pod CA, the trust files
-and the buffer (`sidecar.main_process`), then tells them to start.
+and the buffer (`sidecar.runtime.main`), then tells them to start.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import sys
 from collections.abc import Sequence
 
 from sidecar import logs
-from sidecar.listeners import listen, listeners
+from sidecar.proxy.listeners import listen, listeners
+from sidecar.runtime.supervisor import Workers, WorkersFailed, available_cpus
 from sidecar.settings import SettingsError, parse
 from sidecar.shared import Shared
-from sidecar.workers import Workers, WorkersFailed, available_cpus
 
 logger = logging.getLogger("sidecar")
 
@@ -41,10 +41,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
             raise SystemExit(1) from None
     shared = Shared.create(settings.workers or available_cpus())
-    workers = Workers(shared, args, sockets, settings.ca_dir)
+    workers = Workers(shared, args, sockets, settings.ca_dir, entry="sidecar.runtime.worker:main")
     spawning = workers.spawn()
     # Loaded while the workers load mitmproxy: the CA, the buffer, the admin endpoints.
-    from sidecar import main_process
+    from sidecar.runtime import main as main_process
 
     try:
         asyncio.run(main_process.run(settings, workers, shared, spawning))

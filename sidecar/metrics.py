@@ -2,7 +2,7 @@
 
 Each worker process counts in plain integers; at scrape time the parent asks every
 worker for its counters, adds them up with the buffer's gauges, and renders both
-`/metrics` (`sidecar.exposition`) and `/stats` from that one sum, so the two can never
+`/metrics` (`sidecar.runtime.exposition`) and `/stats` from that one sum, so the two can never
 disagree.
 
 Definitions (DESIGN.md): a *hit* is a GET or HEAD answered from a stored object

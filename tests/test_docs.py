@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,36 @@ def test_a_second_definition_would_be_found() -> None:
     assert _hit_ratio_formulas("ratio (hits / (hits + misses)) here") == ["hits / (hits + misses)"]
     wrong = "sum(rate(burstbuffer_hits_total[5m])) / sum(rate(burstbuffer_misses_total[5m]))"
     assert _promql_ratios(f"intro\n\n{wrong}\n\nafter") == [wrong]
+
+
+def _sidecar_modules() -> list[str]:
+    """`package.module` (or `module` on the ground floor) of every sidecar module."""
+    root = REPO / "sidecar"
+    modules = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        if parts[-1] == "__main__" or parts == ("__init__",):
+            continue
+        modules.append(".".join(parts[:-1]) if parts[-1] == "__init__" else ".".join(parts))
+    return modules
+
+
+def test_the_architecture_map_names_every_module_of_the_sidecar() -> None:
+    """docs/architecture.md is the map as built: a module added or moved without it fails."""
+    text = (REPO / "docs/architecture.md").read_text()
+    missing = [
+        module
+        for module in _sidecar_modules()
+        if f"`{module}`" not in text and f"`{module.rpartition('.')[2]}`" not in text
+    ]
+    assert not missing, f"docs/architecture.md does not name {missing}"
+
+
+def test_the_architecture_map_shows_the_layers_the_contract_enforces() -> None:
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (layers,) = [c["layers"] for c in contracts["contracts"] if c["type"] == "layers"]
+    text = (REPO / "docs/architecture.md").read_text()
+    drawn = re.findall(r"^(sidecar\.\S+|ground floor)", text, flags=re.MULTILINE)
+    assert drawn == [*layers[:-1], "ground floor"], drawn
+    for module in layers[-1].split("|"):
+        assert f"`{module.strip()}`" in text or module.strip() in text

@@ -6,8 +6,8 @@ import yaml
 from injector import settings
 from injector.quantity import format_bytes, parse_bytes, parse_quantity
 from injector.settings import ConfigError, InjectorSettings
-from sidecar import listeners as sidecar_listeners
 from sidecar import settings as sidecar_settings
+from sidecar.proxy import listeners as sidecar_listeners
 from sidecar.settings import DEFAULT_INTERCEPT
 
 

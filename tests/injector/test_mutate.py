@@ -27,9 +27,9 @@ from injector.overrides import pod_options
 from injector.quantity import parse_bytes
 from injector.settings import InjectorSettings
 from sidecar import settings as sidecar_settings
-from sidecar.policy import cache_key
+from sidecar.buffer.store import Store
+from sidecar.cache.policy import cache_key
 from sidecar.settings import DEFAULT_INTERCEPT
-from sidecar.store import Store
 
 OWN_PROXY = "http://127.0.0.1:3128"
 BUNDLE = "/etc/burstbuffer/trust/ca-bundle.crt"

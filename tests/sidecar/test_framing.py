@@ -6,7 +6,7 @@ from http import HTTPStatus
 
 import pytest
 
-from sidecar.framing import ChunkedDecoder, llhttp_misframes, request_head_error
+from sidecar.wire.framing import ChunkedDecoder, llhttp_misframes, request_head_error
 
 HOST = ["origin.test"]
 

@@ -13,7 +13,7 @@ import ssl
 
 import pytest
 
-from sidecar import front
+from sidecar.proxy import front
 
 # Shortened for the test; the sidecar's is 30 s.
 DEADLINE = 1.0  # seconds

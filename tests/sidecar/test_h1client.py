@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 import trustme
 
-from sidecar.h1client import (
+from sidecar.wire.client import (
     Pool,
     Response,
     Route,

@@ -1,4 +1,4 @@
-"""`sidecar.hello`: ALPN from real ClientHellos (made by OpenSSL), and from broken ones."""
+"""`sidecar.wire.hello`: ALPN from real ClientHellos (made by OpenSSL), and from broken ones."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ssl
 
 import pytest
 
-from sidecar.hello import (
+from sidecar.wire.hello import (
     ALPN_WITHOUT_HTTP_1,
     Incomplete,
     client_hello_alpn,

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from sidecar.keeper import PROVISIONAL, Keeper
-from sidecar.store import Store
+from sidecar.buffer.keeper import PROVISIONAL, Keeper
+from sidecar.buffer.store import Store
 
 HEAD = {
     "headers": [["ETag", '"e"']],

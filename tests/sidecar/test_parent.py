@@ -17,10 +17,10 @@ import trustme
 
 from bench.harness import OriginServer, Sidecar, wait_until
 from bench.squid import Squid, SquidMissing, start_squid
-from sidecar import policy, rendezvous
-from sidecar.h1client import Pool
+from sidecar.cache import policy
 from sidecar.metrics import Metrics, add_snapshots
-from sidecar.parent import (
+from sidecar.origins import rendezvous
+from sidecar.origins.parent import (
     BACKOFF_MAX,
     BACKOFF_MIN,
     Health,
@@ -30,6 +30,7 @@ from sidecar.parent import (
     expand,
     shared_may_store,
 )
+from sidecar.wire.client import Pool
 from tests.sidecar.conftest import curl
 
 # -- decisions (pure) ------------------------------------------------------------------

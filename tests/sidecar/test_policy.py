@@ -7,15 +7,10 @@ from hypothesis import strategies as st
 from mitmproxy.http import Headers
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from sidecar import policy
-from sidecar.policy import (
-    FULL,
-    UNSATISFIABLE,
-    ByteRange,
-    Reason,
-    cache_key,
-    parse_range,
-)
+from sidecar.cache import policy
+from sidecar.cache.policy import Reason, cache_key
+from sidecar.wire import conditionals, fields, ranges
+from sidecar.wire.ranges import FULL, UNSATISFIABLE, ByteRange, parse_range
 
 # --- headers ---------------------------------------------------------------------------
 
@@ -31,15 +26,15 @@ def aiohttp_headers(*fields: tuple[str, str]) -> CIMultiDictProxy[str]:
 @pytest.mark.parametrize("make", [lambda *f: dict(f), mitmproxy_headers, aiohttp_headers])
 def test_header_is_case_insensitive_in_every_mapping(make) -> None:
     headers = make(("Content-Type", "text/plain"), ("cache-control", "no-store"))
-    assert policy.header(headers, "content-type") == "text/plain"
-    assert policy.header(headers, "CACHE-CONTROL") == "no-store"
-    assert policy.header(headers, "ETag") is None
+    assert fields.header(headers, "content-type") == "text/plain"
+    assert fields.header(headers, "CACHE-CONTROL") == "no-store"
+    assert fields.header(headers, "ETag") is None
 
 
 @pytest.mark.parametrize("make", [mitmproxy_headers, aiohttp_headers])
 def test_header_joins_repeated_lines(make) -> None:
     headers = make(("Vary", "Origin"), ("vary", "Accept-Encoding"))
-    assert policy.header(headers, "Vary") == "Origin, Accept-Encoding"
+    assert fields.header(headers, "Vary") == "Origin, Accept-Encoding"
     assert policy.response_is_cacheable(200, make(("Content-Length", "1"), *headers.items()))[0]
 
 
@@ -302,9 +297,9 @@ def test_every_reason_has_a_sentence() -> None:
 
 
 def test_content_length() -> None:
-    assert policy.content_length({"content-length": " 42 "}) == 42
-    assert policy.content_length({}) is None
-    assert policy.content_length({"Content-Length": ""}) is None
+    assert fields.content_length({"content-length": " 42 "}) == 42
+    assert fields.content_length({}) is None
+    assert fields.content_length({"Content-Length": ""}) is None
 
 
 def test_stored_headers_replays_end_to_end_fields_in_order() -> None:
@@ -400,7 +395,7 @@ def test_stored_headers_from_mitmproxy_headers() -> None:
         ("bytes=0-9,200-300", 100, ByteRange(0, 9)),  # the other one is unsatisfiable
         ("bytes=0-0,-1", 100, FULL),
         ("bytes=0-9,20-29", 100, FULL),
-        (",".join(["bytes=0-1"] + ["0-1"] * policy.MAX_RANGE_SPECS), 100, FULL),
+        (",".join(["bytes=0-1"] + ["0-1"] * ranges.MAX_RANGE_SPECS), 100, FULL),
         # huge numbers saturate, they never raise
         ("bytes=0-" + "9" * 5000, 100, ByteRange(0, 99)),
         ("bytes=" + "9" * 5000 + "-", 100, UNSATISFIABLE),
@@ -416,8 +411,8 @@ def test_parse_range(value: str | None, size: int, expected) -> None:
 
 
 def test_content_range() -> None:
-    assert policy.content_range(0, 499, 1234) == "bytes 0-499/1234"
-    assert policy.unsatisfied_range(1234) == "bytes */1234"
+    assert ranges.content_range(0, 499, 1234) == "bytes 0-499/1234"
+    assert ranges.unsatisfied_range(1234) == "bytes */1234"
     assert ByteRange(10, 19).length == 10
 
 
@@ -474,7 +469,7 @@ LATER = "Mon, 07 Nov 1994 08:49:37 GMT"
     ],
 )
 def test_if_range_allows(if_range, etag, last_modified, allows: bool) -> None:
-    assert policy.if_range_allows(if_range, etag, last_modified) is allows
+    assert conditionals.if_range_allows(if_range, etag, last_modified) is allows
 
 
 @pytest.mark.parametrize(
@@ -504,7 +499,7 @@ def test_if_range_allows(if_range, etag, last_modified, allows: bool) -> None:
     ],
 )
 def test_not_modified(request_headers, etag, last_modified, expected: bool) -> None:
-    assert policy.not_modified(request_headers, etag, last_modified) is expected
+    assert conditionals.not_modified(request_headers, etag, last_modified) is expected
 
 
 @pytest.mark.parametrize(
@@ -548,7 +543,7 @@ def test_answers_preconditions(request_headers, etag, expected) -> None:
     ],
 )
 def test_preconditions_hold(request_headers, etag, last_modified, expected: bool) -> None:
-    assert policy.preconditions_hold(request_headers, etag, last_modified) is expected
+    assert conditionals.preconditions_hold(request_headers, etag, last_modified) is expected
 
 
 def test_conditional_headers() -> None:
@@ -606,9 +601,9 @@ def test_a_stored_response_without_a_valid_date_gets_the_time_it_came() -> None:
         ("ETag", '"e"'),
         ("Date", date),
     ]
-    for fields in ([("ETag", '"e"')], [("Date", ""), ("ETag", '"e"')], [("date", "now")]):
-        assert policy.dated(fields, at)[-1] == ("Date", date)
-        assert len([name for name, _ in policy.dated(fields, at) if name.lower() == "date"]) == 1
+    for stored in ([("ETag", '"e"')], [("Date", ""), ("ETag", '"e"')], [("date", "now")]):
+        assert policy.dated(stored, at)[-1] == ("Date", date)
+        assert len([name for name, _ in policy.dated(stored, at) if name.lower() == "date"]) == 1
 
 
 def test_relayed_headers_keep_end_to_end_fields_and_drop_hop_by_hop_and_framing() -> None:

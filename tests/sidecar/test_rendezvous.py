@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.rendezvous import choose
+from sidecar.origins.rendezvous import choose
 
 names = st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=8, unique=True)
 keys = st.lists(st.text(max_size=40), min_size=1, max_size=50, unique=True)

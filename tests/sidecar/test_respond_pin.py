@@ -14,10 +14,10 @@ ROOT = Path(__file__).resolve().parents[2]
 CHECK = """
 from mitmproxy import version
 from mitmproxy.proxy.layers.http import _http1
-from sidecar import respond
-assert version.VERSION == respond.PINNED_MITMPROXY, (version.VERSION, respond.PINNED_MITMPROXY)
+from sidecar.mitm import PINNED_MITMPROXY, respond
+assert version.VERSION == PINNED_MITMPROXY, (version.VERSION, PINNED_MITMPROXY)
 assert getattr(_http1.Http1Server.send, "_burstbuffer", False), "the HTTP/1 patch is missing"
-print(respond.PINNED_MITMPROXY)
+print(PINNED_MITMPROXY)
 """
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from bench.harness import OriginServer, Sidecar, wait_until
+from sidecar.buffer.stagein import StageInError, expand, parse_manifest
 from sidecar.settings import SettingsError, parse, parse_stage_in
-from sidecar.stagein import StageInError, expand, parse_manifest
 from tests.sidecar.conftest import curl
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import diskcache
 import pytest
 
-from sidecar.store import Index, Store, StoredObject, decode, encode
+from sidecar.buffer.store import Index, Store, StoredObject, decode, encode
 
 
 def commit(store: Store, key: str, body: bytes) -> StoredObject:

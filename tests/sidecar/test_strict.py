@@ -1,7 +1,7 @@
 """HTTP/1.1 as RFC 9112 and RFC 9110 have it, on both sides of the real sidecar.
 
 One row per rule, with its section. Requests go through both front ends: plain HTTP
-inside a CONNECT tunnel (the lean server, `sidecar.http1`) and an absolute-form proxy
+inside a CONNECT tunnel (the lean server, `sidecar.wire.server`) and an absolute-form proxy
 request (mitmproxy and the addon). Responses come from a scripted raw origin on
 loopback, so that the bytes are exactly the row's. Every client is a raw socket: real
 clients would refuse to send most of these bytes.

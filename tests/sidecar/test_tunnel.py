@@ -1,4 +1,4 @@
-"""`sidecar.tunnel.Relay` between two real TCP connections: bytes, half-closes, resets."""
+"""`sidecar.wire.tunnel.Relay` between two real TCP connections: bytes, half-closes, resets."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 import socket
 
 from sidecar.metrics import Metrics
-from sidecar.tunnel import pair
+from sidecar.wire.tunnel import pair
 
 
 def tcp_pair() -> tuple[socket.socket, socket.socket]:

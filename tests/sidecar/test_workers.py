@@ -16,7 +16,7 @@ import pytest
 
 from bench.harness import OriginServer, Sidecar, wait_until
 from bench.procs import ESTABLISHED, sockets
-from sidecar.workers import cpu_limit
+from sidecar.runtime.supervisor import cpu_limit
 from tests.sidecar.conftest import FILES, curl
 
 pytestmark = pytest.mark.e2e
@@ -71,7 +71,7 @@ def test_clients_on_every_worker_share_one_upstream_fetch(
     served_by = {
         line.split("]")[0].rsplit("[", 1)[1]
         for line in sidecar.log().splitlines()
-        if "sidecar.router: coalesced GET" in line or "sidecar.router: miss GET" in line
+        if "sidecar.proxy.router: coalesced GET" in line or "sidecar.proxy.router: miss GET" in line
     }
     assert served_by == {"w0", "w1"}, "the clients should have landed on both workers"
     sidecar.wait_for_entries(1)

@@ -1,0 +1,620 @@
+"""Fills: one upstream fetch per object, written into the buffer, read by many clients.
+
+A fill belongs to no client, and its clients may be connected to any worker: the
+worker that claims a key from the keeper (`sidecar.buffer.keeper`) runs the fill; clients
+in that worker follow it through its `Fill`, clients in other workers through a
+`RemoteFill` on the same partial file and its progress record (`sidecar.buffer.progress`).
+
+The pump copies the origin's body into a partial file in the buffer at the origin's
+pace; every client reading the object (the one that
+started it, those that joined, Range readers) follows the file at its own pace, so a
+slow client never slows the fill and nothing is held in memory. Time to first byte
+is the origin's: a reader is handed bytes as soon as they are on the buffer (but for
+small bodies, below).
+
+When the body is complete and its length matches Content-Length the partial file is
+renamed into the buffer (commit); any failure deletes it. The body's last byte is
+handed to readers only after the commit: a request that starts after a response
+ended then always finds the object stored, and is answered as a hit (revalidated
+with `--revalidate`), never as a late joiner of the fill. That costs a miss the
+commit's round trip to the keeper, once, at its end. A small body is handed over
+whole at the commit (its client gets it in one write, rather than all but a byte and
+then that byte): waiting for all of it costs its time to first byte a fraction of a
+millisecond from a fast origin, and takes nothing from its whole. If the origin
+drops the connection mid-body, the pump resumes from the byte it had with a Range
+request validated by If-Range, a few times with backoff; if it cannot, every
+reader's connection is aborted, so no client ever sees a short body with a success
+status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sidecar.buffer.keeper import BUFFER_UNAVAILABLE, PROVISIONAL, Buffer
+from sidecar.buffer.progress import Progress, State
+from sidecar.buffer.segments import SegmentedCopy, SegmentFailed, Target, may_split
+from sidecar.buffer.store import StoreError
+from sidecar.cache import policy
+from sidecar.metrics import Metrics
+from sidecar.origins.upstream import Upstream, Validators, forwarded_headers, loggable_url
+from sidecar.wire.client import Response, UpstreamError
+from sidecar.wire.fields import content_length
+
+logger = logging.getLogger(__name__)
+
+# Bytes per read of a body file; large, because each read becomes TLS records in one go.
+CHUNK = 256 * 1024
+# Bodies up to this size reach their readers whole, at the commit.
+WHOLE_AT_COMMIT = 256 * 1024  # bytes
+# A reader following a fill in another worker polls its progress this often at first,
+# backing off to _POLL_MAX while nothing new arrives.
+_POLL_MIN = 0.001  # seconds
+_POLL_MAX = 0.02  # seconds
+
+
+class FillFailed(Exception):
+    """The fill could not complete; readers must abort their responses."""
+
+
+class BufferFailed(FillFailed):
+    """The buffer refused the body (disk full, read-only): readers fetch the rest upstream."""
+
+
+class Declined(Exception):
+    """The object is not being stored (not cacheable, or no room): fetch it yourself."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class StoredMeanwhile(Exception):
+    """The object was committed after the caller looked it up: serve it from there."""
+
+
+@dataclass(frozen=True)
+class Head:
+    """The response the readers of a fill send: 200 with the stored headers (the one
+    whose request started the fill gets the origin's own, `Acquired.relayed`)."""
+
+    size: int
+    headers: tuple[tuple[str, str], ...]
+    validators: Validators
+    request_headers: list[tuple[str, str]]  # as sent upstream, for resuming
+    generated_at: float  # see policy.generated_at
+    lifetime: float  # see policy.freshness_lifetime
+
+    def to_message(self) -> dict[str, object]:
+        return {
+            "headers": [list(h) for h in self.headers],
+            "generated_at": self.generated_at,
+            "lifetime": self.lifetime,
+            "etag": self.validators.etag,
+            "last_modified": self.validators.last_modified,
+            "request_headers": [list(h) for h in self.request_headers],
+        }
+
+    @classmethod
+    def from_message(cls, message: dict[str, Any]) -> Head:
+        return cls(
+            message["size"],
+            tuple((k, v) for k, v in message["headers"]),
+            Validators(message["etag"], message["last_modified"]),
+            [(k, v) for k, v in message["request_headers"]],
+            message["generated_at"],
+            message["lifetime"],
+        )
+
+
+class Fill:
+    """One object being copied from its origin into the buffer, by this worker."""
+
+    def __init__(self, key: str, url: str, invalidations: int) -> None:
+        """`invalidations`: the count of invalidations when it began (`sidecar.shared`)."""
+        self.key = key
+        self.url = url
+        self.invalidations = invalidations
+        self.head: asyncio.Future[Head] = asyncio.get_running_loop().create_future()
+        self.written = 0  # the prefix readers may read
+        self._complete = 0  # the prefix the pump has written
+        self._last = 0  # the largest prefix published before the fill ends
+        self.failure: BaseException | None = None
+        self.ended = asyncio.Event()
+        self._progress_event = asyncio.Event()
+        # One descriptor on the body, written by the pump and shared by all readers
+        # (pwrite and pread need no position): it stays valid across the rename of a
+        # commit and the unlink of a failure, and is closed when the last reader is done.
+        self._fd: int | None = None
+        self._shared: Progress | None = None  # the record readers in other workers follow
+        # The room the keeper held when the claim began (rid, partial body), if any.
+        self.provisional: tuple[str, Path] | None = None
+        self._readers = 0
+        self._ended = False
+
+    def attach(self) -> None:
+        """Count a reader in; every attach() is paired with a detach()."""
+        self._readers += 1
+
+    def detach(self) -> None:
+        self._readers -= 1
+        self._close_when_unused()
+
+    def _close_when_unused(self) -> None:
+        if self._ended and self._readers == 0 and self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _advance_to(self, prefix: int) -> None:
+        self._complete = prefix
+        # The last byte waits for the commit (see the module docstring).
+        prefix = min(prefix, self._last)
+        self.written = prefix
+        if self._shared is not None:
+            self._shared.advance(prefix)
+        self._wake()
+
+    def _finish(self, failure: BaseException | None) -> None:
+        self._last = self._complete
+        self._advance_to(self._complete)
+        self.failure = failure
+        self.ended.set()
+        self._ended = True
+        if self._shared is not None:
+            if failure is None:
+                state = State.COMMITTED
+            elif isinstance(failure, OSError):
+                state = State.BUFFER_FAILED
+            else:
+                state = State.FAILED
+            self._shared.end(state)
+            self._shared.close()
+            self._shared = None
+        self._close_when_unused()
+        if not self.head.done():
+            self.head.set_exception(failure or FillFailed("fill ended before its headers"))
+            self.head.exception()  # mark retrieved: nobody may be waiting
+        self._wake()
+
+    def _wake(self) -> None:
+        self._progress_event.set()
+        self._progress_event = asyncio.Event()
+
+    async def read(self, start: int, end: int) -> AsyncIterator[bytes]:
+        """Bytes [start, end) of the body, as soon as the pump has written them.
+
+        Only for an attached reader, after `head` resolved.
+        """
+        offset = start
+        while offset < end:
+            if offset >= self.written:
+                if isinstance(self.failure, OSError):
+                    raise BufferFailed(str(self.failure))
+                if self.failure is not None:
+                    raise FillFailed(str(self.failure))
+                await self._progress_event.wait()
+                continue
+            assert self._fd is not None
+            for chunk in read_file(self._fd, offset, min(end, self.written)):
+                offset += len(chunk)
+                yield chunk
+
+    async def outcome(self) -> int:
+        """Wait until the fill has ended: its size if stored, else FillFailed."""
+        head = await self.head
+        await self.ended.wait()
+        if self.failure is not None:
+            raise FillFailed(str(self.failure))
+        return head.size
+
+
+class RemoteFill:
+    """A fill running in another worker, followed through its files."""
+
+    def __init__(self, key: str, url: str, fill: dict[str, Any]) -> None:
+        """Raises FileNotFoundError when the fill ended before we could open it."""
+        self.key = key
+        self.url = url
+        path = Path(fill["path"])
+        self._progress = Progress(path)
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            self._progress.close()
+            raise
+        self.head: asyncio.Future[Head] = asyncio.get_running_loop().create_future()
+        self.head.set_result(Head.from_message(fill))
+
+    @property
+    def written(self) -> int:
+        return self._progress.read()[0]
+
+    def detach(self) -> None:
+        os.close(self._fd)
+        self._progress.close()
+
+    async def read(self, start: int, end: int) -> AsyncIterator[bytes]:
+        offset = start
+        pause = _POLL_MIN
+        while offset < end:
+            written, state = self._progress.read()
+            if offset < written:
+                pause = _POLL_MIN
+                for chunk in read_file(self._fd, offset, min(end, written)):
+                    offset += len(chunk)
+                    yield chunk
+                continue
+            if state == State.BUFFER_FAILED:
+                raise BufferFailed("the buffer refused the body")
+            if state != State.RUNNING:
+                raise FillFailed("the fill ended before this range was written")
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _POLL_MAX)
+
+    async def outcome(self) -> int:
+        pause = _POLL_MIN
+        while (state := self._progress.read()[1]) == State.RUNNING:
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _POLL_MAX)
+        if state != State.COMMITTED:
+            raise FillFailed("the fill failed")
+        return self.head.result().size
+
+
+AnyFill = Fill | RemoteFill
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """An origin's answer to a GET, and when it was asked for and came (for its age)."""
+
+    response: Response
+    requested: float  # time.time()
+    received: float  # time.time()
+
+    @property
+    def generated_at(self) -> float:
+        headers = self.response.headers
+        return policy.generated_at(
+            self.requested, self.received, headers.get("Date"), headers.get("Age")
+        )
+
+    def lifetime(self, stored: Sequence[tuple[str, str]]) -> float:
+        """The freshness lifetime of `stored` fields that came with this response."""
+        return policy.freshness_lifetime(stored, self.response.headers.get("Date"), self.received)
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """What `Fills.acquire` found: a fill to follow, or a response to relay unstored."""
+
+    fill: AnyFill | None
+    kind: str  # "miss" (this request started it) or "coalesced" (it joined one)
+    response: Response | None = None
+    reason: str = ""
+    relayed: tuple[tuple[str, str], ...] = ()  # a miss: the origin's fields for its client
+
+
+class Fills:
+    """The fills this worker runs or follows, and the pumps that drive its own."""
+
+    def __init__(
+        self,
+        buffer: Buffer,
+        upstream: Upstream,
+        metrics: Metrics,
+        connections: int,
+        log_stored: bool = False,
+    ) -> None:
+        """`connections`: how many origin connections one large fill may use;
+        `log_stored`: an INFO line per object stored (`--access-log`)."""
+        self._buffer = buffer
+        self._upstream = upstream
+        self._metrics = metrics
+        self._connections = connections
+        self._log_stored = log_stored
+        self._active: dict[str, Fill] = {}
+        self._claiming: dict[str, asyncio.Future[None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def __len__(self) -> int:
+        return len(self._active)
+
+    async def fetch(self, url: str, headers: list[tuple[str, str]]) -> Fetched:
+        """GET `url` with `headers` as they are; UpstreamError if the origin cannot be
+        reached. The caller releases the response, or hands it to `acquire()`."""
+        self._metrics.counters.upstream_requests += 1
+        requested = time.time()
+        try:
+            response = await self._upstream.get(url, headers)
+        except UpstreamError:
+            self._metrics.counters.upstream_errors += 1
+            raise
+        return Fetched(response, requested, time.time())
+
+    async def acquire(
+        self,
+        key: str,
+        url: str,
+        request_headers: list[tuple[str, str]],
+        fetched: Fetched | None = None,
+    ) -> Acquired:
+        """Follow the fill of `key`, wherever it runs, or start one.
+
+        The fill in the result is attached for the caller, who must `detach()` it.
+        Without a fill, `response` is the origin's answer, not stored for `reason`:
+        the caller relays it and releases it. Raises Declined when the fill this
+        request joined is not storing the object (the caller fetches it itself),
+        StoredMeanwhile when another worker committed it since the caller's lookup, and
+        UpstreamError when the origin cannot be reached.
+
+        `fetched`: the origin's full answer to this request, already in hand (a
+        revalidation that found the object changed): a new fill starts from it, and
+        when it is not stored it is the `response` to relay.
+        """
+        try:
+            return await self._acquire(key, url, request_headers, fetched)
+        except Declined as e:
+            if fetched is None:
+                raise
+            return Acquired(None, "miss", fetched.response, e.reason)
+        except StoredMeanwhile:
+            _release(fetched)
+            raise
+
+    async def _acquire(
+        self,
+        key: str,
+        url: str,
+        request_headers: list[tuple[str, str]],
+        fetched: Fetched | None,
+    ) -> Acquired:
+        while (pending := self._claiming.get(key)) is not None:
+            await asyncio.shield(pending)  # another client of this worker is asking
+        local = self._active.get(key)
+        if local is not None and local.invalidations == self._buffer.invalidations:
+            _release(fetched)
+            local.attach()
+            return Acquired(local, "coalesced")
+        # After a write anywhere, the keeper says whether this fill may still be joined.
+        claimed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._claiming[key] = claimed
+        try:
+            answer = await self._buffer.claim(key)
+            if "begin" in answer:
+                fill = self._active[key] = Fill(key, url, self._buffer.invalidations)
+                if "rid" in answer:
+                    fill.provisional = answer["rid"], Path(answer["path"])
+        except StoreError as e:
+            self._metrics.buffer_trouble("claiming a fill", e)
+            raise Declined(BUFFER_UNAVAILABLE) from e
+        finally:
+            del self._claiming[key]
+            claimed.set_result(None)
+        if "declined" in answer:
+            raise Declined(answer["declined"])
+        if "stored" in answer:
+            raise StoredMeanwhile(key)
+        if "join" in answer:
+            try:
+                joined = RemoteFill(key, url, answer["join"])
+            except OSError:
+                raise Declined("fill-ended") from None
+            _release(fetched)
+            return Acquired(joined, "coalesced")
+        try:
+            return await self._decide(fill, request_headers, fetched)
+        except BaseException as e:
+            if not fill.head.done():
+                self._release_provisional(fill)
+                self._buffer.decline(key, "upstream-error")
+                self._end(fill, e if isinstance(e, Exception) else FillFailed("cancelled"))
+            raise
+
+    async def _decide(
+        self, fill: Fill, request_headers: list[tuple[str, str]], fetched: Fetched | None
+    ) -> Acquired:
+        headers = forwarded_headers(request_headers, for_fill=True)
+        if fetched is None:
+            fetched = await self.fetch(fill.url, headers)
+        response = fetched.response
+        verdict = policy.response_is_cacheable(response.status, response.headers)
+        size = content_length(response.headers)
+        if not verdict.cacheable or size is None:
+            return self._decline(fill, response, verdict.reason)
+        validators = Validators(response.headers.get("ETag"), response.headers.get("Last-Modified"))
+        stored = tuple(policy.stored_headers(response.headers))
+        head = Head(
+            size, stored, validators, headers, fetched.generated_at, fetched.lifetime(stored)
+        )
+        if fill.provisional is not None and size <= PROVISIONAL:
+            rid, path = fill.provisional
+            fill.provisional = None  # the fill's own room now
+            self._buffer.filling(rid, fill.key, size, head.to_message())
+        else:
+            self._release_provisional(fill)
+            try:
+                answer = await self._buffer.start_fill(fill.key, size, head.to_message())
+            except StoreError as e:
+                self._metrics.buffer_trouble("reserving room", e)
+                answer = {"refused": BUFFER_UNAVAILABLE}
+            if "refused" in answer:
+                if answer["refused"] == "no-room":
+                    self._metrics.counters.admissions_refused += 1
+                return self._decline(fill, response, answer["refused"])
+            rid, path = answer["rid"], Path(answer["path"])
+        try:
+            # Made by the keeper, so that readers in other workers could open it at once.
+            fill._fd = os.open(path, os.O_RDWR)
+            fill._shared = Progress(path)
+        except OSError as e:
+            self._buffer.abort(rid)
+            self._buffer.report_failure(f"cannot open a partial body: {e}")
+            self._metrics.buffer_trouble("opening a partial body", e)
+            self._end(fill, Declined(BUFFER_UNAVAILABLE))
+            return Acquired(None, "miss", response, BUFFER_UNAVAILABLE)
+        fill.attach()
+        fill._last = 0 if size <= WHOLE_AT_COMMIT else size - 1
+        fill.head.set_result(head)
+        task = asyncio.get_running_loop().create_task(self._pump(fill, response, rid))
+        if not task.done():
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return Acquired(fill, "miss", relayed=tuple(policy.relayed_headers(response.headers)))
+
+    def _release_provisional(self, fill: Fill) -> None:
+        if fill.provisional is not None:
+            self._buffer.abort(fill.provisional[0])
+            fill.provisional = None
+
+    def _decline(self, fill: Fill, response: Response, reason: str) -> Acquired:
+        self._release_provisional(fill)
+        self._buffer.decline(fill.key, reason)
+        self._end(fill, Declined(reason))
+        return Acquired(None, "miss", response, reason)
+
+    async def read(self, fill: AnyFill, start: int, end: int) -> AsyncIterator[bytes]:
+        """Bytes [start, end) of a fill's body; if the buffer fails under the fill, the
+        rest comes from the origin with a validated Range request (fail open)."""
+        offset = start
+        buffer_failed = False
+        try:
+            async for chunk in fill.read(start, end):
+                offset += len(chunk)
+                yield chunk
+        except BufferFailed:
+            buffer_failed = True
+        if buffer_failed and offset < end:
+            async for chunk in self._from_upstream(fill, offset, end):
+                yield chunk
+
+    async def _from_upstream(self, fill: AnyFill, start: int, end: int) -> AsyncIterator[bytes]:
+        head = fill.head.result()
+        self._metrics.counters.upstream_requests += 1
+        try:
+            response = await self._upstream.resume(
+                fill.url, head.request_headers, start, end, head.size, head.validators
+            )
+        except UpstreamError as e:
+            self._metrics.counters.upstream_errors += 1
+            raise FillFailed(f"buffer failed and the origin cannot resume: {e}") from e
+        received = 0
+        try:
+            async for chunk in response.chunks():
+                self._metrics.counters.bytes_from_upstream += len(chunk)
+                received += len(chunk)
+                yield chunk
+        except UpstreamError as e:
+            raise FillFailed(f"origin broke off: {e}") from e
+        finally:
+            response.release()
+        if received != end - start:
+            raise FillFailed(f"origin sent {received} of {end - start} bytes")
+
+    def _end(self, fill: Fill, failure: BaseException | None) -> None:
+        if self._active.get(fill.key) is fill:
+            del self._active[fill.key]
+        fill._finish(failure)
+
+    async def _pump(self, fill: Fill, response: Response, rid: str) -> None:
+        started = time.monotonic()
+        head = fill.head.result()
+        failure: BaseException | None = None
+        committed = False
+        try:
+            sha256, overlong = await self._copy(fill, head, response)
+            if overlong:
+                # Relayed as announced, as other caches do; the rest of it was a broken
+                # or hostile origin's, and nothing says the announced part is right.
+                logger.warning(
+                    "not stored %s: the origin sent more than its Content-Length;"
+                    " relayed its first %d bytes",
+                    loggable_url(fill.url),
+                    head.size,
+                )
+                return
+            committed = await self._buffer.commit(
+                rid, fill.key, sha256, head.headers, head.generated_at, head.lifetime
+            )
+            elapsed = time.monotonic() - started
+            if committed and self._log_stored:
+                logger.info(
+                    "stored %s: %d bytes in %.2fs (%.1f MB/s)",
+                    loggable_url(fill.url),
+                    head.size,
+                    elapsed,
+                    head.size / max(elapsed, 1e-6) / 1e6,
+                )
+            elif not committed:
+                # Its readers finish it; what a later request gets comes from the origin.
+                logger.info(
+                    "not stored %s: written to while it was fetched", loggable_url(fill.url)
+                )
+        except OSError as e:
+            failure = e
+            self._buffer.report_failure(f"cannot write a body: {e}")
+            self._metrics.buffer_trouble("writing a body", e)
+        except StoreError as e:
+            # The body is complete on disk; readers finish from their open descriptors.
+            self._metrics.buffer_trouble("committing a body", e)
+        except (FillFailed, SegmentFailed) as e:
+            failure = e
+            logger.warning("fill %s failed: %s", loggable_url(fill.url), e)
+        except Exception as e:
+            # A bug of ours: its readers must still see a failed fill (they abort), never
+            # a fill that ended without one, which they would wait on for ever.
+            failure = FillFailed(f"{type(e).__name__}: {e}")
+            logger.exception("fill %s failed unexpectedly", loggable_url(fill.url))
+        finally:
+            if not committed:
+                self._buffer.abort(rid)
+            self._end(fill, failure)
+
+    async def _copy(self, fill: Fill, head: Head, response: Response) -> tuple[str, bool]:
+        """Copy the body into the partial file; its SHA-256 (hex) when complete, and
+        whether the origin sent more than it announced.
+
+        A large body from a slow origin that serves ranges is split over several
+        connections; any other is one segment, resumed where it broke off.
+        """
+        accept_ranges = response.headers.get("Accept-Ranges")
+        splittable = may_split(self._connections, head.size, accept_ranges, head.validators)
+        assert fill._fd is not None
+        target = Target(fill.url, head.request_headers, head.validators, head.size, fill._fd)
+        copy = SegmentedCopy(
+            self._upstream,
+            self._metrics,
+            target,
+            fill._advance_to,
+            connections=self._connections if splittable else 1,
+        )
+        sha256 = await copy.run(response)
+        return sha256, copy.overlong
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _release(fetched: Fetched | None) -> None:
+    if fetched is not None:
+        fetched.response.release()
+
+
+def read_file(fd: int, start: int, end: int) -> Iterator[bytes]:
+    """Bytes [start, end) of a body file, in CHUNK-sized reads."""
+    offset = start
+    while offset < end:
+        chunk = os.pread(fd, min(CHUNK, end - offset), offset)
+        if not chunk:
+            raise FillFailed("a body file is shorter than recorded")
+        offset += len(chunk)
+        yield chunk

@@ -1,0 +1,795 @@
+"""The burst buffer: stored objects, their index, and admission control.
+
+Layout of `--buffer-dir`:
+
+    index/      a diskcache Cache: cache key -> StoredObject (metadata only, small)
+    objects/    one body file per stored object, named by a random id
+    partial/    bodies being filled; renamed into objects/ on commit (same file
+                system, so committing never copies the body)
+
+diskcache keeps the index transactional and crash-safe; the bodies are ours because
+diskcache's own file values would copy a finished fill once more on `set()`, and
+its `size_limit` is soft while an emptyDir that outgrows its `sizeLimit` gets the
+whole pod evicted. So the hard cap and the admission policy live here:
+
+- `none` ("no replacement"): once full, what is stored stays, new objects pass
+  through uncached. A scan over a dataset larger than the buffer then keeps a steady
+  hit ratio of buffer/dataset per epoch, where LRU would keep nothing.
+- `lru`: least recently used objects are evicted to make room.
+
+Fills in progress reserve their full Content-Length up front, so concurrent fills
+can never overshoot the cap together.
+
+Nothing is done per stored object before a restarted sidecar is ready. The index keeps
+its totals as it changes: diskcache's own object count, and the bytes charged against
+the cap in a one-row table (`Buffer`) that triggers update in the transaction of every
+insert and delete, from the `tag` column (each object's charge). Start reads those and
+the largest rowid, a few pages whatever the number of objects; rowids say what was
+found at start: every row up to that largest one (`found_through`). A background check
+reads those rows in rowid order at the speed of the disk, hashes their bodies against the
+size and SHA-256 recorded at commit, drops those that do not match, and publishes how far
+it has come (`checked_through`). A row found at start and not checked yet is verified by
+the worker that serves it first (`keeper.Buffer`). New commits get larger rowids, and an
+object moved to the end of the `lru` order (a new rowid) was served, hence verified. What
+was found at start is neither rewritten nor held in memory.
+
+A row is small because a buffer holds up to a million of them, in the same volume as the
+bodies (and, on tmpfs, in the pod's memory): its key is a 16-byte digest of the cache key
+rather than the URL, and its value a packed record (`encode`) rather than a pickle, about
+200 bytes with a typical response's three fields, that a worker decodes in a few microseconds.
+
+Bodies are charged in whole blocks of the buffer's file system, at least one each: a body
+of 1 KiB takes a 4 KiB page of tmpfs, and the volume's `sizeLimit` counts pages, not
+content. The one block of an empty body stands for its inode and index row, and bounds
+the number of objects by the cap (the injector sizes the index's room from that).
+
+Two sides share the directory: `Store`, in the parent process, is the one writer of
+the index and keeps the accounting (cap, reservations, recency); `Index`, in every
+worker, only reads it to answer hits. diskcache's SQLite index (WAL mode) is made
+for several processes: a worker sees an object as soon as its commit is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import os
+import shutil
+import sqlite3
+import struct
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import diskcache
+
+from sidecar.buffer import progress
+from sidecar.settings import Eviction
+
+logger = logging.getLogger(__name__)
+
+# Bytes hashed per read when verifying a body after a restart.
+_VERIFY_CHUNK = 1024 * 1024
+# Index rows the background check reads and hashes per batch (between two reports of
+# how far it has come, and two turns of the event loop for removals).
+_CHECK_BATCH = 2048
+# SQLite's page cache per connection (diskcache's default is 32 MiB), and no memory
+# map: an index of a million rows is hundreds of MB, and each process mapping the part
+# it touched would hold it again. Lookups are one indexed query; the OS caches pages.
+SQLITE_CACHE_KIB = 4096
+# The index's format (`Buffer.format`): an index of another one is emptied at start.
+FORMAT = 2
+# Bytes of the key digest that names an object in the index: 128 bits, so that a
+# collision among a million keys is about as likely as 10^-26.
+_KEY_BYTES = 16
+# A packed index value: body file (a uuid4's 16 bytes), SHA-256, size, stored_at,
+# generated_at, lifetime; then the fields, names and values separated by NUL, which
+# no field may hold (RFC 9110 §5.5).
+_RECORD = struct.Struct("<16s32sQddd")
+# Start waits this long for SQLite's lock: workers open the index at the same time.
+_OPEN_TIMEOUT = 10.0  # seconds
+# diskcache waits this long for SQLite's lock before raising Timeout. Index calls run
+# on the event loop and only the parent writes the index, so a lock held longer
+# means something is wrong: fail open quickly rather than stall every client.
+_INDEX_TIMEOUT = 0.25  # seconds
+# Deletes removed bodies off the event loop, in order.
+_JANITOR = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="unlink")
+# After a failed write (disk full, read-only), admit nothing for this long: downloads
+# pass through once instead of failing into the buffer and resuming upstream each time.
+FAILURE_BACKOFF = 30.0  # seconds
+
+
+class StoreError(Exception):
+    """The buffer could not do what was asked (disk full, read-only, corrupt index)."""
+
+
+class Corrupt(StoreError):
+    """A stored body does not match the size and digest recorded at its commit."""
+
+
+class UnusableBufferDir(Exception):
+    """The buffer directory can never hold a buffer (not a directory, not writable)."""
+
+
+def check_buffer_dir(directory: Path) -> None:
+    """Raise UnusableBufferDir unless `directory` is, or can be made, a writable directory.
+
+    A configuration error, found at start: a buffer that fails later is worked around
+    (every download then comes from upstream), but one that cannot ever work is a
+    mistake for the operator to fix, named as such.
+    """
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UnusableBufferDir(f"{directory} exists and is not a directory") from None
+    except OSError as e:
+        raise UnusableBufferDir(f"cannot create {directory}: {_describe(e)}") from None
+    if not directory.is_dir():
+        raise UnusableBufferDir(f"{directory} is not a directory")
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".probe-"):
+            pass
+    except OSError as e:
+        raise UnusableBufferDir(f"cannot write into {directory}: {_describe(e)}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    """What the index records for one complete, committed object."""
+
+    file: str  # body file name inside objects/
+    size: int  # body bytes (== Content-Length of the stored 200 response)
+    sha256: str  # hex digest of the body, computed while filling
+    headers: tuple[tuple[str, str], ...]  # end-to-end response headers to replay
+    stored_at: float  # time.time() of the commit
+    # time.time() the origin generated or last validated it (`policy.generated_at`);
+    # objects stored by an earlier version count from their commit.
+    generated_at: float = 0.0
+    # Seconds it stays fresh (`policy.freshness_lifetime`), for --http-freshness hosts.
+    lifetime: float = 0.0
+
+    @property
+    def born(self) -> float:
+        return self.generated_at or self.stored_at
+
+
+class Reservation:
+    """Room for one fill of `size` body bytes, `charged` against the cap (whole blocks)
+    until commit or abort."""
+
+    def __init__(self, store: Store, size: int, charged: int, path: Path) -> None:
+        self.store = store
+        self.size = size
+        self.charged = charged
+        self.path = path
+        self.settled = False
+
+
+class Store:
+    """The buffer directory with a hard cap and an admission policy."""
+
+    def __init__(
+        self,
+        directory: Path,
+        capacity: int,
+        eviction: Eviction,
+        changed: Callable[[], None] = lambda: None,
+        checks: Callable[[int, int], None] = lambda found, checked: None,
+    ) -> None:
+        """`changed()` is called after each object is removed from the index or has its
+        fields changed; `checks(found_through, checked_through)` whenever the background
+        check moves on (`Shared.publish_checks`)."""
+        self.directory = directory
+        self._changed = changed
+        self.capacity = capacity
+        self.eviction = eviction
+        self.objects_dir = directory / "objects"
+        self.partial_dir = directory / "partial"
+        self._checks = checks
+        self.used = 0  # bytes charged for committed bodies (`charge`)
+        self.reserved = 0  # bytes charged for fills in progress
+        self.block = 4096  # bytes: the file system's block, read at open
+        self.entries = 0  # committed objects
+        self.unverified = 0  # objects found at start that the background check has not reached
+        self._found_through = 0  # the largest rowid at open
+        self._opened_at = 0.0  # time.time() of open; older unknown bodies are leftovers
+        self._index: diskcache.Cache | None = None
+        self._refuse_until = 0.0  # time.monotonic() until which nothing is admitted
+        self._failure = ""  # why, the last time a write failed
+        self._open_failure: str | None = "not opened yet"
+
+    # -- start ------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Open (or create) the buffer; drop leftovers of an earlier, killed sidecar."""
+        try:
+            self.objects_dir.mkdir(parents=True, exist_ok=True)
+            if self.partial_dir.exists():
+                # A fill interrupted by a crash can never be completed: its client is gone.
+                shutil.rmtree(self.partial_dir, ignore_errors=True)
+            self.partial_dir.mkdir(exist_ok=True)
+            self.block = os.statvfs(self.objects_dir).f_frsize or self.block
+            self._index = _open_index(self.directory)
+            self._load_index()
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            self._open_failure = f"cannot open the buffer in {self.directory}: {_describe(e)}"
+            raise StoreError(self._open_failure) from e
+        self._open_failure = None
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why nothing can be stored now (the buffer failed), or None while it works."""
+        if self._open_failure is not None:
+            return self._open_failure
+        if time.monotonic() < self._refuse_until:
+            return self._failure
+        return None
+
+    def _load_index(self) -> None:
+        with _writer(self.directory) as writer:
+            if not _adopt(writer):
+                # Written by another version. An emptyDir is only reopened by its own
+                # pod, whose image is the same: start empty (the bodies are deleted as
+                # leftovers by the background check). diskcache makes its table anew.
+                logger.warning("buffer: the index is of another version; starting empty")
+                self._require_index().close()
+                self._index = _open_index(self.directory)
+                _adopt(writer)
+            self._opened_at = time.time()
+            # A few pages: two one-row lookups and the end of the rowid b-tree.
+            ((self.used,),) = writer.execute("SELECT used FROM Buffer")
+            ((self.entries,),) = writer.execute("SELECT value FROM Settings WHERE key = 'count'")
+            ((last,),) = writer.execute("SELECT MAX(rowid) FROM Cache")
+        self.unverified = self.entries
+        self._found_through = last or 0
+        self._checks(self._found_through, 0)
+        if self.entries:
+            logger.info(
+                "buffer: found %d objects (%d bytes) from before a restart; checking them in"
+                " the background",
+                self.entries,
+                self.used,
+            )
+
+    async def verify_existing(self) -> None:
+        """Check every object found at start against its recorded size and digest, in
+        rowid order, dropping those that do not match; then delete leftover bodies."""
+        if self._open_failure is not None:
+            return
+        checked_through = 0
+        with _reader(self.directory) as reader:
+            while checked_through < self._found_through:
+                rows = await asyncio.to_thread(
+                    _check_rows,
+                    reader,
+                    str(self.objects_dir),
+                    checked_through,
+                    self._found_through,
+                )
+                if not rows.last:
+                    break
+                for key, rowid in rows.corrupt:
+                    logger.warning("buffer: dropping an object that does not match its digest")
+                    self._remove_row(key, rowid)
+                checked_through = rows.last
+                self.unverified = max(0, self.unverified - rows.count)
+                self._checks(self._found_through, checked_through)
+        self.unverified = 0
+        self._checks(self._found_through, self._found_through)
+        logger.info("buffer: checked; %d objects stored", self.entries)
+        removed = await asyncio.to_thread(
+            _sweep, self.directory, self._opened_at, self.entries
+        )
+        if removed:
+            logger.info("buffer: deleted %d bodies no object refers to", removed)
+
+    def _remove_row(self, slot: bytes, rowid: int) -> None:
+        """Remove the object at `slot` if its index row is still `rowid` (not stored anew
+        meanwhile)."""
+        with _reader(self.directory) as reader:
+            found = reader.execute(
+                "SELECT rowid FROM Cache WHERE key = ? AND raw = 1", (slot,)
+            ).fetchone()
+        if found is not None and found[0] == rowid:
+            try:
+                self._drop(slot)
+            except StoreError as e:
+                logger.warning("buffer: cannot drop a corrupt object: %s", e)
+
+    # -- accounting ---------------------------------------------------------------------
+
+    def touch(self, keys: list[str]) -> None:
+        """Objects just served: the most recently used now (for `lru`).
+
+        An object's place in the `lru` order is its rowid: moved to the end, it gets a
+        new, largest one (and, having been served, counts as checked).
+        """
+        index = self._require_index()
+        try:
+            with index.transact():
+                for key in keys:
+                    slot = _slot(key)
+                    value, charged = index.pop(slot, tag=True)
+                    if value is not None:
+                        index.set(slot, value, tag=charged)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            raise StoreError(f"cannot record what was used: {_describe(e)}") from e
+
+    def holds(self, key: str) -> bool:
+        """Is `key` stored (workers serve it, checking it first if found at start)?"""
+        try:
+            return _slot(key) in self._require_index()
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            raise StoreError(f"cannot read the index: {_describe(e)}") from e
+
+    # -- admission, commit, abort -------------------------------------------------------
+
+    def reserve(self, size: int, evict: bool = True) -> Reservation | None:
+        """Hold room for a `size`-byte fill, or None if the policy admits no more;
+        without `evict`, only room that is free now.
+
+        None is not an error: the object is then passed through uncached.
+        """
+        charged = self.charge(size)
+        if charged > self.capacity:
+            return None
+        if self.eviction == "lru" and evict:
+            self._evict_until_free(charged)
+        if self.used + self.reserved + charged > self.capacity:
+            return None
+        reservation = Reservation(self, size, charged, self.partial_dir / uuid.uuid4().hex)
+        try:
+            try:
+                _create_partial(reservation.path)
+            except FileNotFoundError:
+                # Someone emptied the buffer directory under us: start again.
+                self.partial_dir.mkdir(parents=True, exist_ok=True)
+                self.objects_dir.mkdir(parents=True, exist_ok=True)
+                _create_partial(reservation.path)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                reservation.path.unlink(missing_ok=True)
+            raise StoreError(f"cannot create a partial body: {_describe(e)}") from e
+        self.reserved += charged
+        return reservation
+
+    def charge(self, size: int) -> int:
+        """The bytes a body of `size` bytes counts against the cap: whole blocks, at least
+        one (see the module docstring)."""
+        return max(1, -(-size // self.block)) * self.block
+
+    def resize(self, reservation: Reservation, size: int) -> None:
+        """Hold `size` bytes for a fill instead of what it reserved (never more: room
+        is only ever taken by `reserve`)."""
+        if reservation.settled or size > reservation.size:
+            raise StoreError(f"cannot grow a reservation of {reservation.size} bytes to {size}")
+        charged = self.charge(size)
+        self.reserved -= reservation.charged - charged
+        reservation.size, reservation.charged = size, charged
+
+    def _evict_until_free(self, charged: int) -> None:
+        while self.entries and self.used + self.reserved + charged > self.capacity:
+            try:
+                (victim, _), _ = self._require_index().peekitem(last=False, tag=True)
+            except KeyError:
+                return  # nothing left to evict
+            except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+                raise StoreError(f"cannot read the index: {_describe(e)}") from e
+            logger.info("buffer: evicting the least recently used object to admit a new one")
+            self._drop(victim)
+
+    def commit(
+        self,
+        reservation: Reservation,
+        key: str,
+        sha256: str,
+        headers: tuple[tuple[str, str], ...],
+        generated_at: float,
+        lifetime: float,
+    ) -> StoredObject:
+        """Make a complete fill servable: move its body into objects/ and index it."""
+        if reservation.settled:
+            raise StoreError("reservation already settled")
+        reservation.settled = True
+        self.reserved -= reservation.charged
+        name = reservation.path.name
+        entry = StoredObject(
+            name, reservation.size, sha256, headers, time.time(), generated_at, lifetime
+        )
+        try:
+            size_on_disk = reservation.path.stat().st_size
+            if size_on_disk != reservation.size:
+                raise StoreError(f"body has {size_on_disk} bytes, expected {reservation.size}")
+            value = encode(entry)
+            os.rename(reservation.path, self.objects_dir / name)
+            progress.remove(reservation.path)
+            slot = _slot(key)
+            if slot in self._require_index():
+                self._drop(slot)  # a concurrent fill of the same key committed first
+            self._require_index().set(slot, value, tag=reservation.charged)
+        except (OSError, ValueError, sqlite3.Error, diskcache.Timeout) as e:
+            (self.objects_dir / name).unlink(missing_ok=True)
+            reservation.path.unlink(missing_ok=True)
+            raise StoreError(f"cannot commit an object: {_describe(e)}") from e
+        self.entries += 1
+        self.used += reservation.charged
+        return entry
+
+    def report_failure(self, why: str) -> None:
+        """A write into the buffer failed: stop admitting for FAILURE_BACKOFF seconds."""
+        self._refuse_until = time.monotonic() + FAILURE_BACKOFF
+        self._failure = why
+
+    def abort(self, reservation: Reservation) -> None:
+        """Forget a fill that will not complete; its partial body is deleted."""
+        if reservation.settled:
+            return
+        reservation.settled = True
+        self.reserved -= reservation.charged
+        # A buffer that refuses the unlink (read-only) is cleaned at the next start.
+        with contextlib.suppress(OSError):
+            progress.mark_failed(reservation.path)
+            progress.remove(reservation.path)
+            reservation.path.unlink(missing_ok=True)
+
+    def remove(self, key: str) -> None:
+        """Delete one object (evicted, stale or corrupt)."""
+        self._drop(_slot(key))
+
+    def _drop(self, slot: bytes) -> None:
+        """Delete the object whose index key is `slot`."""
+        try:
+            value, charged = self._require_index().pop(slot, tag=True)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            self._changed()  # whatever happened, workers look again
+            raise StoreError(f"cannot remove an object: {_describe(e)}") from e
+        if value is None:
+            return
+        self.entries -= 1
+        self.used -= charged if isinstance(charged, int) else 0
+        self._changed()
+        entry = decode(value) if isinstance(value, bytes) else None
+        if entry is not None:
+            # Unlinking a large tmpfs file takes tens of milliseconds: not on the event
+            # loop. Readers that still have it open keep reading it.
+            _JANITOR.submit(_unlink_quietly, self.objects_dir / entry.file)
+
+    def update(
+        self,
+        key: str,
+        file: str,
+        headers: tuple[tuple[str, str], ...],
+        generated_at: float,
+        lifetime: float,
+    ) -> None:
+        """Record a stored object's fields and age after a 304 validated it; nothing if
+        the object was replaced or removed meanwhile."""
+        slot = _slot(key)
+        index = self._require_index()
+        try:
+            value, charged = index.get(slot, tag=True)
+            entry = decode(value) if isinstance(value, bytes) else None
+            if entry is None or entry.file != file:
+                return
+            updated = dataclasses.replace(
+                entry, headers=headers, generated_at=generated_at, lifetime=lifetime
+            )
+            index.set(slot, encode(updated), tag=charged)
+        except (OSError, ValueError, sqlite3.Error, diskcache.Timeout) as e:
+            raise StoreError(f"cannot write the index: {_describe(e)}") from e
+        if headers != entry.headers:
+            # Workers forget what they remember; an age alone they may overestimate.
+            self._changed()
+
+    def close(self) -> None:
+        if self._index is not None:
+            self._index.close()
+
+    # -- internals --------------------------------------------------------------------
+
+    def _require_index(self) -> diskcache.Cache:
+        if self._index is None:
+            raise StoreError("the buffer is not open")
+        return self._index
+
+
+@dataclass(frozen=True)
+class Found:
+    """A stored object as a worker's index read finds it, with its index row."""
+
+    rowid: int
+    entry: StoredObject
+
+
+class Index:
+    """A worker's read-only view of the buffer: stored objects and their bodies.
+
+    It reads diskcache's table itself, on a read-only connection of its own: diskcache's
+    `get` does not say which row an object is in, and the row says whether the object
+    was found at start (see the module docstring).
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self._objects_dir = str(directory / "objects")
+        self._directory = directory
+        self._reader: sqlite3.Connection | None = None
+
+    def open(self) -> None:
+        try:
+            _open_index(self._directory).close()  # creates it if this worker is first
+            self._reader = _connect(self._directory)
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            raise StoreError(f"cannot open the buffer in {self._directory}: {e}") from e
+
+    def find(self, key: str) -> Found | None:
+        """The row stored under `key`, or None (a miss); StoreError if the index fails."""
+        if self._reader is None:
+            raise StoreError("the buffer is not open")
+        try:
+            found = self._reader.execute(
+                "SELECT rowid, value FROM Cache WHERE key = ? AND raw = 1", (_slot(key),)
+            ).fetchone()
+        except (OSError, sqlite3.Error) as e:
+            raise StoreError(f"cannot read the index: {_describe(e)}") from e
+        if found is None or not isinstance(found[1], bytes):
+            return None
+        entry = decode(found[1])
+        return None if entry is None else Found(found[0], entry)
+
+    def open_body(self, entry: StoredObject) -> int:
+        """A descriptor of a stored body (it stays readable even if evicted)."""
+        try:
+            return os.open(os.path.join(self._objects_dir, entry.file), os.O_RDONLY)
+        except OSError as e:
+            raise StoreError(f"cannot read a stored body: {_describe(e)}") from e
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+
+
+def encode(entry: StoredObject) -> bytes:
+    """An index value: `entry` packed (see _RECORD); ValueError for fields holding NUL."""
+    fields = [part for field in entry.headers for part in field]
+    if any("\0" in part for part in fields):
+        raise ValueError("a response field holds NUL")
+    record = _RECORD.pack(
+        bytes.fromhex(entry.file),
+        bytes.fromhex(entry.sha256),
+        entry.size,
+        entry.stored_at,
+        entry.generated_at,
+        entry.lifetime,
+    )
+    return record + "\0".join(fields).encode("utf-8", "surrogatepass")
+
+
+def decode(encoded: bytes) -> StoredObject | None:
+    """The StoredObject of an index value, or None for anything else."""
+    try:
+        file, sha256, size, stored_at, generated_at, lifetime = _RECORD.unpack_from(encoded)
+        text = encoded[_RECORD.size :].decode("utf-8", "surrogatepass")
+    except (struct.error, UnicodeDecodeError):
+        return None
+    fields = text.split("\0") if text else []
+    if len(fields) % 2:
+        return None
+    headers = tuple(zip(fields[::2], fields[1::2], strict=True))
+    return StoredObject(file.hex(), size, sha256.hex(), headers, stored_at, generated_at, lifetime)
+
+
+def check_body(fd: int, entry: StoredObject) -> None:
+    """Raise Corrupt unless the body open as `fd` has the size and digest of `entry`."""
+    digest = hashlib.sha256()
+    offset = 0
+    try:
+        while True:
+            # One byte past the recorded end: a short read ends it (one read for a small
+            # body), and a longer body shows.
+            wanted = min(_VERIFY_CHUNK, entry.size + 1 - offset)
+            chunk = os.pread(fd, wanted, offset)
+            digest.update(chunk)
+            offset += len(chunk)
+            if len(chunk) < wanted or offset > entry.size:
+                break
+    except OSError as e:
+        raise Corrupt(f"cannot read a stored body: {_describe(e)}") from e
+    if offset != entry.size or digest.hexdigest() != entry.sha256:
+        raise Corrupt("a stored body does not match its digest")
+
+
+def _open_index(directory: Path) -> diskcache.Cache:
+    return diskcache.Cache(
+        str(directory / "index"),
+        eviction_policy="none",  # eviction is ours: see the module docstring
+        size_limit=2**62,
+        timeout=_INDEX_TIMEOUT,
+        statistics=False,
+        tag_index=False,  # the totals are kept by triggers: see the module docstring
+        disk_min_file_size=2**20,  # every value in its row, where a worker reads it
+        sqlite_cache_size=-SQLITE_CACHE_KIB,  # negative: KiB rather than pages
+        sqlite_mmap_size=0,
+    )
+
+
+def _slot(key: str) -> bytes:
+    """The index's key for a cache key: a digest of fixed size, however long the URL."""
+    return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=_KEY_BYTES).digest()
+
+
+def _adopt(connection: sqlite3.Connection) -> bool:
+    """Make the index one of FORMAT that keeps its totals (see the module docstring);
+    False if it held rows of another format: they are dropped with diskcache's table,
+    which the caller has diskcache make anew before adopting it again."""
+    try:
+        ((found,),) = connection.execute("SELECT format FROM Buffer")
+    except (sqlite3.OperationalError, ValueError):
+        found = None
+    if found == FORMAT:
+        return True
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        ((other,),) = connection.execute("SELECT EXISTS (SELECT 1 FROM Cache)")
+        connection.execute("DROP TABLE IF EXISTS Buffer")
+        if other:
+            connection.execute("DROP TABLE Cache")  # its indexes and triggers with it
+            connection.execute("UPDATE Settings SET value = 0 WHERE key IN ('count', 'size')")
+        else:
+            for statement in _TOTALS:
+                connection.execute(statement)
+            connection.execute("INSERT INTO Buffer VALUES (?, 0)", (FORMAT,))
+        connection.execute("COMMIT")
+    except BaseException:
+        connection.execute("ROLLBACK")
+        raise
+    return not other
+
+
+# The `Buffer` table and the triggers that keep its total of the bytes charged (`tag`)
+# in the transaction of each change to the index.
+_TOTALS = (
+    "CREATE TABLE Buffer (format INTEGER NOT NULL, used INTEGER NOT NULL)",
+    "CREATE TRIGGER IF NOT EXISTS Buffer_used_insert AFTER INSERT ON Cache BEGIN"
+    " UPDATE Buffer SET used = used + IFNULL(NEW.tag, 0); END",
+    "CREATE TRIGGER IF NOT EXISTS Buffer_used_delete AFTER DELETE ON Cache BEGIN"
+    " UPDATE Buffer SET used = used - IFNULL(OLD.tag, 0); END",
+    "CREATE TRIGGER IF NOT EXISTS Buffer_used_update AFTER UPDATE OF tag ON Cache BEGIN"
+    " UPDATE Buffer SET used = used + IFNULL(NEW.tag, 0) - IFNULL(OLD.tag, 0); END",
+)
+
+
+def _create_partial(path: Path) -> None:
+    """An empty partial body and its progress record, made by the keeper so that
+    readers in any worker can open them at once."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    progress.create(path)
+
+
+def _connect(directory: Path) -> sqlite3.Connection:
+    """A read-only connection to the index, with the page cache of `_open_index`."""
+    uri = f"file:{directory / 'index' / diskcache.core.DBNAME}?mode=ro"
+    connection = sqlite3.connect(uri, uri=True, timeout=_INDEX_TIMEOUT, check_same_thread=False)
+    connection.execute(f"PRAGMA cache_size = -{SQLITE_CACHE_KIB}")
+    connection.execute("PRAGMA mmap_size = 0")
+    return connection
+
+
+@contextlib.contextmanager
+def _reader(directory: Path) -> Iterator[sqlite3.Connection]:
+    connection = _connect(directory)
+    try:
+        yield connection
+    finally:
+        connection.close()
+
+
+@contextlib.contextmanager
+def _writer(directory: Path) -> Iterator[sqlite3.Connection]:
+    """A connection that may change the index, in explicit transactions only; it waits
+    for the lock as long as diskcache's own start does (workers open it meanwhile)."""
+    path = directory / "index" / diskcache.core.DBNAME
+    connection = sqlite3.connect(path, timeout=_OPEN_TIMEOUT, isolation_level=None)
+    try:
+        yield connection
+    finally:
+        connection.close()
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """One batch of the background check: its last rowid (0: nothing left), how many
+    rows it read, and the (key, rowid) of those whose body does not match."""
+
+    last: int
+    count: int
+    corrupt: list[tuple[bytes, int]]
+
+
+def _check_rows(
+    reader: sqlite3.Connection,
+    objects_dir: str,
+    after: int,
+    through: int,
+) -> _Checked:
+    """Check the next rows found at start (run in a thread: it reads and hashes)."""
+    rows = reader.execute(
+        "SELECT rowid, key, raw, value FROM Cache WHERE rowid > ? AND rowid <= ?"
+        " ORDER BY rowid LIMIT ?",
+        (after, through, _CHECK_BATCH),
+    ).fetchall()
+    corrupt = []
+    for rowid, key, raw, value in rows:
+        entry = decode(value) if raw == 1 and isinstance(value, bytes) else None
+        if entry is None:
+            corrupt.append((key, rowid))  # not an object of ours: dropped as corrupt
+            continue
+        try:
+            fd = os.open(os.path.join(objects_dir, entry.file), os.O_RDONLY)
+        except OSError:
+            corrupt.append((key, rowid))
+            continue
+        try:
+            check_body(fd, entry)
+        except Corrupt:
+            corrupt.append((key, rowid))
+        finally:
+            os.close(fd)
+    return _Checked(rows[-1][0] if rows else 0, len(rows), corrupt)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        # Left for the next start, which deletes bodies the index does not know.
+        logger.warning("buffer: cannot delete a removed body: %s", e)
+
+
+def _describe(error: BaseException) -> str:
+    return str(error) or type(error).__name__  # diskcache.Timeout has no message
+
+
+def _sweep(directory: Path, opened_at: float, entries: int) -> int:
+    """Delete bodies older than `opened_at` that no object refers to (left by a crash
+    between writing a body and indexing it, or by a failed unlink); how many.
+
+    Run in a thread once the check is done. Bodies written since `opened_at` may not be
+    indexed yet, so they stay; every older one that an object still refers to is in one
+    snapshot of the index. The names seen there go into a Bloom filter of 64 bits per
+    object (8 MB for a million, where a set of names would take ~100 MB), so about one
+    leftover in a thousand is kept until a later start; a referenced body never goes.
+    """
+    bits = 1 << max(16, (64 * entries).bit_length())
+    seen = bytearray(bits // 8)
+    with _reader(directory) as reader:
+        for (value,) in reader.execute("SELECT value FROM Cache"):
+            entry = decode(value) if isinstance(value, bytes) else None
+            for slot in _slots(entry.file if entry else "", bits):
+                seen[slot >> 3] |= 1 << (slot & 7)
+    removed = 0
+    for body in os.scandir(directory / "objects"):
+        slots = _slots(body.name, bits)
+        if slots and all(seen[slot >> 3] & (1 << (slot & 7)) for slot in slots):
+            continue
+        with contextlib.suppress(OSError):
+            if body.stat(follow_symlinks=False).st_ctime < opened_at:
+                os.unlink(body.path)
+                removed += 1
+    return removed
+
+
+def _slots(name: str, bits: int) -> tuple[int, ...]:
+    """Two Bloom filter positions of a body name (a uuid4 in hex: its low 62 and high 48
+    bits are random); none for a name of anything else."""
+    try:
+        number = int(name, 16)
+    except ValueError:
+        return ()
+    return number % bits, (number >> 80) % bits

@@ -1,0 +1,170 @@
+"""The mitmproxy addon: the router's front end for connections mitmproxy terminates.
+
+Intercepted CONNECT tunnels are served by the lean front end (`sidecar.wire.server`);
+mitmproxy terminates the rest: plain-HTTP proxy requests and the hostAliases and
+transparent listeners (TLS with the pod CA's leaf certificates, request parsing,
+tunnels for hosts that are not intercepted). For a GET or HEAD to an intercepted host
+this addon hands the request to the router in the `request` hook itself; everything
+else (other methods, hosts that are not intercepted) is left to mitmproxy,
+which streams it through without buffering bodies, and is counted here as a pass with
+its reason. An HTTP/1.1 upgrade (a WebSocket) is one of those: mitmproxy relays it,
+and after the origin's `101` it relays the new protocol. Connections mitmproxy tunnels
+untouched (hosts that are not intercepted; TLS clients whose ALPN lacks HTTP/1.x,
+`sidecar.wire.hello`) are counted by reason with their bytes (`sidecar.wire.tunnel`), and each
+such host is named once in the log, so that a forgotten `--intercept` shows where the
+bytes went.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from mitmproxy import http, tls
+from mitmproxy.connection import Client
+from mitmproxy.proxy.context import Context
+from mitmproxy.proxy.layer import NextLayer
+from mitmproxy.proxy.layers import TCPLayer
+from mitmproxy.proxy.mode_specs import RegularMode
+
+from sidecar.cache import policy
+from sidecar.mitm.respond import Connections
+from sidecar.proxy.router import Router
+from sidecar.proxy.upgrade import UPGRADE
+from sidecar.settings import Settings, host_matches
+from sidecar.wire import hello
+from sidecar.wire.exchange import ClientGone, Request, asks_upgrade
+from sidecar.wire.framing import request_head_error
+from sidecar.wire.tunnel import NOT_INTERCEPTED, Tunnels
+
+logger = logging.getLogger(__name__)
+
+
+class BurstBuffer:
+    """The addon. Built once by the entry point with the program's Settings."""
+
+    def __init__(
+        self, settings: Settings, router: Router, connections: Connections, tunnels: Tunnels
+    ) -> None:
+        self.settings = settings
+        self.router = router
+        self.connections = connections
+        self.tunnels = tunnels
+
+    def tls_established_client(self, data: tls.TlsData) -> None:
+        self.connections.tls_established(data.conn.id, data.ssl_conn)
+
+    def client_disconnected(self, client: Client) -> None:
+        self.connections.forget(client.id)
+
+    def next_layer(self, data: NextLayer) -> None:
+        # Runs after mitmproxy's own next_layer addon: an ignored connection (its host
+        # is not intercepted) becomes a TCP layer without a flow, a tunnel.
+        layer = data.layer
+        if not isinstance(layer, TCPLayer) or layer.flow is not None:
+            return
+        self._tunnelled(data.context, NOT_INTERCEPTED)
+
+    def tls_clienthello(self, data: tls.ClientHelloData) -> None:
+        # Runs after capture.HostRouting's, which gave a captured connection its origin.
+        if data.ignore_connection:
+            return
+        reason = hello.tunnel_reason(data.client_hello.alpn_protocols)
+        if reason is not None:
+            # mitmproxy relays it as a TCP layer of its own, without a next_layer event.
+            data.ignore_connection = True
+            self._tunnelled(data.context, reason)
+
+    def _tunnelled(self, context: Context, reason: str) -> None:
+        address = context.server.address
+        host = context.client.sni or (str(address[0]) if address else "unknown")
+        counters = self.tunnels.opened(host, reason)
+        self.connections.tunnelled(context.client.id, counters)
+
+    async def responseheaders(self, flow: http.HTTPFlow) -> None:
+        # Only what mitmproxy relays itself gets here. It streams, no body is ever
+        # held whole, and its bytes are counted as they pass.
+        response = flow.response
+        if response is None:
+            return
+        response.stream = self._from_upstream
+        request = flow.request
+        if host_matches(request.pretty_host, self.settings.intercept):
+            # A write: what it made stale is forgotten before the client sees the answer.
+            await self.router.invalidate(
+                request.method, request.url, response.status_code, response.headers
+            )
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        # mitmproxy parses more than RFC 9112 allows; the lean front end refuses these
+        # requests, and so does this one, before any byte of them goes anywhere.
+        request = flow.request
+        if request.authority:
+            target = f"{request.scheme}://{request.authority}{request.path}"
+        elif isinstance(flow.client_conn.proxy_mode, RegularMode) and not flow.client_conn.tls:
+            # A plain proxy request: its target was absolute-form (mitmproxy has made it
+            # origin-form already, keeping the host and port it named).
+            target = f"{request.scheme}://{request.host}:{request.port}{request.path}"
+        else:
+            # Origin-form, inside a tunnel or a captured connection: the tunnel or the
+            # capture names the origin, whatever Host says.
+            target = request.path
+        transfer_encoding = request.headers.get_all("Transfer-Encoding")
+        refusal = request_head_error(
+            request.http_version.removeprefix("HTTP/"),
+            request.headers.get_all("Host"),
+            target,
+            ", ".join(transfer_encoding) if transfer_encoding else None,
+        )
+        if refusal is None:
+            return
+        status, reason = refusal
+        logger.info("refused a request to %s: %s", request.pretty_host, reason)
+        flow.response = http.Response.make(
+            status,
+            f"burstbuffer: {reason}\n",
+            {"Content-Type": "text/plain; charset=utf-8", "Connection": "close"},
+        )
+
+    def _from_upstream(self, chunk: bytes) -> bytes:
+        self.router.metrics.counters.bytes_from_upstream += len(chunk)
+        return chunk
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        if flow.metadata.get(_RELAYED):
+            self.router.metrics.counters.upstream_errors += 1
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        request = flow.request
+        if flow.response is not None:
+            return
+        if not host_matches(request.pretty_host, self.settings.intercept):
+            self._relayed(flow, NOT_INTERCEPTED)
+            return
+        if asks_upgrade(request.headers):
+            self._relayed(flow, UPGRADE)
+            return
+        verdict = policy.request_may_hit(request.method, request.headers)
+        if not verdict.cacheable:
+            self._relayed(flow, verdict.reason)
+            return
+        try:
+            channel = self.connections.channel(flow)
+        except ClientGone:
+            return
+        await self.router.handle(
+            Request(
+                request.method,
+                request.url,
+                tuple(request.headers.items(multi=True)),
+                request.http_version,
+            ),
+            channel,
+        )
+
+    def _relayed(self, flow: http.HTTPFlow, reason: str) -> None:
+        """mitmproxy relays this request itself: a pass, counted with its reason."""
+        self.router.metrics.count_pass(reason)
+        flow.metadata[_RELAYED] = True
+
+
+_RELAYED = "burstbuffer.relayed"

@@ -1,0 +1,5 @@
+"""Origins: how a request reaches an origin (routes, an upstream proxy, parent caches,
+names).
+
+The map of every package: docs/architecture.md.
+"""

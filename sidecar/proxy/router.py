@@ -1,0 +1,655 @@
+"""The router: each request to an intercepted host becomes a hit, a fill or a pass.
+
+- hit: the object is stored and verified -> streamed from the buffer;
+- miss: a new fill starts -> the client follows the fill;
+- coalesced: a fill for the object is running -> the client joins it;
+- pass: not cacheable, or no room -> relayed from upstream, nothing stored.
+
+Requests that may not be answered from the buffer at all (other methods, preconditions
+on an object without a strong ETag) are forwarded with their bodies and relayed. A
+failing buffer never fails a download: every buffer error falls back to upstream. The
+front ends (`sidecar.wire.server`, `sidecar.mitm.addon`) parse requests; everything decided here is
+the same for both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from sidecar.buffer.fill import (
+    Acquired,
+    AnyFill,
+    Declined,
+    Fetched,
+    FillFailed,
+    Fills,
+    StoredMeanwhile,
+    read_file,
+)
+from sidecar.buffer.keeper import BUFFER_UNAVAILABLE, Buffer
+from sidecar.buffer.store import StoredObject, StoreError
+from sidecar.cache import policy
+from sidecar.metrics import Metrics
+from sidecar.origins.upstream import (
+    Upstream,
+    forwarded_headers,
+    interim_sink,
+    loggable_url,
+    response_headers,
+)
+from sidecar.proxy import upgrade
+from sidecar.settings import Settings, host_matches
+from sidecar.wire import conditionals, ranges
+from sidecar.wire.client import Interim, Response, UpstreamError
+from sidecar.wire.exchange import Body, Channel, ClientGone, Immediate, Request
+from sidecar.wire.fields import Fields, Headers, header
+
+logger = logging.getLogger(__name__)
+
+# A Range reader whose range starts this far beyond what a running fill has written is
+# answered by its own ranged upstream request instead of waiting for the fill.
+RANGE_WAIT_WINDOW = 8 * 1024 * 1024  # bytes
+# Hits up to this size are read and written in one go (`hit_now`); larger ones stream.
+IMMEDIATE_LIMIT = 1024 * 1024  # bytes
+# Hosts remembered by whether they follow RFC 9111 freshness.
+REMEMBERED = 100_000
+# Representations remembered by stored body (their replayed fields are computed once per
+# object while it is read often): each holds a few KB of fields, so few of them.
+REPRESENTATIONS = 4096
+
+
+@dataclass(frozen=True)
+class Representation:
+    """A complete 200 response that can be served in whole or in part.
+
+    `generated_at` (see `policy.generated_at`) for a stored response, which is answered
+    with its stored `Date` and the `Age` it has; None for the origin's response to the
+    request that started a fill, whose `Date` and `Age` are the origin's.
+    """
+
+    size: int
+    headers: tuple[tuple[str, str], ...]
+    generated_at: float | None
+
+    @functools.cached_property
+    def fields(self) -> Fields:
+        """The stored fields by lower-case name: read once for every lookup below."""
+        return Fields.of(self.headers)
+
+    @functools.cached_property
+    def etag(self) -> str | None:
+        return self.fields.get("etag")
+
+    @functools.cached_property
+    def last_modified(self) -> str | None:
+        return self.fields.get("last-modified")
+
+    @functools.cached_property
+    def modified(self) -> str | None:
+        """What `If-Modified-Since` is compared with: the Last-Modified, else the Date
+        (RFC 9111 §4.3.2: "a cache SHOULD use the stored response's Date field value")."""
+        return self.last_modified or header(self.replayed, "Date")
+
+    @functools.cached_property
+    def replayed(self) -> tuple[tuple[str, str], ...]:
+        """The stored fields as sent with every answer (ranges always accepted), dated
+        (`policy.dated`) when stored."""
+        fields = [(k, v) for k, v in self.headers if k.lower() != "accept-ranges"]
+        if self.generated_at is not None:
+            fields = policy.dated(fields, self.generated_at)
+        return (*fields, ("Accept-Ranges", "bytes"))
+
+    def stamped(self, now: float) -> tuple[tuple[str, str], ...]:
+        """`replayed` with the `Age` of an answer at `now` (RFC 9111 §5.1), made once
+        per second: hits only compare a number. The Age is the one at the second's end,
+        so it is never younger than the truth. The stored `Date` stays: it says when
+        the origin generated the response, and with the Age it lets the client's own
+        caches compute the same freshness this one does."""
+        assert self.generated_at is not None
+        second = int(now)
+        stamp: tuple[int, tuple[tuple[str, str], ...]] | None = self.__dict__.get("_stamp")
+        if stamp is None or stamp[0] != second:
+            age = policy.current_age(self.generated_at, second + 1)
+            fields = (*self.replayed, ("Age", str(age)))
+            stamp = self.__dict__["_stamp"] = (second, fields)
+        return stamp[1]
+
+
+# Representation metadata a 304 leaves out (RFC 9110 §15.4.5): the client keeps its own.
+_NOT_IN_304 = frozenset(("content-type", "content-range"))
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a representation answers to one request: status, fields, body bytes
+    [start, end) (none for HEAD, 304 and 416)."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    start: int = 0
+    end: int = 0
+
+
+def answer(request: Request, representation: Representation, now: float) -> Answer:
+    """The response to `request` from a complete representation at time `now`: 412 for a
+    failed precondition, 304 for a matching conditional (RFC 9110 §13.2.2), 416 for an
+    unsatisfiable range, 206 for a range that If-Range allows (§14.2, §13.1.5), else 200."""
+    size = representation.size
+    etag, last_modified = representation.etag, representation.last_modified
+    if representation.generated_at is None:
+        base = representation.replayed
+    else:
+        base = representation.stamped(now)
+    if not conditionals.preconditions_hold(request.fields, etag, last_modified):
+        return Answer(412, [("Content-Length", "0")])
+    if conditionals.not_modified(request.fields, etag, representation.modified):
+        return Answer(304, [(k, v) for k, v in base if k.lower() not in _NOT_IN_304])
+    wanted = ranges.parse_range(request.header("Range"), size)
+    if not conditionals.if_range_allows(request.header("If-Range"), etag, last_modified):
+        wanted = ranges.FULL
+    if wanted is ranges.UNSATISFIABLE:
+        return Answer(416, [("Content-Range", f"bytes */{size}"), ("Content-Length", "0")])
+    if isinstance(wanted, ranges.ByteRange):
+        start, end = wanted.start, wanted.end + 1
+        content_range = ranges.content_range(wanted.start, wanted.end, size)
+        # A stored Content-Range (meaningless on the origin's 200) gives way to the part's.
+        fields = [(k, v) for k, v in base if k.lower() != "content-range"]
+        headers = [*fields, ("Content-Range", content_range), ("Content-Length", str(end - start))]
+        status = 206
+    else:
+        start, end = 0, size
+        headers = [*base, ("Content-Length", str(size))]
+        status = 200
+    if request.method == "HEAD":
+        return Answer(status, headers)
+    return Answer(status, headers, start, end)
+
+
+class Router:
+    """Built once per process with the program's Settings and its buffer."""
+
+    def __init__(
+        self, settings: Settings, buffer: Buffer, fills: Fills, upstream: Upstream, metrics: Metrics
+    ) -> None:
+        self.settings = settings
+        self.buffer = buffer
+        self.fills = fills
+        self.upstream = upstream
+        self.metrics = metrics
+        self._representations: dict[str, Representation] = {}
+        self._freshness_hosts: dict[str, bool] = {}  # by host[:port]
+        # The key `hit_now` just found nothing for: `handle()` of the same request,
+        # which follows at once, need not ask the index again (a miss would cost two
+        # queries). Used once; an object stored meanwhile is found by the claim.
+        self._just_missed: str | None = None
+
+    async def handle(self, request: Request, channel: Channel, body: Body | None = None) -> None:
+        """Answer one request; whatever goes wrong, the client never sees a short success.
+
+        `body` is the request's body for methods that have one (forwarded upstream).
+        """
+        token = interim_sink.set(_interim_forwarder(request, channel))
+        try:
+            await self._handle(request, channel, body)
+        finally:
+            interim_sink.reset(token)
+
+    async def _handle(self, request: Request, channel: Channel, body: Body | None) -> None:
+        with channel.keep_alive():
+            try:
+                verdict = policy.request_may_hit(request.method, request.fields)
+                if verdict.cacheable:
+                    await self._serve(request, channel)
+                else:
+                    await self._pass(request, channel, verdict.reason, body)
+            except ClientGone:
+                self.metrics.counters.client_aborts += 1
+                channel.abort()
+            except FillFailed as e:
+                # Headers were sent already: abort, so the client sees an error.
+                logger.warning("aborted %s: %s", loggable_url(request.url), e)
+                channel.abort()
+            except Exception:
+                # A bug of ours must not cost a download: before any byte was sent, the
+                # request is forwarded as it came; after, the client sees an error.
+                logger.exception("unexpected error serving %s", loggable_url(request.url))
+                if channel.started:
+                    channel.abort()
+                else:
+                    await self._pass(request, channel, "internal-error", body)
+
+    # -- routing ----------------------------------------------------------------------
+
+    async def _serve(self, request: Request, channel: Channel) -> None:
+        key = policy.cache_key(request.url)
+        entry = self._lookup(key)
+        if entry is not None and self.buffer.unchecked(key):
+            entry = await self.buffer.check(key, entry)  # found at start: hashed first
+        fetched: Fetched | None = None
+        must_validate = entry is not None and self._must_validate(request, key, entry)
+        if policy.only_if_cached(request.fields) and (entry is None or must_validate):
+            await self._error(
+                channel, 504, "burstbuffer: only-if-cached, and no stored response may answer"
+            )
+            return
+        if entry is not None and must_validate:
+            entry, fetched = await self._revalidate(request, key, entry)
+            if entry is None and fetched is None:
+                await self._error(
+                    channel, 504, "burstbuffer: the origin cannot validate a stored response"
+                )
+                return
+        if entry is not None:
+            etag = self._representation(entry).etag
+            verdict = policy.answers_preconditions(request.fields, etag)
+            if verdict.cacheable:
+                await self._serve_stored(request, channel, key, entry)
+            else:
+                await self._pass(request, channel, verdict.reason)
+            return
+        verdict = policy.request_is_cacheable(request.method, request.fields)
+        if not verdict.cacheable:
+            # A HEAD miss or a no-store request never fills: relay an unstored exchange.
+            if fetched is not None:
+                await self._relay(request, channel, fetched.response, verdict.reason)
+            else:
+                await self._pass(request, channel, verdict.reason)
+            return
+        try:
+            acquired = await self.fills.acquire(key, request.url, list(request.headers), fetched)
+        except Declined as e:
+            await self._pass(request, channel, e.reason)
+            return
+        except StoredMeanwhile:
+            # Another worker committed it since the lookup above: a stored object now.
+            await self._serve(request, channel)
+            return
+        except UpstreamError as e:
+            await self._error(channel, 502, f"burstbuffer: upstream request failed: {e}")
+            return
+        if acquired.fill is None:
+            assert acquired.response is not None
+            # The unconditional full response answers neither a Range nor a precondition.
+            if request.header("Range") is not None or conditionals.has_precondition(request.fields):
+                acquired.response.release()
+                await self._pass(request, channel, acquired.reason)
+            else:
+                await self._relay(request, channel, acquired.response, acquired.reason)
+            return
+        try:
+            await self._serve_fill(request, channel, acquired.fill, acquired)
+        finally:
+            acquired.fill.detach()
+
+    async def _serve_fill(
+        self, request: Request, channel: Channel, fill: AnyFill, acquired: Acquired
+    ) -> None:
+        kind = acquired.kind
+        try:
+            head = await fill.head
+        except Declined as e:
+            await self._pass(request, channel, e.reason)
+            return
+        except (FillFailed, UpstreamError) as e:
+            await self._error(channel, 502, f"burstbuffer: upstream request failed: {e}")
+            return
+        if kind == "miss":
+            representation = Representation(head.size, acquired.relayed, None)
+        else:
+            representation = Representation(head.size, head.headers, head.generated_at)
+        verdict = policy.answers_preconditions(request.fields, representation.etag)
+        if not verdict.cacheable:
+            await self._pass(request, channel, verdict.reason)
+            return
+        wanted = ranges.parse_range(request.header("Range"), head.size)
+        if isinstance(wanted, ranges.ByteRange) and wanted.start > fill.written + RANGE_WAIT_WINDOW:
+            await self._pass(request, channel, "range-ahead-of-fill")
+            return
+        if kind == "miss":
+            self.metrics.counters.misses += 1
+        else:
+            self.metrics.counters.coalesced += 1
+        await self._send(
+            request, channel, representation, kind, lambda a, b: self.fills.read(fill, a, b)
+        )
+
+    def _forget(self, key: str) -> None:
+        """Drop an object whose body is gone, so that the next request fills it again."""
+        self.buffer.remove(key)
+
+    def _lookup(self, key: str) -> StoredObject | None:
+        if key == self._just_missed:
+            self._just_missed = None
+            return None
+        try:
+            return self.buffer.lookup(key)
+        except StoreError as e:
+            self.metrics.buffer_trouble("looking up an object", e)
+            return None
+
+    async def _revalidate(
+        self, request: Request, key: str, entry: StoredObject
+    ) -> tuple[StoredObject | None, Fetched | None]:
+        """Ask the origin whether a stored object is still current (RFC 9111 §4.3), in
+        one request: the stored object to serve (it is), or the origin's full answer (it
+        is not), which becomes the new fill or is relayed (RFC 9111 §4.3.3: "the cache
+        MUST use the full response to satisfy the request"). An object without
+        validators is asked for with a plain GET, whose answer serves the same way.
+        """
+        headers = forwarded_headers(request.headers, for_fill=True)
+        headers += list(
+            policy.conditional_headers(
+                header(entry.headers, "ETag"), header(entry.headers, "Last-Modified")
+            ).items()
+        )
+        stale_allowed = not self._by_freshness(key) or policy.may_serve_stale(entry.headers)
+        try:
+            fetched = await self.fills.fetch(request.url, headers)
+        except UpstreamError as e:
+            # The origin is unreachable: serving the stored copy beats failing (RFC 9111 §4.2.4).
+            logger.warning(
+                "revalidation of %s failed, %s: %s",
+                loggable_url(request.url),
+                "serving stored" if stale_allowed else "must not serve stored",
+                e,
+            )
+            return (entry if stale_allowed else None), None
+        status = fetched.response.status
+        if status == 304:
+            fetched.response.release()
+            return await self._refreshed(key, entry, fetched), None
+        if status >= 500:
+            # RFC 9111 §4.3.3: on a 5xx the cache "can ... act as if the server failed to
+            # respond", as for an unreachable origin, or relay it.
+            if not stale_allowed:
+                return None, fetched
+            fetched.response.release()
+            logger.warning(
+                "revalidation of %s answered %d, serving stored", loggable_url(request.url), status
+            )
+            return entry, None
+        logger.info("%s changed upstream (%d)", loggable_url(request.url), status)
+        self._forget(key)
+        return None, fetched
+
+    def _must_validate(self, request: Request, key: str, entry: StoredObject) -> bool:
+        """Must the origin be asked before `entry` answers `request`?"""
+        if policy.needs_revalidation(self.settings.revalidate, request.fields):
+            return True
+        return self._by_freshness(key) and not policy.is_fresh(
+            entry.headers, entry.lifetime, entry.born, request.fields, time.time()
+        )
+
+    def _by_freshness(self, key: str) -> bool:
+        """Do objects of this key's host follow RFC 9111 freshness (--http-freshness)?"""
+        if not self.settings.http_freshness:
+            return False
+        netloc = key.split("/", 3)[2]
+        known = self._freshness_hosts.get(netloc)
+        if known is None:
+            if len(self._freshness_hosts) >= REMEMBERED:
+                self._freshness_hosts.clear()
+            host = urlsplit(key).hostname or ""
+            known = host_matches(host, self.settings.http_freshness)
+            self._freshness_hosts[netloc] = known
+        return known
+
+    async def _refreshed(self, key: str, entry: StoredObject, fetched: Fetched) -> StoredObject:
+        """The stored object with the fields of the 304 that validated it (RFC 9111
+        §4.3.4), and an age that starts again from the 304."""
+        headers = policy.updated_headers(entry.headers, fetched.response.headers)
+        refreshed = dataclasses.replace(
+            entry,
+            headers=tuple(headers),
+            generated_at=fetched.generated_at,
+            lifetime=fetched.lifetime(headers),
+        )
+        try:
+            await self.buffer.update(key, refreshed)
+        except StoreError as e:
+            self.metrics.buffer_trouble("recording a validated object", e)
+        return refreshed
+
+    # -- responses --------------------------------------------------------------------
+
+    async def _serve_stored(
+        self, request: Request, channel: Channel, key: str, entry: StoredObject
+    ) -> None:
+        try:
+            body = self.buffer.open_body(entry)
+        except StoreError as e:
+            self.metrics.buffer_trouble("opening a stored body", e)
+            self._forget(key)
+            await self._pass(request, channel, BUFFER_UNAVAILABLE)
+            return
+        self.metrics.counters.hits += 1
+        try:
+            await self._send(
+                request,
+                channel,
+                self._representation(entry),
+                "hit",
+                lambda start, end: _file_chunks(body, start, end),
+            )
+        finally:
+            os.close(body)
+
+    async def _send(
+        self,
+        request: Request,
+        channel: Channel,
+        representation: Representation,
+        kind: str,
+        chunks: Callable[[int, int], AsyncIterator[bytes]],
+    ) -> None:
+        """Answer from a complete representation: 200, 206, 304, 416 or HEAD."""
+        started = time.monotonic()
+        plan = answer(request, representation, time.time())
+        await channel.start(plan.status, plan.headers)
+        if plan.end > plan.start:
+            async for chunk in chunks(plan.start, plan.end):
+                await channel.write(chunk)
+                if kind == "hit":
+                    self.metrics.counters.bytes_from_buffer += len(chunk)
+        channel.finish()
+        if self.settings.access_log:
+            _log_object(kind, request, plan.status, channel.body_bytes, started)
+
+    async def upgrade(
+        self, request: Request, client: Any, early: bytes, on_close: Callable[[], None]
+    ) -> None:
+        """Relay a protocol upgrade to the origin (`sidecar.proxy.upgrade`)."""
+        await upgrade.relay(request, client, early, self.upstream, self.metrics, on_close)
+
+    def hit_now(self, request: Request) -> Immediate | None:
+        """The whole response to a request for a small stored object, read at once; None
+        for anything else (a miss, a large body, revalidation, buffer trouble), which
+        then takes `handle()`'s way. Data loaders' hits take this one: no task, no
+        awaits, one write."""
+        started = time.monotonic()
+        if not policy.request_may_hit(request.method, request.fields).cacheable:
+            return None
+        if policy.needs_revalidation(self.settings.revalidate, request.fields):
+            return None
+        try:
+            key = policy.cache_key(request.url)
+            entry = self.buffer.lookup(key)
+        except (ValueError, StoreError):
+            return None
+        if entry is None:
+            self._just_missed = key
+            return None
+        if self.buffer.unchecked(key):  # found at start: `handle()` checks it first
+            return None
+        if self.settings.http_freshness and self._must_validate(request, key, entry):
+            return None
+        representation = self._representation(entry)
+        if not policy.answers_preconditions(request.fields, representation.etag).cacheable:
+            return None
+        plan = answer(request, representation, time.time())
+        if plan.end - plan.start > IMMEDIATE_LIMIT:
+            return None
+        body = b""
+        if plan.end > plan.start:
+            try:
+                fd = self.buffer.open_body(entry)
+            except StoreError:
+                return None
+            try:
+                body = b"".join(read_file(fd, plan.start, plan.end))
+            except (OSError, FillFailed):
+                return None
+            finally:
+                os.close(fd)
+        counters = self.metrics.counters
+        counters.hits += 1
+        counters.bytes_from_buffer += len(body)
+        if self.settings.access_log:
+            _log_object("hit", request, plan.status, len(body), started)
+        return Immediate(plan.status, plan.headers, body)
+
+    def _representation(self, entry: StoredObject) -> Representation:
+        known = self._representations.get(entry.file)
+        if known is None or (known.headers, known.generated_at) != (entry.headers, entry.born):
+            # new, or updated by a 304
+            if len(self._representations) >= REPRESENTATIONS:
+                self._representations.clear()
+            known = self._representations[entry.file] = Representation(
+                entry.size, entry.headers, entry.born
+            )
+        return known
+
+    async def _pass(
+        self, request: Request, channel: Channel, reason: str, body: Body | None = None
+    ) -> None:
+        """Forward the client's own request (Range, conditionals, body kept) and relay."""
+        headers = forwarded_headers(request.headers, for_fill=False)
+        self.metrics.counters.upstream_requests += 1
+        try:
+            response = await self.upstream.get(
+                request.url, headers, method=request.method, body=body
+            )
+        except UpstreamError as e:
+            self.metrics.counters.upstream_errors += 1
+            await self._error(channel, 502, f"burstbuffer: upstream request failed: {e}")
+            return
+        try:
+            await self.invalidate(request.method, request.url, response.status, response.headers)
+        except BaseException:
+            response.release()
+            raise
+        await self._relay(request, channel, response, reason)
+
+    async def invalidate(self, method: str, url: str, status: int, headers: Headers) -> None:
+        """After a write, forget what it made stale (RFC 9111 §4.4), in every worker,
+        before the client sees the response: a read that follows it never gets the old
+        object."""
+        keys = policy.invalidated_keys(method, status, url, headers)
+        if not keys:
+            return
+        try:
+            await self.buffer.invalidate(keys)
+        except StoreError as e:
+            self.metrics.buffer_trouble("invalidating written objects", e)
+            return
+        logger.info(
+            "%s %s -> %d: invalidated %d URLs", method, loggable_url(url), status, len(keys)
+        )
+
+    async def _relay(
+        self,
+        request: Request,
+        channel: Channel,
+        response: Response,
+        reason: str,
+    ) -> None:
+        """Stream an upstream response to the client as it arrives, storing nothing."""
+        started = time.monotonic()
+        self.metrics.count_pass(reason)
+        try:
+            headers = response_headers(response.headers.items())
+            length = response.headers.get("Content-Length")
+            bodiless = request.method == "HEAD" or response.status in (204, 304)
+            chunked = length is None and not bodiless
+            if chunked:
+                headers.append(("Transfer-Encoding", "chunked"))
+            await channel.start(response.status, headers)
+            if not bodiless:
+                # The body ends where the origin framed it; one cut short raises.
+                try:
+                    async for chunk in response.chunks():
+                        self.metrics.counters.bytes_from_upstream += len(chunk)
+                        await channel.write(
+                            b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk
+                        )
+                except UpstreamError as e:
+                    self.metrics.counters.upstream_errors += 1
+                    self.upstream.broke_off(response)
+                    raise FillFailed(f"upstream broke off: {e}") from e
+                if await response.settle():
+                    logger.warning(
+                        "%s: the origin sent more than its Content-Length; relayed its"
+                        " first %d bytes",
+                        loggable_url(request.url),
+                        channel.body_bytes,
+                    )
+                if chunked:
+                    await channel.write(b"0\r\n\r\n")
+            channel.finish()
+        finally:
+            response.release()
+        _log_object(f"pass ({reason})", request, response.status, channel.body_bytes, started)
+
+    async def _error(self, channel: Channel, status: int, message: str) -> None:
+        body = (message + "\n").encode()
+        await channel.start(
+            status,
+            [
+                ("Content-Type", "text/plain; charset=utf-8"),
+                ("Content-Length", str(len(body))),
+                ("Cache-Control", "no-store"),
+            ],
+        )
+        await channel.write(body)
+        channel.finish()
+        logger.warning("%d: %s", status, message)
+
+
+def _interim_forwarder(request: Request, channel: Channel) -> Interim | None:
+    """Where the origin's 1xx responses to `request` go: to its client, unless that
+    speaks HTTP/1.0 (RFC 9110 §15.2), and only before the final answer begins."""
+    if request.http_version == "HTTP/1.0":
+        return None
+
+    async def forward(status: int, headers: list[tuple[str, str]]) -> None:
+        if not channel.started:
+            await channel.interim(status, response_headers(headers))
+
+    return forward
+
+
+async def _file_chunks(fd: int, start: int, end: int) -> AsyncIterator[bytes]:
+    for chunk in read_file(fd, start, end):
+        yield chunk
+
+
+def _log_object(kind: str, request: Request, status: int, size: int, started: float) -> None:
+    elapsed = time.monotonic() - started
+    logger.info(
+        "%s %s %s -> %d, %d bytes in %.3fs (%.1f MB/s)",
+        kind,
+        request.method,
+        loggable_url(request.url),
+        status,
+        size,
+        elapsed,
+        size / max(elapsed, 1e-6) / 1e6,
+    )

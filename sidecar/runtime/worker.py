@@ -1,0 +1,213 @@
+"""One worker process: the proxy itself, on listening sockets its parent made.
+
+The parent (`sidecar.runtime.supervisor`) starts these from its fork server; nobody else should.
+A worker parses the same flags as its parent, so both hold the same Settings, and
+inherits from it: the listening sockets (shared by every worker), one end of its
+channel to the keeper, and the shared memory (`sidecar.shared`). It serves until
+SIGTERM, or until its parent is gone.
+
+It is ready as soon as the lean path serves (`sidecar.proxy.front`: every CONNECT to an
+intercepted host); mitmproxy, which serves the rest, is loaded right after
+(`sidecar.mitm.embedded`), and what is handed to it meanwhile waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import gc
+import importlib
+import logging
+import os
+import signal
+import socket
+import types
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from certs import bundle
+from certs.ca import load_or_create_ca
+from certs.leaf import ServerContexts
+from sidecar import ipc, logs
+from sidecar.buffer.fill import Fills
+from sidecar.buffer.keeper import Buffer
+from sidecar.buffer.stagein import StageIn, StageInCounts, StageInError
+from sidecar.buffer.store import Index, StoreError
+from sidecar.ipc import Message
+from sidecar.metrics import Metrics
+from sidecar.origins.parent import News, Parents
+from sidecar.origins.resolve import dns_resolver, lookup
+from sidecar.origins.upstream import Upstream
+from sidecar.proxy.front import Balance, Front
+from sidecar.proxy.listeners import listeners
+from sidecar.proxy.router import Router
+from sidecar.runtime.supervisor import Inherited
+from sidecar.settings import Settings, parse
+from sidecar.shared import Shared
+from sidecar.wire.client import Pool
+from sidecar.wire.tunnel import Tunnels
+
+if TYPE_CHECKING:
+    from sidecar.mitm.embedded import Embedded
+
+logger = logging.getLogger("sidecar.runtime.worker")
+
+# Allocations between two collections of the youngest generation (Python's default: 2000).
+GC_THRESHOLD = 50_000
+# Seconds between two full collections: the reference cycles mitmproxy's connections
+# leave would otherwise wait for a rare full collection, and memory would creep up.
+GC_INTERVAL = 5.0
+
+
+async def run(settings: Settings, inherited: Inherited) -> None:
+    started = asyncio.Event()
+    metrics = Metrics()
+    stage_in: StageIn | None = None
+    parents: Parents | None = None
+
+    async def from_parent(message: Message) -> Message | None:
+        if message["op"] == "start":
+            started.set()
+            return None
+        if message["op"] == "parent":
+            if parents is not None:
+                parents.learn(message)
+            return None
+        if message["op"] != "stats":
+            raise ValueError(f"unknown operation {message['op']!r}")
+        progress = stage_in.progress if stage_in is not None else StageInCounts()
+        return {"counters": metrics.snapshot(), "gauges": progress.gauges()}
+
+    keeper = ipc.Channel(inherited.keeper, from_parent)
+    channel_task = asyncio.create_task(keeper.run())
+    # The main process says when the CA, the trust files and the buffer are ready.
+    waits = [asyncio.create_task(started.wait()), asyncio.create_task(keeper.wait_closed())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for wait in waits:
+        wait.cancel()
+    if not started.is_set():
+        return
+    ca = load_or_create_ca(settings.ca_dir)
+    index = Index(settings.buffer_dir)
+    try:
+        index.open()
+    except StoreError as e:
+        logger.error("%s; serving everything from upstream", e)
+    resolver = dns_resolver(settings)
+    resolve = functools.partial(lookup, resolver) if resolver else None
+    pool = Pool(settings.upstream_timeout, resolve)
+    parents = _parents(settings, metrics, pool, lambda news: keeper.notify("parent", **news))
+    upstream = Upstream(
+        settings.ca_dir / bundle.UPSTREAM_TRUST_FILE, settings.upstream_proxy, pool, parents
+    )
+    await upstream.open()
+    shared = Shared(inherited.shared.fd)
+    buffer = Buffer(index, keeper, shared, track_recency=settings.eviction == "lru")
+    fills = Fills(buffer, upstream, metrics, settings.parallel_fetch, settings.access_log)
+    router = Router(settings, buffer, fills, upstream, metrics)
+    if settings.stage_in and inherited.index == 0:
+        stage_in = StageIn(
+            settings.stage_in,
+            settings.intercept,
+            settings.stage_in_parallel,
+            buffer,
+            fills,
+            upstream,
+        )
+
+    found = listeners(settings)
+    mitmproxy_serving: asyncio.Future[Embedded] = asyncio.get_running_loop().create_future()
+
+    async def to_mitmproxy(listener: int, sock: socket.socket) -> None:
+        await (await asyncio.shield(mitmproxy_serving)).handle(listener, sock)
+
+    balance = Balance(shared.connections, inherited.index)
+    tunnels = Tunnels(metrics)
+    front = Front(
+        router, settings.intercept, ServerContexts(ca).get, to_mitmproxy, balance, tunnels
+    )
+    tasks = [
+        asyncio.create_task(front.accept(number, sock, listener.lean))
+        for number, (listener, sock) in enumerate(zip(found, inherited.listeners, strict=True))
+    ]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    tasks.append(asyncio.create_task(_stop_when_parent_gone(keeper, stop)))
+    keeper.notify("ready")
+    if stage_in is not None:
+        tasks.append(asyncio.create_task(_stage(stage_in)))
+
+    # mitmproxy is loaded now, in a thread: the lean path serves meanwhile.
+    embedded_module = await asyncio.to_thread(_load_mitmproxy)
+    embedded = embedded_module.Embedded(settings, router, resolver, found, tunnels)
+    try:
+        await embedded.start()
+        mitmproxy_serving.set_result(embedded)
+        # What was built so far lives as long as the process: keep the garbage collector
+        # from scanning it again and again, and let it run less often (a hit allocates a
+        # few dozen objects and creates no reference cycles).
+        gc.freeze()
+        gc.set_threshold(GC_THRESHOLD)
+        tasks.append(asyncio.create_task(_collect_garbage()))
+        await stop.wait()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await embedded.stop()
+        await front.close()
+        await fills.close()
+        await upstream.close()
+        channel_task.cancel()
+        index.close()
+
+
+async def _collect_garbage() -> None:
+    while True:
+        await asyncio.sleep(GC_INTERVAL)
+        gc.collect()
+
+
+def _load_mitmproxy() -> types.ModuleType:
+    """`sidecar.mitm.embedded`, loaded by name: a worker loads mitmproxy only once it
+    serves, never in the fork server."""
+    return importlib.import_module("sidecar.mitm.embedded")
+
+
+def _parents(
+    settings: Settings, metrics: Metrics, pool: Pool, tell: Callable[[News], None]
+) -> Parents | None:
+    if not settings.parent:
+        return None
+    return Parents(
+        settings.parent,
+        settings.parent_ca or settings.ca_dir / bundle.UPSTREAM_TRUST_FILE,
+        settings.parent_timeout,
+        pool,
+        metrics,
+        tell,
+    )
+
+
+async def _stop_when_parent_gone(keeper: ipc.Channel, stop: asyncio.Event) -> None:
+    await keeper.wait_closed()
+    logger.warning("the sidecar's main process is gone; stopping")
+    stop.set()
+
+
+async def _stage(stage_in: StageIn) -> None:
+    try:
+        await stage_in.run()
+    except StageInError as e:
+        logger.error("stage-in: %s", e)
+
+
+def main(inherited: Inherited) -> None:
+    """Run one worker with what the main process handed it (`sidecar.runtime.supervisor`)."""
+    settings = parse(inherited.argv, os.environ)
+    logs.configure(f"w{inherited.index}")
+    try:
+        asyncio.run(run(settings, inherited))
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,804 @@
+"""The sidecar's HTTP/1.1 client: pooled connections to origins, parents and a proxy.
+
+A cache has to know exactly where each response ends, so the client frames responses
+itself, with llhttp (through httptools, as the front end parses requests):
+
+- A body longer than its `Content-Length` is cut at `Content-Length`, as Squid, nginx,
+  Varnish and Traffic Server do: the response says `overlong`, the caller relays what
+  was announced and stores nothing, and the connection is never used again. General
+  purpose clients reject the whole response instead.
+- Bytes the origin sends while nothing was asked (on an idle connection) close it.
+- 1xx interim responses are handed to the caller before the final one (RFC 9110 §15.2).
+- A status outside 100-599, or a 1xx that announces a body, is an `UpstreamError` and
+  the connection is closed (`sidecar.wire.framing`), as it is after a response whose framing
+  RFC 9112 calls faulty (Transfer-Encoding in HTTP/1.0). A chunked body llhttp would
+  leave coded (a tab after `chunked`) is decoded here.
+- A request can be sent in absolute form on a plain or TLS connection (to a parent
+  cache), or through a proxy's CONNECT tunnel (`--upstream-proxy`).
+
+Origin certificates are always verified with the context the caller gives. A kept-alive
+connection that the origin closed just as it was reused is retried once on a new one;
+requests that could not be sent twice (a body, a method that is not idempotent) always
+get a new connection. Anything else that fails is an `UpstreamError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import logging
+import socket
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import SplitResult, unquote, urlsplit
+
+import httptools
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from sidecar.wire import tls
+from sidecar.wire.framing import (
+    ChunkedDecoder,
+    closes_after,
+    llhttp_misframes,
+    response_head_error,
+)
+
+logger = logging.getLogger(__name__)
+
+# A connect (TCP, and TLS or a proxy's CONNECT) that takes longer than this fails.
+CONNECT_TIMEOUT = 30.0  # seconds
+# An idle kept-alive connection is closed after this long (origins close theirs after
+# 5 s to 75 s; a closed one is only found when it is reused).
+KEEPALIVE = 15.0  # seconds
+# At most this many idle connections are kept per route.
+MAX_IDLE = 32
+# Reading from the origin pauses while this much body waits for its reader. A fill
+# writes what arrives at once, so this only bounds a slow reader; a quarter of it made
+# a fast origin stop and start four times as often (a 256 MiB miss: 150-180 MB/s
+# against 300-380 here).
+BODY_BUFFER = 1024 * 1024  # bytes
+# Closing waits this long for the connections' TLS shutdowns.
+CLOSE_TIMEOUT = 1.0  # seconds
+# Status line and fields together; a larger response head is refused.
+MAX_HEAD = 64 * 1024  # bytes
+# What a name resolved to is used for new connections this long; at most this many
+# names are remembered.
+DNS_TTL = 60.0  # seconds
+MAX_NAMES = 1024
+# Methods that may be sent again when a reused connection turns out to be closed.
+_IDEMPOTENT = frozenset(("GET", "HEAD", "PUT", "DELETE", "OPTIONS"))
+
+# Where interim (1xx) responses go: `(status, fields)`.
+Interim = Callable[[int, list[tuple[str, str]]], Coroutine[Any, Any, None]]
+# How names are resolved to addresses, when not by the system.
+Resolve = Callable[[str], Awaitable[list[str]]]
+
+
+class UpstreamError(Exception):
+    """The origin could not be reached, refused TLS verification, or broke off."""
+
+
+class _Stale(UpstreamError):
+    """A reused connection was closed by the origin before any byte of the response."""
+
+
+class _Excess(Exception):
+    """Bytes after the end of the response (raised inside the parser to stop it)."""
+
+
+@dataclass(frozen=True)
+class Route:
+    """How requests reach an origin: the first hop, and what is said on it."""
+
+    host: str  # the first hop's name (a TLS first hop is verified against it)
+    port: int
+    context: ssl.SSLContext | None  # TLS: on the first hop, or inside the tunnel
+    address: str | None = None  # where `host` is reached, when pinned to one address
+    tunnel: str | None = None  # CONNECT to this authority through the first hop, then TLS
+    absolute_form: bool = False  # the first hop is a proxy: the request line has the URL
+    proxy_authorization: str | None = None
+
+    @property
+    def tls_host(self) -> str:
+        """The name the origin's certificate is checked against."""
+        return _unbracket(self.tunnel.rsplit(":", 1)[0]) if self.tunnel else self.host
+
+
+def authority(url: SplitResult) -> str:
+    """`host[:port]` of a URL, the port left out when it is the scheme's default."""
+    host = url.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    default = 443 if url.scheme == "https" else 80
+    return host if url.port in (None, default) else f"{host}:{url.port}"
+
+
+def _port(url: SplitResult) -> int:
+    return url.port or (443 if url.scheme == "https" else 80)
+
+
+def _host_port(url: SplitResult) -> str:
+    """`host:port` of a URL, always with the port (a CONNECT target)."""
+    host = url.hostname or ""
+    return f"[{host}]:{_port(url)}" if ":" in host else f"{host}:{_port(url)}"
+
+
+def _unbracket(host: str) -> str:
+    return host[1:-1] if host.startswith("[") else host
+
+
+def direct_route(url: SplitResult, context: ssl.SSLContext) -> Route:
+    """Straight to the URL's origin."""
+    tls = context if url.scheme == "https" else None
+    return Route(url.hostname or "", _port(url), tls)
+
+
+def proxied_route(url: SplitResult, proxy: str, context: ssl.SSLContext) -> Route:
+    """Through an HTTP proxy (`http://[user:password@]host:port`): a CONNECT tunnel for
+    https, an absolute-form request for http."""
+    hop = urlsplit(proxy)
+    credentials = None
+    if hop.username is not None:
+        pair = f"{unquote(hop.username)}:{unquote(hop.password or '')}"
+        credentials = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
+    if url.scheme == "https":
+        return Route(
+            hop.hostname or "",
+            _port(hop),
+            context,
+            tunnel=_host_port(url),
+            proxy_authorization=credentials,
+        )
+    return Route(
+        hop.hostname or "", _port(hop), None, absolute_form=True, proxy_authorization=credentials
+    )
+
+
+def parent_route(parent: str, address: str | None, context: ssl.SSLContext) -> Route:
+    """To a parent cache (`http://` or `https://`), which gets the whole URL and fetches
+    the origin itself; `address`: the one member of a multi-address name to use."""
+    hop = urlsplit(parent)
+    tls = context if hop.scheme == "https" else None
+    return Route(hop.hostname or "", _port(hop), tls, address=address, absolute_form=True)
+
+
+def request_head(
+    route: Route, method: str, url: SplitResult, fields: Sequence[tuple[str, str]], chunked: bool
+) -> bytes:
+    """The request line and fields, as sent on `route`."""
+    if method == "CONNECT":
+        target = url.netloc  # authority-form (RFC 9112 §3.2.3)
+    elif route.absolute_form:
+        target = url.geturl()
+    else:
+        target = (url.path or "/") + (f"?{url.query}" if url.query else "")
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {authority(url)}"]
+    lines += [f"{name}: {value}" for name, value in fields]
+    if route.absolute_form and route.proxy_authorization:
+        lines.append(f"Proxy-Authorization: {route.proxy_authorization}")
+    if chunked:
+        lines.append("Transfer-Encoding: chunked")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+class Response:
+    """A final response: status and fields now, the body as it arrives.
+
+    The caller reads the body and then calls `release()` (the connection is kept for
+    another request when that is safe), or `close()` to drop the connection.
+    """
+
+    def __init__(
+        self, connection: _Connection, status: int, reason: str, headers: CIMultiDict[str]
+    ) -> None:
+        self._connection = connection
+        self.status = status
+        self.reason = reason
+        self.headers = CIMultiDictProxy(headers)
+        # The origin sent more than the response it announced (by `Content-Length` or
+        # the last chunk): the body is cut where it said it ends, and is not stored.
+        self.overlong = False
+        self._done = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives; UpstreamError if it stops short or stalls."""
+        connection = self._connection
+        while True:
+            chunk = connection.next_chunk()
+            if chunk is not None:
+                yield chunk
+            elif connection.complete:
+                return
+            else:
+                await connection.wait_body()
+
+    @property
+    def complete(self) -> bool:
+        """The whole response has arrived (its body may still wait to be read)."""
+        return self._connection.complete
+
+    async def settle(self) -> bool:
+        """`overlong`, once what the origin sent right after the response has been read:
+        a stray write of its own (another TLS record or segment) is in the socket by the
+        time the event loop reads it again. Two turns: the first queues the read behind
+        this task, the second runs this task after it."""
+        for _ in range(2):
+            await asyncio.sleep(0)
+        return self.overlong
+
+    async def read(self, limit: int) -> bytes:
+        """The body up to `limit` bytes (more may be read, not returned)."""
+        data = bytearray()
+        async for chunk in self.chunks():
+            data += chunk
+            if len(data) >= limit:
+                break
+        return bytes(data[:limit])
+
+    def release(self) -> None:
+        """Done with this response: the connection goes back to the pool if it can."""
+        if not self._done:
+            self._done = True
+            self._connection.finish(reuse=True)
+
+    def close(self) -> None:
+        """Done with this response, and with its connection."""
+        if not self._done:
+            self._done = True
+            self._connection.finish(reuse=False)
+
+
+class _Connection(asyncio.Protocol):
+    """One connection, one exchange at a time."""
+
+    def __init__(self, pool: Pool, route: Route, read_timeout: float) -> None:
+        self._pool = pool
+        self.route = route
+        self._read_timeout = read_timeout
+        self._loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self._lost = False
+        self._can_write = asyncio.Event()
+        self._can_write.set()
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self.gone = asyncio.Event()  # set once the connection is closed
+        self.used = False  # it carried an exchange before the current one
+        self._clear()
+
+    def _clear(self) -> None:
+        """No exchange in progress."""
+        self._parser: httptools.HttpResponseParser | None = None
+        self._method = ""
+        self._interim: Interim | None = None
+        self._interims: list[asyncio.Task[None]] = []
+        self._head: asyncio.Future[Response] | None = None
+        self._response: Response | None = None
+        self._reason = bytearray()
+        self._fields: list[tuple[str, str]] = []
+        self._transfer_encoding: str | None = None
+        self._dechunk: ChunkedDecoder | None = None
+        self._head_size = 0
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: BaseException | None = None
+        self._received = False  # any byte of the response arrived
+        self.complete = False  # the final response has ended
+        self.overlong = False
+        self._keep_alive = False
+        self._sending: asyncio.Task[None] | None = None
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self._parser is None:
+            # The origin speaks out of turn: whatever it meant, the connection is not
+            # in a state anyone can use.
+            self._close()
+            return
+        self._received = True
+        if self.complete:
+            self._excess()
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            if self.complete:
+                self._excess()
+            else:
+                cause = e.__context__ if isinstance(e.__context__, UpstreamError) else None
+                self._fail(cause or UpstreamError(f"malformed response from the origin: {e}"))
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._ended(None)
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self.gone.set()
+        self._can_write.set()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        self._pool.forget(self)
+        self._ended(exc)
+
+    def pause_writing(self) -> None:
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._can_write.set()
+
+    # httptools callbacks
+
+    def on_message_begin(self) -> None:
+        if self.complete:
+            raise _Excess()
+        self._reason.clear()
+        self._fields = []
+        self._transfer_encoding = None
+        self._head_size = 0
+
+    def on_status(self, status: bytes) -> None:
+        self._reason += status
+        self._count_head(len(status))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value))
+        field = (name.decode("latin-1"), value.decode("latin-1"))
+        self._fields.append(field)
+        if len(name) == 17 and name.lower() == b"transfer-encoding":
+            self._transfer_encoding = field[1]
+
+    def on_headers_complete(self) -> None:
+        assert self._parser is not None and self._head is not None
+        status = self._parser.get_status_code()
+        refusal = response_head_error(status, self._fields)
+        if refusal is not None:
+            raise UpstreamError(refusal)
+        if status < 200:
+            # 100 answers an Expect the front end already answered itself.
+            if status != 100 and self._interim is not None:
+                task = self._loop.create_task(self._interim(status, self._fields))
+                self._interims.append(task)
+            return
+        headers: CIMultiDict[str] = CIMultiDict(self._fields)
+        reason = self._reason.decode("latin-1")
+        if not self._head.done():
+            self._response = Response(self, status, reason, headers)
+            self._head.set_result(self._response)
+        if self._method in ("HEAD", "CONNECT"):
+            # No body, whatever the fields say (RFC 9110 §9.3.2, §9.3.6).
+            self._message_done()
+        elif status not in (204, 304) and llhttp_misframes(self._transfer_encoding):
+            # llhttp hands this chunked body over still coded, as if it ended with the
+            # connection: decoded here instead.
+            self._dechunk = ChunkedDecoder()
+
+    def on_body(self, body: bytes) -> None:
+        if self.complete:
+            raise _Excess()
+        after = b""
+        if self._dechunk is not None:
+            try:
+                body, after = self._dechunk.feed(body)
+            except ValueError as e:
+                raise UpstreamError(f"malformed chunked body from the origin: {e}") from None
+            if self._dechunk.done:
+                self._message_done()
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered >= BODY_BUFFER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        if after:
+            raise _Excess()
+
+    def on_message_complete(self) -> None:
+        assert self._parser is not None
+        if self._head is not None and self._head.done():
+            self._message_done()
+
+    # The exchange
+
+    async def exchange(
+        self,
+        method: str,
+        url: SplitResult,
+        fields: Sequence[tuple[str, str]],
+        body: AsyncIterator[bytes] | None,
+        interim: Interim | None,
+    ) -> Response:
+        """Send a request and wait for its final response's head."""
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        if self._lost or self.transport is None:
+            raise _Stale("the origin closed a kept-alive connection")
+        self._parser = httptools.HttpResponseParser(self)
+        self._method = method
+        self._interim = interim
+        self._head = self._loop.create_future()
+        has_length = any(name.lower() == "content-length" for name, _ in fields)
+        chunked = body is not None and not has_length
+        self.transport.write(request_head(self.route, method, url, fields, chunked))
+        if body is not None:
+            self._sending = self._loop.create_task(self._send(body, chunked))
+        try:
+            async with asyncio.timeout(self._read_timeout):
+                response = await self._head
+        except TimeoutError:
+            self._close()
+            raise UpstreamError(f"no response within {self._read_timeout:g}s") from None
+        except BaseException:
+            self._close()
+            raise
+        try:
+            for task in self._interims:
+                await task
+        except BaseException:
+            response.close()
+            raise
+        return response
+
+    async def _send(self, body: AsyncIterator[bytes], chunked: bool) -> None:
+        try:
+            async for chunk in body:
+                if not chunk:
+                    continue
+                await self._can_write.wait()
+                if self._lost or self.transport is None:
+                    return
+                self.transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+            if chunked and not self._lost and self.transport is not None:
+                self.transport.write(b"0\r\n\r\n")
+        except Exception as e:
+            # The request body failed (its client went away): so does the exchange.
+            self._fail(e)
+            self._close()
+
+    def next_chunk(self) -> bytes | None:
+        """All the body that has arrived and not been read, in one piece (each of them
+        costs its reader a turn: a write, a digest update)."""
+        if not self._chunks:
+            if self._error is not None and not self.complete:
+                raise self._error
+            return None
+        if len(self._chunks) == 1:
+            chunk = self._chunks.popleft()
+        else:
+            chunk = b"".join(self._chunks)
+            self._chunks.clear()
+        self._buffered -= len(chunk)
+        if self._paused and self._buffered < BODY_BUFFER // 2 and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return chunk
+
+    async def wait_body(self) -> None:
+        """Wait for more body, its end, or a failure; a stall is a failure."""
+        self._waiter = self._loop.create_future()
+        try:
+            async with asyncio.timeout(self._read_timeout):
+                await self._waiter
+        except TimeoutError:
+            self._fail(UpstreamError(f"the origin sent nothing for {self._read_timeout:g}s"))
+            self._close()
+        finally:
+            self._waiter = None
+
+    def finish(self, reuse: bool) -> None:
+        """The caller is done with the exchange: keep the connection or close it."""
+        reusable = (
+            reuse
+            and self.complete
+            and not self.overlong
+            and self._keep_alive
+            and self._error is None
+            and (self._sending is None or self._sending.done())
+            and not self._lost
+        )
+        if self._sending is not None and not self._sending.done():
+            self._sending.cancel()
+        for task in self._interims:
+            task.cancel()
+        self._clear()
+        if reusable:
+            self.used = True
+            self._idle_timer = self._loop.call_later(KEEPALIVE, self._close)
+            self._pool.keep(self)
+        else:
+            self._close()
+
+    async def tunnel(self, target: str, credentials: str | None) -> None:
+        """Ask the proxy on the other end for a tunnel to `target` (CONNECT)."""
+        fields = [("Proxy-Authorization", credentials)] if credentials else []
+        response = await self.exchange("CONNECT", urlsplit(f"//{target}"), fields, None, None)
+        if response.status != 200:
+            response.close()
+            raise UpstreamError(
+                f"the upstream proxy refused CONNECT {target}: {response.status} {response.reason}"
+            )
+        self._clear()
+
+    # Internals
+
+    def _count_head(self, size: int) -> None:
+        self._head_size += size
+        if self._head_size > MAX_HEAD:
+            raise UpstreamError(f"the origin's response head is larger than {MAX_HEAD} bytes")
+
+    def _message_done(self) -> None:
+        assert self._parser is not None
+        self.complete = True
+        self._keep_alive = (
+            self._method != "CONNECT"
+            and self._parser.should_keep_alive()
+            and not closes_after(self._parser.get_http_version(), self._transfer_encoding)
+        )
+
+    def _excess(self) -> None:
+        # The caller, who knows the URL, says so in the log.
+        self.overlong = True
+        if self._response is not None:
+            self._response.overlong = True
+        self._close()
+
+    def _ended(self, exc: Exception | None) -> None:
+        """The origin closed its side (or the connection was lost)."""
+        if self._parser is None or self.complete:
+            return
+        head_done = self._head is not None and self._head.done() and not self._head.exception()
+        # Many servers end a body delimited by the connection's end without TLS's
+        # close_notify; a reset is a break, not an end.
+        clean = exc is None or isinstance(exc, ssl.SSLError)
+        if head_done and clean and _ends_at_close(self._head_fields()):
+            self.complete = True  # a body delimited by the end of the connection
+        elif not self._received and self.used:
+            self._fail(_Stale("the origin closed a kept-alive connection"))
+        elif head_done:
+            self._fail(UpstreamError(f"the origin broke off the body{_because(exc)}"))
+        else:
+            self._fail(UpstreamError(f"the origin closed the connection{_because(exc)}"))
+        self._wake()
+
+    def _head_fields(self) -> CIMultiDictProxy[str]:
+        assert self._head is not None
+        return self._head.result().headers
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(error)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _ends_at_close(headers: CIMultiDictProxy[str]) -> bool:
+    """A body framed neither by Content-Length nor by chunked coding (RFC 9112 §6.3)."""
+    return (
+        "Content-Length" not in headers
+        and "chunked" not in headers.get("Transfer-Encoding", "").lower()
+    )
+
+
+def _because(exc: Exception | None) -> str:
+    return f": {exc}" if exc else ""
+
+
+class Pool:
+    """The connections of one worker, kept alive per route."""
+
+    def __init__(self, read_timeout: float, resolve: Resolve | None = None) -> None:
+        """`read_timeout`: a response that stalls this long fails; `resolve`: how names
+        are resolved (default: the system's resolver)."""
+        self._read_timeout = read_timeout
+        self._resolve = resolve
+        self._idle: dict[Route, list[_Connection]] = {}
+        self._all: set[_Connection] = set()
+        self._resolved: dict[str, tuple[float, list[str]]] = {}  # name -> (until, addresses)
+
+    async def request(
+        self,
+        route: Route,
+        method: str,
+        url: str,
+        fields: Sequence[tuple[str, str]],
+        body: AsyncIterator[bytes] | None = None,
+        interim: Interim | None = None,
+    ) -> Response:
+        """Send a request on `route` and return its final response (body unread)."""
+        parts = urlsplit(url)
+        if body is not None or method not in _IDEMPOTENT:
+            # It could not be sent again if a kept-alive connection turned out closed
+            # (as Squid, it never gets one).
+            connection = await self._connect(route)
+            return await connection.exchange(method, parts, fields, body, interim)
+        connection = self._idle_connection(route) or await self._connect(route)
+        try:
+            return await connection.exchange(method, parts, fields, body, interim)
+        except _Stale:
+            pass
+        # Once more on a new connection, which cannot be stale.
+        connection = await self._connect(route)
+        return await connection.exchange(method, parts, fields, body, interim)
+
+    async def open(self, route: Route) -> asyncio.Transport:
+        """A new connection on `route`, handed over to the caller (a tunnel, a protocol
+        upgrade), who must give its transport a protocol before the next await; the
+        pool forgets it. A route without a TLS context is bare TCP (through the proxy's
+        CONNECT, if any)."""
+        connection = await self._connect(route)
+        self.forget(connection)
+        assert connection.transport is not None
+        return connection.transport
+
+    def keep(self, connection: _Connection) -> None:
+        idle = self._idle.setdefault(connection.route, [])
+        idle.append(connection)
+        if len(idle) > MAX_IDLE:
+            idle.pop(0)._close()
+
+    def forget(self, connection: _Connection) -> None:
+        self._all.discard(connection)
+        idle = self._idle.get(connection.route)
+        if idle and connection in idle:
+            idle.remove(connection)
+            if not idle:
+                del self._idle[connection.route]  # origins come and go
+
+    async def close(self) -> None:
+        """Close every connection, and wait (briefly) until they are closed."""
+        connections = list(self._all)
+        for connection in connections:
+            connection._close()
+        self._idle.clear()
+        if connections:
+            waits = [asyncio.ensure_future(c.gone.wait()) for c in connections]
+            _, pending = await asyncio.wait(waits, timeout=CLOSE_TIMEOUT)
+            for wait in pending:
+                wait.cancel()
+
+    def _idle_connection(self, route: Route) -> _Connection | None:
+        idle = self._idle.get(route)
+        while idle:
+            connection = idle.pop()  # the most recently used: the least likely closed
+            if not idle:
+                del self._idle[route]
+            if connection.transport is not None and not connection.transport.is_closing():
+                return connection
+        return None
+
+    async def _connect(self, route: Route) -> _Connection:
+        loop = asyncio.get_running_loop()
+        target = f"{route.host}:{route.port}"
+        connection: _Connection | None = None
+
+        def protocol() -> _Connection:
+            return _Connection(self, route, self._read_timeout)
+
+        limit = min(CONNECT_TIMEOUT, self._read_timeout)
+        try:
+            async with asyncio.timeout(limit):
+                addresses = await self._addresses(route)
+                last: OSError | None = None
+                for address in addresses:
+                    try:
+                        if route.context is not None and route.tunnel is None:
+                            connection = protocol()
+                            await _connect_tls(address, route, connection)
+                        else:
+                            _, connection = await loop.create_connection(
+                                protocol, address, route.port
+                            )
+                        break
+                    except ssl.SSLCertVerificationError:
+                        raise
+                    except OSError as e:
+                        connection = None
+                        last = e
+                if connection is None:
+                    raise last or OSError(f"{route.host} resolves to no address")
+                self._all.add(connection)
+                if route.tunnel is not None:
+                    await connection.tunnel(route.tunnel, route.proxy_authorization)
+                if route.tunnel is not None and route.context is not None:
+                    assert connection.transport is not None
+                    connection.transport = await loop.start_tls(  # type: ignore[assignment]
+                        connection.transport,
+                        connection,
+                        route.context,
+                        server_hostname=route.tls_host,
+                    )
+        except ssl.SSLCertVerificationError as e:
+            _abandon(connection)
+            raise UpstreamError(
+                f"origin certificate rejected ({route.tls_host}): {e.verify_message}"
+            ) from e
+        except TimeoutError:
+            _abandon(connection)
+            raise UpstreamError(f"cannot connect to {target} within {limit:g}s") from None
+        except (OSError, ssl.SSLError) as e:
+            _abandon(connection)
+            # The name may have moved: resolve it again next time.
+            self._resolved.pop(_unbracket(route.address or route.host), None)
+            raise UpstreamError(f"cannot connect to {target}: {e}") from e
+        except BaseException:
+            _abandon(connection)
+            raise
+        return connection
+
+    async def _addresses(self, route: Route) -> list[str]:
+        host = _unbracket(route.address or route.host)
+        if is_ip(host):
+            return [host]
+        loop = asyncio.get_running_loop()
+        until, addresses = self._resolved.get(host, (0.0, []))
+        if loop.time() < until:
+            return addresses
+        if self._resolve is not None:
+            addresses = await self._resolve(host)
+        else:
+            found: list[Any] = await loop.getaddrinfo(host, route.port, type=socket.SOCK_STREAM)
+            addresses = list(dict.fromkeys(entry[4][0] for entry in found))
+        if len(self._resolved) > MAX_NAMES:
+            self._resolved.clear()
+        self._resolved[host] = (loop.time() + DNS_TTL, addresses)
+        return addresses
+
+
+async def _connect_tls(address: str, route: Route, connection: _Connection) -> None:
+    """Connect to `address` and verify the origin as `route.host`, on the lean TLS
+    transport (`sidecar.wire.tls`): OpenSSL writes into the socket itself, where asyncio's
+    TLS transport encrypts into memory and copies the records out, in Python, for every
+    request and every body chunk."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await asyncio.get_running_loop().sock_connect(sock, (address, route.port))
+        assert route.context is not None
+        secure = route.context.wrap_socket(
+            sock, server_hostname=route.host, do_handshake_on_connect=False
+        )
+    except BaseException:
+        sock.close()
+        raise
+    try:
+        await tls.handshake(secure, CONNECT_TIMEOUT)
+    except BaseException:
+        secure.close()
+        raise
+    tls.TlsTransport(secure, connection).start()
+
+
+def _abandon(connection: _Connection | None) -> None:
+    if connection is not None:
+        connection._close()
+
+
+def is_ip(host: str) -> bool:
+    """Is `host` an IPv4 or IPv6 address (not a name)?"""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+            return True
+        except OSError:
+            continue
+    return False

@@ -1,0 +1,533 @@
+"""The lean HTTP/1.1 server inside intercepted CONNECT tunnels.
+
+After the front end (`sidecar.proxy.front`) has answered a CONNECT to an intercepted host
+and the TLS handshake with the host's leaf certificate is done, this protocol reads
+the requests in the tunnel and hands each one to its handler
+(`sidecar.wire.exchange.Handler`, which the router implements). It does the least a
+request needs: llhttp (through httptools) parses the head, one Python object per
+request, no per-request hooks or events. A hit of a small object is one call of the
+handler and one write into the TLS transport.
+
+Requests are answered strictly in order (pipelined ones wait their turn). A request
+body (PUT, POST) is streamed to the origin as it arrives, with backpressure. An upgrade
+request (a WebSocket) is relayed to the origin after the requests before it, and the
+connection is then the handler's relay's. The connection closes when the client asks for
+it (`Connection: close`, HTTP/1.0), after a message whose framing RFC 9112 calls faulty
+(Transfer-Encoding in HTTP/1.0), after `IDLE_TIMEOUT` without a request, on a request
+refused (`sidecar.wire.framing`: a 400, 501 or 505; a malformed chunked body is answered at
+once and its upload cut off), and as soon as the client closes its side: nothing is
+left half-open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, cast
+
+import httptools
+
+from sidecar.wire.exchange import ClientGone, Handler, Immediate, Request
+from sidecar.wire.framing import closes_after, request_head_error
+
+logger = logging.getLogger(__name__)
+
+# Request line and fields together; larger heads get 431 (nginx's default is 8 KiB a
+# line, mitmproxy's is unlimited; 64 KiB fits any signed URL and cookie).
+MAX_HEAD = 64 * 1024  # bytes
+# A kept-alive connection without a request for this long is closed; data loaders keep
+# their sessions for an epoch but reconnect transparently.
+IDLE_TIMEOUT = 120.0  # seconds
+# Reading stops while this much of a request body waits for the origin.
+BODY_BUFFER = 1024 * 1024  # bytes
+# Writers wait (backpressure) once this much is queued for the client.
+WRITE_BUFFER = 1024 * 1024  # bytes
+# At most this many pipelined requests are parsed ahead of the one being answered.
+PIPELINE_DEPTH = 16
+
+_CLOSE = object()  # ends a body stream
+
+
+@dataclass(frozen=True)
+class Tunnel:
+    """The origin a CONNECT named: `host` as in the request (IPv6 in brackets); `tls`:
+    whether the client speaks TLS inside (https URLs) or plain HTTP (http URLs)."""
+
+    host: str
+    port: int
+    tls: bool = True
+
+    def url(self, target: str) -> str:
+        scheme, default_port = ("https", 443) if self.tls else ("http", 80)
+        authority = self.host if self.port == default_port else f"{self.host}:{self.port}"
+        return f"{scheme}://{authority}{target}"
+
+
+class BadRequest(Exception):
+    """A request this server refuses, with the status to answer."""
+
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def origin_form_target(target: bytes) -> str:
+    """The path and query of a request target inside a tunnel (RFC 9112 §3.2).
+
+    Origin-form (`/path?q`) is what clients send; absolute-form is accepted for its path
+    only, since the tunnel, not the request, names the origin.
+    """
+    try:
+        text = target.decode("ascii")
+    except UnicodeDecodeError:
+        raise BadRequest(HTTPStatus.BAD_REQUEST, "the request target is not ASCII") from None
+    if text.startswith("/"):
+        return text
+    scheme, sep, rest = text.partition("://")
+    if sep and scheme.lower() in ("http", "https"):
+        slash = rest.find("/")
+        return rest[slash:] if slash >= 0 else "/"
+    raise BadRequest(HTTPStatus.BAD_REQUEST, f"unsupported request target {text[:80]!r}")
+
+
+class _BodyStream:
+    """A request body from the parser to the upstream request, with backpressure."""
+
+    def __init__(self, pause: Callable[[], None], resume: Callable[[], None]) -> None:
+        self._chunks: collections.deque[Any] = collections.deque()
+        self._buffered = 0
+        self.complete = False  # the parser saw the body's end
+        self._waiter: asyncio.Future[None] | None = None
+        self._pause = pause
+        self._resume = resume
+
+    def feed(self, chunk: Any) -> None:
+        self._chunks.append(chunk)
+        if chunk is _CLOSE:
+            self.complete = True
+        if isinstance(chunk, bytes):
+            self._buffered += len(chunk)
+            if self._buffered > BODY_BUFFER:
+                self._pause()
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while True:
+            while not self._chunks:
+                self._waiter = asyncio.get_running_loop().create_future()
+                await self._waiter
+            chunk = self._chunks.popleft()
+            if chunk is _CLOSE:
+                return
+            if isinstance(chunk, BaseException):
+                raise chunk
+            self._buffered -= len(chunk)
+            if self._buffered <= BODY_BUFFER:
+                self._resume()
+            yield chunk
+
+
+class _Response:
+    """The `Channel` of one request on a lean connection."""
+
+    def __init__(self, connection: Http1Connection, close: bool) -> None:
+        self._connection = connection
+        self._close = close
+        self._head: bytes | None = None
+        self._started = False
+        self.done = False
+        self.body_bytes = 0
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    async def interim(self, status: int, headers: list[tuple[str, str]]) -> None:
+        await self._connection.send(response_head(status, headers, close=False))
+
+    async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
+        # Sent with the first body bytes: one TLS write for the head and a chunk.
+        self._head = response_head(status, headers, self._close)
+        self._started = True
+
+    async def write(self, data: bytes) -> None:
+        self.body_bytes += len(data)
+        if self._head is not None:
+            data, self._head = self._head + data, None
+        await self._connection.send(data)
+
+    def finish(self) -> None:
+        if self._head is not None:
+            self._connection.send_now(self._head)
+            self._head = None
+        self.done = True
+
+    def abort(self) -> None:
+        self.done = True
+        self._close = True
+        self._connection.abort()
+
+    @property
+    def closes(self) -> bool:
+        return self._close
+
+    def keep_alive(self) -> contextlib.nullcontext[None]:
+        # The idle timer only runs between requests.
+        return contextlib.nullcontext()
+
+
+_REASONS = {status.value: status.phrase.encode("ascii") for status in HTTPStatus}
+
+
+def response_head(status: int, headers: list[tuple[str, str]], close: bool) -> bytes:
+    """An HTTP/1.1 status line and fields; `close` adds `Connection: close`."""
+    lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))]
+    for name, value in headers:
+        lines.append(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1")))
+    if close:
+        lines.append(b"Connection: close\r\n")
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
+@dataclass
+class _Pending:
+    request: Request
+    body: _BodyStream | None
+    close: bool
+
+
+class Http1Connection(asyncio.Protocol):
+    """One client's tunnel to one intercepted origin (TLS, or plain HTTP)."""
+
+    def __init__(self, tunnel: Tunnel, handler: Handler, on_close: Callable[[], None]) -> None:
+        self._tunnel = tunnel
+        self._handler = handler
+        self._on_close = on_close
+        self._parser = httptools.HttpRequestParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._current: tuple[_Pending, _Response] | None = None  # being answered
+        self._answering = False
+        self._worker: asyncio.Task[None] | None = None  # while it is suspended
+        self._writable: asyncio.Event = asyncio.Event()
+        self._writable.set()
+        self._loop = asyncio.get_running_loop()
+        # One timer per connection, re-armed only when it fires: cheaper than moving a
+        # timer on every request. None while a request is being answered.
+        self._idle_since: float | None = self._loop.time()
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._closed = False
+        self._refused = False  # a refusal was sent ahead of its request's answer
+        self._reading = True
+        # The request being parsed.
+        self._target = b""
+        self._fields: list[tuple[str, str]] = []
+        self._hosts: list[str] = []
+        self._transfer_encoding: str | None = None
+        self._head_size = 0
+        self._body: _BodyStream | None = None
+        # An upgrade request, from its head until the relay takes the connection over.
+        self._upgrade: Request | None = None
+        self._early = bytearray()  # what the client sent after it
+        self._relaying: asyncio.Task[None] | None = None
+
+    # -- transport events ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # a stream: (TLS over) TCP
+        self._transport.set_write_buffer_limits(high=WRITE_BUFFER)
+        self._idle_timer = self._loop.call_later(IDLE_TIMEOUT, self._check_idle)
+
+    def data_received(self, data: bytes) -> None:
+        if self._upgrade is not None:
+            self._early += data
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade as e:
+            if self._upgrade is not None:
+                self._early += data[int(e.args[0]) :]
+                self._start_upgrade()
+                return
+            self._refuse(
+                BadRequest(
+                    HTTPStatus.NOT_IMPLEMENTED,
+                    "protocol upgrades are not supported on intercepted hosts",
+                )
+            )
+        except httptools.HttpParserError as e:
+            # A refusal of ours, raised in a callback, reaches us as the parser's error.
+            cause = e.__context__ if isinstance(e.__context__, BadRequest) else None
+            self._refuse(cause or BadRequest(HTTPStatus.BAD_REQUEST, f"malformed request: {e}"))
+
+    def eof_received(self) -> bool:
+        # The client closed its side; a TLS transport cannot stay half-open, so close.
+        self._fail_body(ClientGone("the client closed the connection"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        self._writable.set()  # wake a writer: it sees the closed connection
+        self._fail_body(ClientGone("the client closed the connection"))
+        self._on_close()
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    # -- parser callbacks (httptools) -----------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._target = b""
+        self._fields = []
+        self._hosts = []
+        self._transfer_encoding = None
+        self._head_size = 0
+        self._body = None
+
+    def on_url(self, url: bytes) -> None:
+        self._grow_head(len(url))
+        self._target += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._grow_head(len(name) + len(value) + 4)
+        field = (name.decode("latin-1"), value.decode("latin-1"))
+        self._fields.append(field)
+        # The fields the request's framing and origin depend on, noted as they pass: the
+        # length tells most others apart without lowering their names.
+        if len(name) == 4 and name.lower() == b"host":
+            self._hosts.append(field[1])
+        elif len(name) == 17 and name.lower() == b"transfer-encoding":
+            te = self._transfer_encoding
+            self._transfer_encoding = field[1] if te is None else f"{te}, {field[1]}"
+
+    def on_headers_complete(self) -> None:
+        self._idle_since = None
+        method = self._parser.get_method().decode("ascii")
+        if method == "CONNECT":
+            # A tunnel inside the tunnel, to an origin server: RFC 9110 §9.3.6 is for
+            # proxies, and an origin "SHOULD respond with the 501" to a method it lacks.
+            raise BadRequest(HTTPStatus.NOT_IMPLEMENTED, "CONNECT inside a tunnel")
+        number = self._parser.get_http_version()
+        target = origin_form_target(self._target)
+        refusal = request_head_error(
+            number, self._hosts, self._target.decode("ascii"), self._transfer_encoding
+        )
+        if refusal is not None:
+            raise BadRequest(*refusal)
+        close = not self._parser.should_keep_alive() or closes_after(
+            number, self._transfer_encoding
+        )
+        # The tunnel, not the request's Host or target, names the origin.
+        request = Request(method, self._tunnel.url(target), tuple(self._fields), "HTTP/" + number)
+        if self._parser.should_upgrade():
+            self._upgrade = request  # relayed once the parser stops after its head
+            return
+        if method not in ("GET", "HEAD") and _has_body(self._fields):
+            self._body = _BodyStream(self._pause_reading, self._resume_reading)
+            if _expects_continue(self._fields) and self._transport is not None:
+                # We forward the body anyway; the origin's answer follows it.
+                self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        elif not self._answering and not self._queue:
+            # Nothing ahead of it: a small hit is answered right here.
+            immediate = self._handler.hit_now(request)
+            if immediate is not None:
+                self._answer_now(immediate, close)
+                return
+        self._queue.append(_Pending(request, self._body, close))
+        if len(self._queue) > PIPELINE_DEPTH:
+            self._pause_reading()
+        if not self._answering:
+            # The loop may run tasks eagerly: a hit can be answered before this returns.
+            self._answering = True
+            task = asyncio.get_running_loop().create_task(self._answer())
+            if not task.done():
+                self._worker = task
+
+    def on_body(self, body: bytes) -> None:
+        if self._body is not None:
+            self._body.feed(bytes(body))
+        # A GET or HEAD with a body (allowed, meaningless): dropped.
+
+    def on_message_complete(self) -> None:
+        if self._body is not None:
+            self._body.feed(_CLOSE)
+            self._body = None
+
+    # -- answering ----------------------------------------------------------------------
+
+    async def _answer(self) -> None:
+        try:
+            while self._queue and not self._closed:
+                pending = self._queue.popleft()
+                response = _Response(self, pending.close)
+                self._current = (pending, response)
+                body = pending.body.chunks() if pending.body is not None else None
+                await self._handler.handle(pending.request, response, body)
+                unread_body = pending.body is not None and not pending.body.complete
+                if not response.done or response.closes or unread_body:
+                    # What follows on the connection cannot be trusted to be in step.
+                    self._close()
+                    return
+                self._resume_reading()
+        finally:
+            self._current = None
+            self._answering = False
+            self._worker = None
+            self._idle_since = self._loop.time()
+
+    def _answer_now(self, immediate: Immediate, close: bool) -> None:
+        head = response_head(immediate.status, immediate.headers, close)
+        self.send_now(head + immediate.body)
+        self._idle_since = self._loop.time()
+        if close:
+            self._close()
+
+    async def send(self, data: bytes) -> None:
+        """Write to the client, waiting while its buffer is full."""
+        if self._closed or self._transport is None or self._transport.is_closing():
+            raise ClientGone("the client closed the connection")
+        self._transport.write(data)
+        if not self._writable.is_set():
+            await self._writable.wait()
+            if self._closed:
+                raise ClientGone("the client closed the connection")
+
+    def send_now(self, data: bytes) -> None:
+        """Write without waiting (a response head without a body)."""
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(data)
+
+    def abort(self) -> None:
+        # A refusal sent at once (see `_refuse`) is left to be delivered; anything else
+        # queued for the client is dropped with the connection.
+        if self._transport is not None and not self._refused:
+            self._transport.abort()
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _grow_head(self, size: int) -> None:
+        self._head_size += size
+        if self._head_size > MAX_HEAD:
+            raise BadRequest(
+                HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
+                f"the request head is larger than {MAX_HEAD // 1024} KiB",
+            )
+
+    def _refuse(self, error: BadRequest) -> None:
+        """Answer a request we cannot parse (after the ones before it) and close.
+
+        A body found malformed on its way to the origin ends that upload unfinished (RFC
+        9112 §8: "A message body that uses the chunked transfer coding is incomplete if
+        the zero-sized chunk that terminates the encoding has not been received"), so
+        the origin never takes a part for the whole; its request is answered with the
+        400 at once, unless the origin's answer has begun (then the connection is cut).
+        """
+        logger.info("refused a request to %s: %s", self._tunnel.host, error)
+        self._pause_reading()
+        body = f"burstbuffer: {error}\n".encode()
+        head = (
+            f"HTTP/1.1 {error.status.value} {error.status.phrase}\r\n"
+            "Content-Type: text/plain; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode()
+        broken = self._body
+        self._fail_body(ClientGone(f"the request body is malformed: {error}"))
+        if broken is not None and self._current is not None:
+            pending, response = self._current
+            if pending.body is broken and not response.started:
+                self.send_now(head + body)
+                self._refused = True
+                self._close()
+                return
+
+        async def after_the_others() -> None:
+            if self._worker is not None:
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(self._worker)
+            self.send_now(head + body)
+            self._close()
+
+        self._queue.clear()
+        asyncio.get_running_loop().create_task(after_the_others())
+
+    def _start_upgrade(self) -> None:
+        """Relay the upgrade request after the requests before it; the relay then owns
+        the connection (and says when it is closed)."""
+        self._pause_reading()
+        request = self._upgrade
+        assert request is not None
+
+        async def after_the_others() -> None:
+            if self._worker is not None:
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(self._worker)
+            if self._closed or self._transport is None:
+                return
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+            self._closed = True  # to this protocol: from here on the relay's
+            await self._handler.upgrade(
+                request, self._transport, bytes(self._early), self._on_close
+            )
+
+        self._relaying = asyncio.get_running_loop().create_task(after_the_others())
+
+    def _close(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+
+    def _fail_body(self, error: BaseException) -> None:
+        if self._body is not None:
+            self._body.feed(error)
+            self._body = None
+        for pending in self._queue:
+            if pending.body is not None:
+                pending.body.feed(error)
+
+    def _pause_reading(self) -> None:
+        if self._reading and self._transport is not None:
+            self._reading = False
+            self._transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if (
+            not self._reading
+            and self._transport is not None
+            and not self._closed
+            and self._upgrade is None
+        ):
+            self._reading = True
+            self._transport.resume_reading()
+
+    def _check_idle(self) -> None:
+        if self._closed:
+            return
+        idle = self._loop.time() - self._idle_since if self._idle_since is not None else 0.0
+        if idle >= IDLE_TIMEOUT:
+            self._close()
+            return
+        self._idle_timer = self._loop.call_later(IDLE_TIMEOUT - idle, self._check_idle)
+
+
+def _expects_continue(fields: list[tuple[str, str]]) -> bool:
+    return any(k.lower() == "expect" and v.lower() == "100-continue" for k, v in fields)
+
+
+def _has_body(fields: list[tuple[str, str]]) -> bool:
+    """RFC 9112 §6.3: a request has a body only if it says how it is framed."""
+    return any(
+        (k.lower() == "content-length" and v.strip() != "0") or k.lower() == "transfer-encoding"
+        for k, v in fields
+    )
