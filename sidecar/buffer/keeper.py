@@ -72,7 +72,7 @@ TOUCH_INTERVAL = 0.5  # seconds
 # of an ImageNet-like set's files fit in it.
 PROVISIONAL = 256 * 1024  # bytes
 # Bytes a worker spends remembering stored objects (so that a hit costs no SQLite
-# query and no decoding): about 1 KB each with a few response fields (`_cost`).
+# query and no decoding): about 1.2 KB each with three response fields (`_cost`).
 REMEMBERED_BYTES = 16 * 2**20
 # Bytes of Python objects around a remembered StoredObject and each of its fields,
 # measured with tracemalloc (a dict slot, _Known, the object, its hex strings; a tuple
