@@ -66,7 +66,6 @@ from sidecar.buffer.store import (
     StoredObject,
     StoreError,
     check_body,
-    decode,
 )
 from sidecar.ipc import Message
 from sidecar.metrics import Metrics
@@ -89,10 +88,13 @@ PROVISIONAL = 256 * 1024  # bytes
 # claim's provisional room, so that near a full buffer it is turned away no sooner.
 UNSIZED_ROOM = PROVISIONAL  # bytes
 # Bytes a worker spends remembering stored objects (so that a hit costs no SQLite
-# query): each is kept as the index holds it, a few hundred bytes, and decoded per hit
-# (microseconds), where a decoded one costs about 3 KB of Python objects.
+# query and no decoding): about 1.2 KB each with three response fields (`_cost`).
 REMEMBERED_BYTES = 16 * 2**20
-_REMEMBERED_OVERHEAD = 200  # bytes of dict slot, tuple and objects around each one
+# Bytes of Python objects around a remembered StoredObject and each of its fields,
+# measured with tracemalloc (a dict slot, _Known, the object, its hex strings; a tuple
+# and two strings' headers per field).
+_REMEMBERED_OVERHEAD = 600
+_FIELD_OVERHEAD = 150
 # An object found at start that nobody has checked yet is hashed before its first hit:
 # at once when it is this small (a millisecond), else in a thread.
 CHECK_AT_ONCE = 1024 * 1024  # bytes
@@ -383,12 +385,13 @@ class Keeper:
 
 @dataclass
 class _Known:
-    """A stored object this worker remembers: its index row and value, and whether its
+    """A stored object this worker remembers: its index row and record, and whether its
     body is known to match its digest (or known not to, until the keeper removes it)."""
 
     rowid: int
-    encoded: bytes
+    entry: StoredObject
     checked: bool
+    cost: int  # bytes it takes (`_cost`)
     corrupt: bool = False
 
 
@@ -424,9 +427,7 @@ class Buffer:
         known = self._remembered(key)
         if known is None or known.corrupt:
             return None
-        entry = decode(known.encoded)
-        if entry is None:
-            return None
+        entry = known.entry
         if not known.checked and entry.size <= CHECK_AT_ONCE:
             if not self._check_now(key, known, entry):
                 return None
@@ -477,11 +478,11 @@ class Buffer:
             found.rowid > self._shared.found_through
             or found.rowid <= self._shared.checked_through
         )
-        known = self._known[key] = _Known(found.rowid, found.encoded, checked)
-        self._known_bytes += _cost(key, known)
+        cost = _cost(key, found.entry)
+        known = self._known[key] = _Known(found.rowid, found.entry, checked, cost)
+        self._known_bytes += cost
         while self._known_bytes > REMEMBERED_BYTES:
-            forgotten, oldest = self._known.popitem(last=False)
-            self._known_bytes -= _cost(forgotten, oldest)
+            self._known_bytes -= self._known.popitem(last=False)[1].cost
         return known
 
     def _check_now(self, key: str, known: _Known, entry: StoredObject) -> bool:
@@ -508,7 +509,7 @@ class Buffer:
     def _forget(self, key: str) -> None:
         known = self._known.pop(key, None)
         if known is not None:
-            self._known_bytes -= _cost(key, known)
+            self._known_bytes -= known.cost
 
     def open_body(self, entry: StoredObject) -> int:
         return self._index.open_body(entry)
@@ -612,5 +613,7 @@ class Buffer:
         self._keeper.notify("failure", why=why)
 
 
-def _cost(key: str, known: _Known) -> int:
-    return len(key) + len(known.encoded) + _REMEMBERED_OVERHEAD
+def _cost(key: str, entry: StoredObject) -> int:
+    fields = entry.headers
+    text = sum(len(name) + len(value) for name, value in fields)
+    return len(key) + text + _FIELD_OVERHEAD * len(fields) + _REMEMBERED_OVERHEAD

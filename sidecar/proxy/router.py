@@ -52,7 +52,7 @@ from sidecar.settings import Settings, host_matches
 from sidecar.wire import conditionals, ranges
 from sidecar.wire.client import Interim, Response, UpstreamError
 from sidecar.wire.exchange import Body, Channel, ClientGone, Immediate, Request
-from sidecar.wire.fields import Headers, header
+from sidecar.wire.fields import Fields, Headers, header
 
 logger = logging.getLogger(__name__)
 
@@ -82,12 +82,17 @@ class Representation:
     generated_at: float | None
 
     @functools.cached_property
+    def fields(self) -> Fields:
+        """The stored fields by lower-case name: read once for every lookup below."""
+        return Fields.of(self.headers)
+
+    @functools.cached_property
     def etag(self) -> str | None:
-        return header(self.headers, "ETag")
+        return self.fields.get("etag")
 
     @functools.cached_property
     def last_modified(self) -> str | None:
-        return header(self.headers, "Last-Modified")
+        return self.fields.get("last-modified")
 
     @functools.cached_property
     def modified(self) -> str | None:
