@@ -39,7 +39,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ from sidecar.buffer.progress import Progress, State
 from sidecar.buffer.segments import SegmentedCopy, SegmentFailed, Target, may_split, pwrite_all
 from sidecar.buffer.store import StoreError
 from sidecar.cache import policy
+from sidecar.ipc import Message
 from sidecar.metrics import Metrics
 from sidecar.origins.upstream import Upstream, Validators, forwarded_headers, loggable_url
 from sidecar.wire.client import Response, UpstreamError
@@ -604,14 +605,8 @@ class Fills:
             self._buffer.filling(rid, fill.key, size, head.to_message())
         else:
             self._release_provisional(fill)
-            try:
-                answer = await self._buffer.start_fill(fill.key, size, head.to_message())
-            except StoreError as e:
-                self._metrics.buffer_trouble("reserving room", e)
-                answer = {"refused": BUFFER_UNAVAILABLE}
+            answer = await self._room(self._buffer.start_fill(fill.key, size, head.to_message()))
             if "refused" in answer:
-                if answer["refused"] == "no-room":
-                    self._metrics.counters.admissions_refused += 1
                 return self._decline(fill, response, answer["refused"])
             rid, path = answer["rid"], Path(answer["path"])
         try:
@@ -633,17 +628,22 @@ class Fills:
             task.add_done_callback(self._tasks.discard)
         return Acquired(fill, "miss", relayed=tuple(policy.relayed_headers(response.headers)))
 
+    async def _room(self, asked: Awaitable[Message]) -> Message:
+        """The keeper's answer to a fill's request for room; a failing buffer refuses."""
+        try:
+            answer = await asked
+        except StoreError as e:
+            self._metrics.buffer_trouble("reserving room", e)
+            return {"refused": BUFFER_UNAVAILABLE}
+        if answer.get("refused") == "no-room":
+            self._metrics.counters.admissions_refused += 1
+        return answer
+
     async def _start_unsized(self, fill: Fill, fetched: Fetched) -> Acquired:
         response = fetched.response
         self._release_provisional(fill)
-        try:
-            answer = await self._buffer.start_unsized(fill.key)
-        except StoreError as e:
-            self._metrics.buffer_trouble("reserving room", e)
-            answer = {"refused": BUFFER_UNAVAILABLE}
+        answer = await self._room(self._buffer.start_unsized(fill.key))
         if "refused" in answer:
-            if answer["refused"] == "no-room":
-                self._metrics.counters.admissions_refused += 1
             return self._decline(fill, response, answer["refused"])
         rid = answer["rid"]
         try:
