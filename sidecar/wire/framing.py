@@ -102,7 +102,7 @@ def llhttp_misframes(transfer_encoding: str | None) -> bool:
     whitespace, RFC 9110 §5.6.3) makes it miss the chunked coding, and hand the chunks
     over undecoded (nodejs/llhttp#876, open in every llhttp httptools bundles; a space
     is read right). A request with it llhttp refuses outright, unless told to be lenient
-    about it (`sidecar.http1` is, for that request alone)."""
+    about it (`sidecar.wire.server` is, for that request alone)."""
     if transfer_encoding is None:
         return False
     value = transfer_encoding.rstrip(" \t")
