@@ -17,6 +17,7 @@ parameters turn on the behaviours a cache must survive:
     gzip          claim Content-Encoding: gzip whatever the client asked
     nostore       Cache-Control: no-store
     hints         send a 103 (Early Hints) with a Link field before the response
+    chunked       send the 200 chunked, without Content-Length (ranges still served)
     status=N      answer N with a short text body
     loop          redirect (302) to this very URL, forever
     wrong206      answer a plain GET with 206 and a Content-Range for the whole body
@@ -147,7 +148,8 @@ class Origin:
             headers["Content-Range"] = f"bytes 0-{size - 1}/{size}"
 
         announced = end - start + int(q.get("lie", 0))
-        headers["Content-Length"] = str(announced)
+        if "chunked" not in q or status != 200:
+            headers["Content-Length"] = str(announced)
         response = web.StreamResponse(status=status, headers=[*headers.items(), *extra])
         await response.prepare(request)
         if request.method == "HEAD":

@@ -39,7 +39,7 @@ def url(index: int) -> str:
 
 
 # The store's index format the buffers are made in: changed with it.
-FORMAT = "sizes-in-tags"
+FORMAT = "packed-rows"
 
 
 def buffer(count: int) -> tuple[Path, Path]:
@@ -56,6 +56,20 @@ def buffer(count: int) -> tuple[Path, Path]:
     partial.write_text("".join(lines))
     partial.rename(manifest)  # last: a buffer with a manifest is complete
     return directory, manifest
+
+
+def evict(directory: Path) -> None:
+    """Drop the index of the buffer at `directory` from the page cache, as on a node
+    whose memory went to other pods since the buffer was written (a Disk or pmem buffer;
+    tmpfs pages cannot be dropped). Only those files: dropping every cache of the
+    machine would also time the interpreter's imports, and disturb whatever else runs."""
+    os.sync()
+    for path in (directory / "index").iterdir():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def make(directory: Path, count: int) -> list[str]:

@@ -44,11 +44,19 @@ TRUST_VARIABLES = (
     "PIP_CERT",  # pip
 )
 
-# The diskcache index (SQLite and its WAL) lives in the same volume as the objects and is
-# not counted by the sidecar's --buffer-size: keep 1/16 of the volume for it, at least
-# 16 MiB and at most 512 MiB (the index grows with the number of entries, not their size).
-_INDEX_HEADROOM_MIN = 16 * 2**20
-_INDEX_HEADROOM_MAX = 512 * 2**20
+# The buffer's index (SQLite and its WAL) lives in the same volume as the objects and is
+# not counted by the sidecar's --buffer-size; it grows with the number of objects, not
+# their size. The sidecar charges each object at least one 4 KiB block against its cap
+# (`sidecar.buffer.store.Store.charge`), so a volume of V bytes never holds more than V/4096
+# objects, nor more than MAX_OBJECTS, the documented maximum (README, `--buffer-size`).
+# The volume keeps INDEX_BYTES_PER_OBJECT for each of those, and _INDEX_SLACK for the WAL
+# and SQLite's free pages. Measured (`python -m bench --only scale`): 270–290 bytes an
+# object with three response fields, about 600 with a cloud store's ten (tests/injector
+# pins both).
+MAX_OBJECTS = 1_000_000
+INDEX_BYTES_PER_OBJECT = 640
+_BLOCK = 4096
+_INDEX_SLACK = 16 * 2**20
 # Memory of each sidecar worker process beyond the first: a worker maps about 85 MiB
 # (mitmproxy, TLS contexts, its connections' buffers); forked from a fork server, about
 # 15 MiB of it is its own at first, the rest shared until the worker touches it. It does
@@ -82,10 +90,15 @@ class Mutation:
     warnings: tuple[str, ...]
 
 
+def index_room(volume_size: int) -> int:
+    """Bytes of a buffer volume of `volume_size` bytes kept for the index of as many
+    objects as it can hold (see INDEX_BYTES_PER_OBJECT)."""
+    return min(volume_size // _BLOCK, MAX_OBJECTS) * INDEX_BYTES_PER_OBJECT + _INDEX_SLACK
+
+
 def sidecar_buffer_size(volume_size: int) -> int:
     """The sidecar's --buffer-size for a volume of `volume_size` bytes (whole MiB)."""
-    headroom = min(max(volume_size // 16, _INDEX_HEADROOM_MIN), _INDEX_HEADROOM_MAX)
-    return (volume_size - headroom) // 2**20 * 2**20
+    return (volume_size - index_room(volume_size)) // 2**20 * 2**20
 
 
 def sidecar_workers(resources: Mapping[str, Mapping[str, str]]) -> int:

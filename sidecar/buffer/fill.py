@@ -27,27 +27,34 @@ fast origin, and takes nothing from its whole. If the origin drops the connectio
 mid-body, the pump resumes from the byte it had with a Range request validated by
 If-Range, a few times with backoff; if it cannot, every reader's connection is
 aborted, so no client ever sees a short body with a success status.
+
+A body whose length only its end tells (chunked, or delimited by the connection's
+close) is stored another way (`UnsizedFill`): its one client relays the origin's stream
+while it is written into the buffer, and nobody joins it (`sidecar.buffer.keeper` says
+why).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.buffer.keeper import BUFFER_UNAVAILABLE, PROVISIONAL, Buffer
+from sidecar.buffer.keeper import BUFFER_UNAVAILABLE, PROVISIONAL, UNSIZED, Buffer
 from sidecar.buffer.progress import Progress, State
-from sidecar.buffer.segments import SegmentedCopy, SegmentFailed, Target, may_split
+from sidecar.buffer.segments import SegmentedCopy, SegmentFailed, Target, may_split, pwrite_all
 from sidecar.buffer.store import StoreError
 from sidecar.cache import policy
+from sidecar.ipc import Message
 from sidecar.metrics import Metrics
 from sidecar.origins.upstream import Upstream, Validators, forwarded_headers, loggable_url
 from sidecar.wire.client import Response, UpstreamError
-from sidecar.wire.fields import content_length
+from sidecar.wire.fields import body_length
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +66,10 @@ WHOLE_AT_END = 256 * 1024  # bytes
 # backing off to _POLL_MAX while nothing new arrives.
 _POLL_MIN = 0.001  # seconds
 _POLL_MAX = 0.02  # seconds
+# A fill of unknown length asks for twice its room each time it outgrows it (a few round
+# trips to the keeper for any body), but never for more than this beyond it: room held
+# and not written is room another fill is refused.
+GROWTH_MAX = 64 * 1024 * 1024  # bytes
 
 
 class FillFailed(Exception):
@@ -280,6 +291,149 @@ class RemoteFill:
 AnyFill = Fill | RemoteFill
 
 
+class UnsizedFill:
+    """A body of unknown length being stored while its one client relays it (`chunks`).
+
+    Its room grows ahead of what is written (`Buffer.grow`). It is committed once the
+    body ended whole (`Response.whole`: the last chunk, or a close that RFC 9112 §9.8
+    trusts), before the relay writes the response's own end, so that a request after
+    that finds it stored; the body is hashed as it passes (on the event loop: the relay
+    paces it). Anything else abandons it, and the client still gets every byte the origin
+    sends: a body that outgrows the room the buffer can give, a failing buffer, a write
+    that invalidated it meanwhile. If the origin breaks off, so does the client's
+    response: with no length, there is no resuming with a Range. Unlike other fills it
+    is read at its client's pace and ends with its client (who would read on for
+    nobody?). The caller `close()`s it, whatever happened, with the response.
+    """
+
+    def __init__(
+        self,
+        buffer: Buffer,
+        metrics: Metrics,
+        key: str,
+        url: str,
+        reserved: tuple[str, int, int],
+        fetched: Fetched,
+        log_stored: bool,
+    ) -> None:
+        """`reserved`: the keeper's room (rid, its size) and the partial body open for
+        writing; `fetched`: the origin's response."""
+        self._buffer = buffer
+        self._metrics = metrics
+        self._key = key
+        self._url = url
+        self._rid: str | None = reserved[0]  # None once committed or abandoned
+        self._room = reserved[1]
+        self._fd: int | None = reserved[2]
+        self._headers = tuple(policy.stored_headers(fetched.response.headers))
+        self._generated_at = fetched.generated_at
+        self._lifetime = fetched.lifetime(self._headers)
+        self._log_stored = log_stored
+        self._size = 0
+        self._stored = False
+        self._digest = hashlib.sha256()
+        self._started = time.monotonic()
+
+    async def chunks(self, response: Response) -> AsyncIterator[bytes]:
+        """The body of `response` as it arrives, stored on its way; UpstreamError if it
+        stops short."""
+        async for chunk in response.chunks():
+            if self._rid is not None:
+                await self._write(chunk)
+            yield chunk
+        if self._rid is not None:
+            await self._commit(response)
+
+    async def drain(self, response: Response) -> int | None:
+        """Store the body with nobody to relay it to (stage-in): its size once stored,
+        else None."""
+        try:
+            async for _ in self.chunks(response):
+                pass
+        except UpstreamError as e:
+            logger.info("not stored %s: %s", loggable_url(self._url), e)
+            return None
+        return self._size if self._stored else None
+
+    async def _write(self, chunk: bytes) -> None:
+        end = self._size + len(chunk)
+        if end > self._room and not await self._grow(end):
+            self._abandon(f"it outgrew the room the buffer could give it ({self._room} bytes)")
+            return
+        assert self._fd is not None
+        try:
+            pwrite_all(self._fd, chunk, self._size)
+        except OSError as e:
+            self._buffer.report_failure(f"cannot write a body: {e}")
+            self._metrics.buffer_trouble("writing a body", e)
+            self._abandon("the buffer refused it")
+            return
+        self._digest.update(chunk)
+        self._size = end
+
+    async def _grow(self, end: int) -> bool:
+        assert self._rid is not None
+        wanted = max(end, min(2 * self._room, self._room + GROWTH_MAX))
+        for size in dict.fromkeys((wanted, end)):  # then only what this chunk needs
+            try:
+                if await self._buffer.grow(self._rid, size):
+                    self._room = size
+                    return True
+            except StoreError as e:
+                self._metrics.buffer_trouble("growing room", e)
+                return False
+        return False
+
+    async def _commit(self, response: Response) -> None:
+        assert self._rid is not None
+        if await response.settle():
+            self._abandon("the origin sent more after the body's end")
+            return
+        if not response.whole:
+            self._abandon("the connection closed without TLS's closure alert")
+            return
+        try:
+            committed = await self._buffer.commit(
+                self._rid,
+                self._key,
+                self._size,
+                self._digest.hexdigest(),
+                self._headers,
+                self._generated_at,
+                self._lifetime,
+            )
+        except StoreError as e:
+            self._metrics.buffer_trouble("committing a body", e)
+            self._abandon("the buffer could not commit it")
+            return
+        if not committed:
+            self._abandon("written to while it was fetched")
+            return
+        self._rid = None
+        self._stored = True
+        if self._log_stored:
+            elapsed = time.monotonic() - self._started
+            logger.info(
+                "stored %s: %d bytes of unknown length in %.2fs",
+                loggable_url(self._url),
+                self._size,
+                elapsed,
+            )
+
+    def _abandon(self, why: str) -> None:
+        logger.info("not stored %s: %s", loggable_url(self._url), why)
+        self.close()
+
+    def close(self) -> None:
+        """Done: the room and partial body go back unless the body was committed."""
+        if self._rid is not None:
+            self._buffer.abort(self._rid)
+            self._rid = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 @dataclass(frozen=True)
 class Fetched:
     """An origin's answer to a GET, and when it was asked for and came (for its age)."""
@@ -309,6 +463,15 @@ class Acquired:
     response: Response | None = None
     reason: str = ""
     relayed: tuple[tuple[str, str], ...] = ()  # a miss: the origin's fields for its client
+    # A miss of unknown length: `response` is relayed through it, and stored.
+    unsized: UnsizedFill | None = None
+
+    def release(self) -> None:
+        """Done with `response` unread (and with the fill of unknown length, if any)."""
+        if self.unsized is not None:
+            self.unsized.close()
+        if self.response is not None:
+            self.response.release()
 
 
 class Fills:
@@ -439,9 +602,11 @@ class Fills:
             fetched = await self.fetch(fill.url, headers)
         response = fetched.response
         verdict = policy.response_is_cacheable(response.status, response.headers)
-        size = content_length(response.headers)
-        if not verdict.cacheable or size is None:
+        if not verdict.cacheable:
             return self._decline(fill, response, verdict.reason)
+        size = body_length(response.headers)
+        if size is None:
+            return await self._start_unsized(fill, fetched)
         validators = Validators(response.headers.get("ETag"), response.headers.get("Last-Modified"))
         stored = tuple(policy.stored_headers(response.headers))
         head = Head(
@@ -455,14 +620,8 @@ class Fills:
             assert fill.provisional is not None
             rid, path = fill.provisional
         else:
-            try:
-                answer = await self._buffer.start_fill(fill.key, size, head.to_message())
-            except StoreError as e:
-                self._metrics.buffer_trouble("reserving room", e)
-                answer = {"refused": BUFFER_UNAVAILABLE}
+            answer = await self._room(self._buffer.start_fill(fill.key, size, head.to_message()))
             if "refused" in answer:
-                if answer["refused"] == "no-room":
-                    self._metrics.counters.admissions_refused += 1
                 return self._decline(fill, response, answer["refused"])
             rid, path = answer["rid"], answer["path"]
         fill.provisional = None
@@ -487,6 +646,40 @@ class Fills:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         return Acquired(fill, "miss", relayed=tuple(policy.relayed_headers(response.headers)))
+
+    async def _room(self, asked: Awaitable[Message]) -> Message:
+        """The keeper's answer to a fill's request for room; a failing buffer refuses."""
+        try:
+            answer = await asked
+        except StoreError as e:
+            self._metrics.buffer_trouble("reserving room", e)
+            return {"refused": BUFFER_UNAVAILABLE}
+        if answer.get("refused") == "no-room":
+            self._metrics.counters.admissions_refused += 1
+        return answer
+
+    async def _start_unsized(self, fill: Fill, fetched: Fetched) -> Acquired:
+        response = fetched.response
+        fill.provisional = None  # the keeper returns it (see `start_unsized`)
+        answer = await self._room(self._buffer.start_unsized(fill.key))
+        if "refused" in answer:
+            return self._decline(fill, response, answer["refused"])
+        rid = answer["rid"]
+        try:
+            fd = os.open(answer["path"], os.O_WRONLY)
+        except OSError as e:
+            self._buffer.abort(rid)
+            self._buffer.report_failure(f"cannot open a partial body: {e}")
+            self._metrics.buffer_trouble("opening a partial body", e)
+            self._end(fill, Declined(BUFFER_UNAVAILABLE))
+            return Acquired(None, "miss", response, BUFFER_UNAVAILABLE)
+        # Requests for it in this worker pass, as the keeper makes those of others.
+        self._end(fill, Declined(UNSIZED))
+        reserved = (rid, answer["size"], fd)
+        unsized = UnsizedFill(
+            self._buffer, self._metrics, fill.key, fill.url, reserved, fetched, self._log_stored
+        )
+        return Acquired(None, "miss", response, unsized=unsized)
 
     def _decline(self, fill: Fill, response: Response, reason: str) -> Acquired:
         self._buffer.decline(fill.key, reason)  # returns provisional room

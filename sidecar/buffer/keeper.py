@@ -19,6 +19,8 @@ Calls and their replies (`sidecar.ipc`):
 | --- | --- |
 | `claim {key, since}` | `{begin}` (fetch it; see below), `{join: fill}`, `{stored}`, `{declined}` |
 | `start_fill {key, size, head}` | `{rid, path}` or `{refused: reason}` |
+| `start_unsized {key}` | `{rid, path, size}` (room of UNSIZED_ROOM bytes) or `{refused: reason}` |
+| `grow {rid, size}` | `{}` or `{refused: reason}` |
 | `commit {rid key size sha256 headers generated_at lifetime}` | `{}`, `{error}`, `{invalidated}` |
 | `invalidate {keys}` | `{}` once the objects are gone and their fills will not commit |
 | `update {key, file, headers, generated_at, lifetime}` (after a 304) | `{}` once recorded |
@@ -40,6 +42,14 @@ the provisional room first; a declined one returns it with `decline`. Provisiona
 room is only ever free room, and only while at least as much stays free besides: so
 it never makes `lru` evict, and never turns away an object that fits in half the room
 that is free (near a full buffer, every claim takes the three round trips).
+
+A body whose length only its end tells (chunked, or delimited by the connection's
+close) is a fill of its own kind (`start_unsized`): its room grows as it is written
+(`grow`), and nobody joins it: requests for its key pass (UNSIZED) until it ends. A
+joiner follows the partial body, but this one may outgrow its room and be abandoned
+half-written, and the rest of it is then nowhere a joiner could read it: the origin's
+stream is read in one worker, at its one client's pace, and a body of unknown length
+cannot be resumed elsewhere with a Range.
 """
 
 from __future__ import annotations
@@ -61,7 +71,6 @@ from sidecar.buffer.store import (
     StoredObject,
     StoreError,
     check_body,
-    decode,
 )
 from sidecar.ipc import Message
 from sidecar.metrics import Metrics
@@ -73,6 +82,8 @@ logger = logging.getLogger(__name__)
 BUFFER_UNAVAILABLE = "buffer-unavailable"
 # The pass reason of requests for a URL written to while its fill was running.
 INVALIDATED = "invalidated"
+# The pass reason of requests for a URL whose body of unknown length is being stored.
+UNSIZED = "filling-unsized"
 # Served keys are reported to the keeper (for `lru`) at most this often.
 TOUCH_INTERVAL = 0.5  # seconds
 # Room held for the fill of a claim that begins, until its size is known: nine in ten
@@ -81,11 +92,17 @@ PROVISIONAL = 256 * 1024  # bytes
 # Keys of the latest commits, remembered so that a claim seldom needs an index query
 # to know whether its key was stored since the worker looked it up (`Shared.commits`).
 RECENT_COMMITS = 4096
+# Room a fill of unknown length starts with (it grows as the body comes): as much as a
+# claim's provisional room, so that near a full buffer it is turned away no sooner.
+UNSIZED_ROOM = PROVISIONAL  # bytes
 # Bytes a worker spends remembering stored objects (so that a hit costs no SQLite
-# query): each is kept as the index holds it, a few hundred bytes, and decoded per hit
-# (microseconds), where a decoded one costs about 3 KB of Python objects.
+# query and no decoding): about 1.2 KB each with three response fields (`_cost`).
 REMEMBERED_BYTES = 16 * 2**20
-_REMEMBERED_OVERHEAD = 200  # bytes of dict slot, tuple and objects around each one
+# Bytes of Python objects around a remembered StoredObject and each of its fields,
+# measured with tracemalloc (a dict slot, _Known, the object, its hex strings; a tuple
+# and two strings' headers per field).
+_REMEMBERED_OVERHEAD = 600
+_FIELD_OVERHEAD = 150
 # An object found at start that nobody has checked yet is hashed before its first hit:
 # at once when it is this small (a millisecond), else in a thread.
 CHECK_AT_ONCE = 1024 * 1024  # bytes
@@ -102,6 +119,7 @@ class _Claim:
     # A write made what this fill fetches stale: it gets no new readers and is not
     # committed; requests for the key pass until it ends.
     invalidated: bool = False
+    unsized: bool = False  # a body of unknown length: nobody joins it (see above)
 
 
 class Keeper:
@@ -150,6 +168,10 @@ class Keeper:
             return await self._claim(worker, message["key"], message.get("since"))
         if op == "start_fill":
             return self._start_fill(worker, message["key"], message["size"], message["head"])
+        if op == "start_unsized":
+            return self._start_unsized(worker, message["key"])
+        if op == "grow":
+            return self._grow(message["rid"], message["size"])
         if op == "commit":
             return self._commit(message)
         if op == "invalidate":
@@ -198,6 +220,8 @@ class Keeper:
             return {"begin": True, "rid": rid, "path": reservation.path}
         if claim.invalidated:
             return {"declined": INVALIDATED}
+        if claim.unsized:
+            return {"declined": UNSIZED}
         if claim.fill is not None:
             return {"join": claim.fill}
         waiter: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
@@ -226,9 +250,7 @@ class Keeper:
         claimed = self._claims.get(key)
         if claimed is not None and claimed.invalidated:
             return {"refused": INVALIDATED}  # the worker's decline settles the claim
-        if claimed is not None and claimed.fill is None and claimed.rid is not None:
-            self._release(claimed.rid)  # too large for its provisional room
-            claimed.rid = None
+        self._return_provisional(claimed)  # too large for it
         reservation, reason = self._reserve(size, followed=True)
         if reservation is None:
             self._settle(key, worker, {"declined": reason})
@@ -237,6 +259,45 @@ class Keeper:
         self._reservations[rid] = (worker, key, reservation)
         self._announce(self._claims.setdefault(key, _Claim(worker)), rid, reservation, head)
         return {"rid": rid, "path": reservation.path}
+
+    def _start_unsized(self, worker: int, key: str) -> Message:
+        claimed = self._claims.get(key)
+        if claimed is not None and claimed.invalidated:
+            return {"refused": INVALIDATED}
+        self._return_provisional(claimed)
+        reservation, reason = self._reserve(UNSIZED_ROOM, followed=True)
+        if reservation is None:
+            self._settle(key, worker, {"declined": reason})
+            return {"refused": reason}
+        rid = reservation.name
+        self._reservations[rid] = (worker, key, reservation)
+        claim = self._claims.setdefault(key, _Claim(worker))
+        claim.rid = rid
+        claim.unsized = True
+        for waiter in claim.waiters:
+            if not waiter.done():
+                waiter.set_result({"declined": UNSIZED})
+        claim.waiters.clear()
+        return {"rid": rid, "path": reservation.path, "size": reservation.size}
+
+    def _grow(self, rid: str, size: int) -> Message:
+        found = self._reservations.get(rid)
+        if found is None:
+            return {"refused": "the fill was cancelled"}
+        if self.store.unavailable is not None:
+            return {"refused": BUFFER_UNAVAILABLE}
+        try:
+            grown = self.store.grow(found[2], size)
+        except StoreError as e:
+            self.metrics.buffer_trouble("growing room", e)
+            return {"refused": BUFFER_UNAVAILABLE}
+        return {} if grown else {"refused": "no-room"}
+
+    def _return_provisional(self, claim: _Claim | None) -> None:
+        """A claim's body needs room of another kind: its provisional room is returned."""
+        if claim is not None and claim.fill is None and claim.rid is not None:
+            self._release(claim.rid)
+            claim.rid = None
 
     def _provisional_room(self) -> Reservation | None:
         """PROVISIONAL bytes for a claim, if that leaves at least as much free room as
@@ -283,7 +344,6 @@ class Keeper:
         self._provisional.discard(rid)
         headers = tuple((name, value) for name, value in message["headers"])
         try:
-            self.store.resize(reservation, message["size"])  # provisional room: the rest
             self.store.commit(
                 reservation,
                 key,
@@ -291,6 +351,7 @@ class Keeper:
                 headers,
                 message["generated_at"],
                 message["lifetime"],
+                message["size"],  # a provisional room or an unsized one shrinks to it
             )
         except StoreError as e:
             self.store.abort(reservation)
@@ -373,12 +434,13 @@ class Keeper:
 
 @dataclass
 class _Known:
-    """A stored object this worker remembers: its index row and value, and whether its
+    """A stored object this worker remembers: its index row and record, and whether its
     body is known to match its digest (or known not to, until the keeper removes it)."""
 
     rowid: int
-    encoded: bytes
+    entry: StoredObject
     checked: bool
+    cost: int  # bytes it takes (`_cost`)
     corrupt: bool = False
 
 
@@ -416,9 +478,7 @@ class Buffer:
         known = self._remembered(key)
         if known is None or known.corrupt:
             return None
-        entry = decode(known.encoded)
-        if entry is None:
-            return None
+        entry = known.entry
         if not known.checked and entry.size <= CHECK_AT_ONCE:
             if not self._check_now(key, known, entry):
                 return None
@@ -472,11 +532,11 @@ class Buffer:
             found.rowid > self._shared.found_through
             or found.rowid <= self._shared.checked_through
         )
-        known = self._known[key] = _Known(found.rowid, found.encoded, checked)
-        self._known_bytes += _cost(key, known)
+        cost = _cost(key, found.entry)
+        known = self._known[key] = _Known(found.rowid, found.entry, checked, cost)
+        self._known_bytes += cost
         while self._known_bytes > REMEMBERED_BYTES:
-            forgotten, oldest = self._known.popitem(last=False)
-            self._known_bytes -= _cost(forgotten, oldest)
+            self._known_bytes -= self._known.popitem(last=False)[1].cost
         return known
 
     def _check_now(self, key: str, known: _Known, entry: StoredObject) -> bool:
@@ -503,7 +563,7 @@ class Buffer:
     def _forget(self, key: str) -> None:
         known = self._known.pop(key, None)
         if known is not None:
-            self._known_bytes -= _cost(key, known)
+            self._known_bytes -= known.cost
 
     def open_body(self, entry: StoredObject) -> int:
         return self._index.open_body(entry)
@@ -525,6 +585,14 @@ class Buffer:
     async def start_fill(self, key: str, size: int, head: Message) -> Message:
         return await self._call("start_fill", key=key, size=size, head=head)
 
+    async def start_unsized(self, key: str) -> Message:
+        """Room for a claimed body of unknown length (see the module docstring)."""
+        return await self._call("start_unsized", key=key)
+
+    async def grow(self, rid: str, size: int) -> bool:
+        """Hold `size` bytes for a fill of unknown length; False if refused."""
+        return "refused" not in await self._call("grow", rid=rid, size=size)
+
     async def commit(
         self,
         rid: str,
@@ -535,8 +603,8 @@ class Buffer:
         generated_at: float,
         lifetime: float,
     ) -> bool:
-        """Make a complete body servable: False if a write invalidated it meanwhile (the
-        caller aborts it), StoreError if the keeper could not."""
+        """Make a complete body of `size` bytes servable: False if a write invalidated it
+        meanwhile (the caller aborts it), StoreError if the keeper could not."""
         reply = await self._call(
             "commit",
             rid=rid,
@@ -596,5 +664,7 @@ class Buffer:
         self._keeper.notify("failure", why=why)
 
 
-def _cost(key: str, known: _Known) -> int:
-    return len(key) + len(known.encoded) + _REMEMBERED_OVERHEAD
+def _cost(key: str, entry: StoredObject) -> int:
+    fields = entry.headers
+    text = sum(len(name) + len(value) for name, value in fields)
+    return len(key) + text + _FIELD_OVERHEAD * len(fields) + _REMEMBERED_OVERHEAD

@@ -244,7 +244,7 @@ class SegmentedCopy:
             start, end = self._bounds[index]  # segment 0 may shrink when the body is split
             position = start + self._progress[index]
             piece = data[: end - position]
-            _pwrite_all(self._target.fd, piece, position)
+            pwrite_all(self._target.fd, piece, position)
             if position == self._hashed:
                 # In order: hash it as it is rather than reading it back later.
                 self._hash(partial(self._digest.update, piece))
@@ -285,7 +285,8 @@ class SegmentedCopy:
             start += len(data)
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """Write all of `data` at `offset` (pwrite may write less than asked)."""
     view = memoryview(data)
     while view:
         written = os.pwrite(fd, view, offset)

@@ -201,8 +201,17 @@ class StageIn:
             return "done", entry.size if (entry := self.buffer.lookup(key)) else 0
         if acquired.fill is None:
             assert acquired.response is not None
-            acquired.response.release()
-            logger.warning("stage-in: %s not stored (%s)", loggable_url(url), acquired.reason)
+            try:
+                size = await acquired.unsized.drain(acquired.response) if acquired.unsized else None
+            finally:
+                acquired.release()
+            if size is not None:
+                return "done", size
+            logger.warning(
+                "stage-in: %s not stored (%s)",
+                loggable_url(url),
+                acquired.reason or "unknown length",
+            )
             return "failed", 0
         try:
             return "done", await acquired.fill.outcome()

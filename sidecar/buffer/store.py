@@ -18,18 +18,34 @@ whole pod evicted. So the hard cap and the admission policy live here:
 - `lru`: least recently used objects are evicted to make room.
 
 Fills in progress reserve their full Content-Length up front, so concurrent fills
-can never overshoot the cap together.
+can never overshoot the cap together; a body whose length only its end tells (chunked)
+holds room that grows ahead of what it writes (`grow`), and gives back the rest at its
+commit. Under `lru` that growth evicts as a reservation does, so such a body that turns
+out larger than the whole buffer has evicted what it grew over before it is abandoned
+(one of known length that large is refused at once).
 
-Nothing is done per stored object before a restarted sidecar is ready. The index's
-`tag` column holds each object's body size, so the accounting is one indexed sum; its
-rowids say what was found at start: every row up to the largest rowid at open
-(`found_through`). A background check reads those rows in rowid order at the speed of
-the disk, hashes their bodies against the size and SHA-256 recorded at commit, drops
-those that do not match, and publishes how far it has come (`checked_through`). A row
-found at start and not checked yet is verified by the worker that serves it first
-(`keeper.Buffer`). New commits get larger rowids, and an object moved to the end of the
-`lru` order (a new rowid) was served, hence verified. What was found at start is
-neither rewritten nor held in memory.
+Nothing is done per stored object before a restarted sidecar is ready. The index keeps
+its totals as it changes: diskcache's own object count, and the bytes charged against
+the cap in a one-row table (`Buffer`) that triggers update in the transaction of every
+insert and delete, from the `tag` column (each object's charge). Start reads those and
+the largest rowid, a few pages whatever the number of objects; rowids say what was
+found at start: every row up to that largest one (`found_through`). A background check
+reads those rows in rowid order at the speed of the disk, hashes their bodies against the
+size and SHA-256 recorded at commit, drops those that do not match, and publishes how far
+it has come (`checked_through`). A row found at start and not checked yet is verified by
+the worker that serves it first (`keeper.Buffer`). New commits get larger rowids, and an
+object moved to the end of the `lru` order (a new rowid) was served, hence verified. What
+was found at start is neither rewritten nor held in memory.
+
+A row is small because a buffer holds up to a million of them, in the same volume as the
+bodies (and, on tmpfs, in the pod's memory): its key is a 16-byte digest of the cache key
+rather than the URL, and its value a packed record (`encode`) rather than a pickle, about
+200 bytes with a typical response's three fields, that a worker decodes in a few microseconds.
+
+Bodies are charged in whole blocks of the buffer's file system, at least one each: a body
+of 1 KiB takes a 4 KiB page of tmpfs, and the volume's `sizeLimit` counts pages, not
+content. The one block of an empty body stands for its inode and index row, and bounds
+the number of objects by the cap (the injector sizes the index's room from that).
 
 Two sides share the directory: `Store`, in the parent process, is the one writer of
 the index and keeps the accounting (cap, reservations, recency); `Index`, in every
@@ -46,9 +62,9 @@ import dataclasses
 import hashlib
 import logging
 import os
-import pickle
 import shutil
 import sqlite3
+import struct
 import tempfile
 import time
 import uuid
@@ -72,6 +88,17 @@ _CHECK_BATCH = 2048
 # map: an index of a million rows is hundreds of MB, and each process mapping the part
 # it touched would hold it again. Lookups are one indexed query; the OS caches pages.
 SQLITE_CACHE_KIB = 4096
+# The index's format (`Buffer.format`): an index of another one is emptied at start.
+FORMAT = 2
+# Bytes of the key digest that names an object in the index: 128 bits, so that a
+# collision among a million keys is about as likely as 10^-26.
+_KEY_BYTES = 16
+# A packed index value: body file (a uuid4's 16 bytes), SHA-256, size, stored_at,
+# generated_at, lifetime; then the fields, names and values separated by NUL, which
+# no field may hold (RFC 9110 §5.5).
+_RECORD = struct.Struct("<16s32sQddd")
+# Start waits this long for SQLite's lock: workers open the index at the same time.
+_OPEN_TIMEOUT = 10.0  # seconds
 # diskcache waits this long for SQLite's lock before raising Timeout. Index calls run
 # on the event loop and only the parent writes the index, so a lock held longer
 # means something is wrong: fail open quickly rather than stall every client.
@@ -117,7 +144,7 @@ def check_buffer_dir(directory: Path) -> None:
         raise UnusableBufferDir(f"cannot write into {directory}: {_describe(e)}") from None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StoredObject:
     """What the index records for one complete, committed object."""
 
@@ -138,12 +165,14 @@ class StoredObject:
 
 
 class Reservation:
-    """Room for one fill: `size` bytes held against the cap until commit or abort, and
-    its partial body `path` (a plain string: the keeper handles thousands a second)."""
+    """Room for one fill: `size` bytes of body, `charged` against the cap (whole blocks)
+    until commit or abort, and its partial body `path` (a plain string: the keeper handles
+    thousands a second)."""
 
-    def __init__(self, size: int, partial_dir: str, followed: bool) -> None:
-        """`followed`: readers in other workers may follow the fill (see `reserve`)."""
+    def __init__(self, size: int, charged: int, partial_dir: str, followed: bool) -> None:
+        """`followed`: readers in other workers may follow the fill (see `Store.reserve`)."""
         self.size = size
+        self.charged = charged
         self.name = uuid.uuid4().hex
         self.path = os.path.join(partial_dir, self.name)
         self.followed = followed
@@ -173,14 +202,15 @@ class Store:
         self._objects = str(self.objects_dir)
         self._partial = str(self.partial_dir)
         self._checks = checks
-        self.used = 0  # bytes of committed bodies
-        self.reserved = 0  # bytes held by fills in progress
+        self.used = 0  # bytes charged for committed bodies (`charge`)
+        self.reserved = 0  # bytes charged for fills in progress
+        self.block = 4096  # bytes: the file system's block, read at open
         self.entries = 0  # committed objects
         self.unverified = 0  # objects found at start that the background check has not reached
         self._found_through = 0  # the largest rowid at open
         self._opened_at = 0.0  # time.time() of open; older unknown bodies are leftovers
         self._index: diskcache.Cache | None = None
-        self._writer: sqlite3.Connection | None = None  # commits' rows (`_insert`)
+        self._inserter: sqlite3.Connection | None = None  # commits' rows (`_insert`)
         self._refuse_until = 0.0  # time.monotonic() until which nothing is admitted
         self._failure = ""  # why, the last time a write failed
         self._open_failure: str | None = "not opened yet"
@@ -195,8 +225,9 @@ class Store:
                 # A fill interrupted by a crash can never be completed: its client is gone.
                 shutil.rmtree(self.partial_dir, ignore_errors=True)
             self.partial_dir.mkdir(exist_ok=True)
+            self.block = os.statvfs(self.objects_dir).f_frsize or self.block
             self._index = _open_index(self.directory)
-            self._writer = _connect(self.directory, write=True)
+            self._inserter = _connect(self.directory, write=True)
             self._load_index()
         except (OSError, sqlite3.Error, diskcache.Timeout) as e:
             self._open_failure = f"cannot open the buffer in {self.directory}: {_describe(e)}"
@@ -213,34 +244,28 @@ class Store:
         return None
 
     def _load_index(self) -> None:
-        index = self._require_index()
-        self._opened_at = time.time()
-        with _reader(self.directory) as reader:
-            # Both over the tag index alone; in its order NULL < numbers < text < blobs,
-            # so the second finds any row without a size in a few page reads.
-            entries, used, last = reader.execute(
-                "SELECT COUNT(*), TOTAL(tag), MAX(rowid) FROM Cache"
-            ).fetchone()
-            (unsized,) = reader.execute(
-                "SELECT EXISTS (SELECT 1 FROM Cache WHERE tag IS NULL)"
-                " OR EXISTS (SELECT 1 FROM Cache WHERE tag >= '')"
-            ).fetchone()
-        if unsized:
-            # Written by a version that did not record sizes in the index. An emptyDir
-            # is only reopened by its own pod, whose image is the same: start empty (the
-            # bodies are deleted as leftovers by the background check).
-            logger.warning("buffer: the index is of another version; starting empty")
-            index.clear()
-            entries, used, last = 0, 0, 0
-        self.entries, self.used = entries, int(used)
-        self.unverified = entries
+        with _writer(self.directory) as writer:
+            if not _adopt(writer):
+                # Written by another version. An emptyDir is only reopened by its own
+                # pod, whose image is the same: start empty (the bodies are deleted as
+                # leftovers by the background check). diskcache makes its table anew.
+                logger.warning("buffer: the index is of another version; starting empty")
+                self._require_index().close()
+                self._index = _open_index(self.directory)
+                _adopt(writer)
+            self._opened_at = time.time()
+            # A few pages: two one-row lookups and the end of the rowid b-tree.
+            ((self.used,),) = writer.execute("SELECT used FROM Buffer")
+            ((self.entries,),) = writer.execute("SELECT value FROM Settings WHERE key = 'count'")
+            ((last,),) = writer.execute("SELECT MAX(rowid) FROM Cache")
+        self.unverified = self.entries
         self._found_through = last or 0
         self._checks(self._found_through, 0)
-        if entries:
+        if self.entries:
             logger.info(
                 "buffer: found %d objects (%d bytes) from before a restart; checking them in"
                 " the background",
-                entries,
+                self.entries,
                 self.used,
             )
 
@@ -276,15 +301,16 @@ class Store:
         if removed:
             logger.info("buffer: deleted %d bodies no object refers to", removed)
 
-    def _remove_row(self, key: str, rowid: int) -> None:
-        """Remove `key` if its index row is still `rowid` (not stored anew meanwhile)."""
+    def _remove_row(self, slot: bytes, rowid: int) -> None:
+        """Remove the object at `slot` if its index row is still `rowid` (not stored anew
+        meanwhile)."""
         with _reader(self.directory) as reader:
             found = reader.execute(
-                "SELECT rowid FROM Cache WHERE key = ? AND raw = 1", (key,)
+                "SELECT rowid FROM Cache WHERE key = ? AND raw = 1", (slot,)
             ).fetchone()
         if found is not None and found[0] == rowid:
             try:
-                self.remove(key)
+                self._drop(slot)
             except StoreError as e:
                 logger.warning("buffer: cannot drop a corrupt object: %s", e)
 
@@ -300,16 +326,17 @@ class Store:
         try:
             with index.transact():
                 for key in keys:
-                    entry, size = index.pop(key, tag=True)
-                    if isinstance(entry, StoredObject):
-                        index.set(key, entry, tag=size)
+                    slot = _slot(key)
+                    value, charged = index.pop(slot, tag=True)
+                    if value is not None:
+                        index.set(slot, value, tag=charged)
         except (OSError, sqlite3.Error, diskcache.Timeout) as e:
             raise StoreError(f"cannot record what was used: {_describe(e)}") from e
 
     def holds(self, key: str) -> bool:
         """Is `key` stored (workers serve it, checking it first if found at start)?"""
         try:
-            return key in self._require_index()
+            return _slot(key) in self._require_index()
         except (OSError, sqlite3.Error, diskcache.Timeout) as e:
             raise StoreError(f"cannot read the index: {_describe(e)}") from e
 
@@ -327,13 +354,14 @@ class Store:
 
         None is not an error: the object is then passed through uncached.
         """
-        if size > self.capacity:
+        charged = self.charge(size)
+        if charged > self.capacity:
             return None
         if self.eviction == "lru" and evict:
-            self._evict_until_free(size)
-        if self.used + self.reserved + size > self.capacity:
+            self._evict_until_free(charged)
+        if self.used + self.reserved + charged > self.capacity:
             return None
-        reservation = Reservation(size, self._partial, followed)
+        reservation = Reservation(size, charged, self._partial, followed)
         try:
             if not os.path.isdir(self._partial):
                 # Someone emptied the buffer directory under us: start again.
@@ -345,19 +373,40 @@ class Store:
             with contextlib.suppress(OSError):
                 os.unlink(reservation.path)
             raise StoreError(f"cannot create a partial body: {_describe(e)}") from e
-        self.reserved += size
+        self.reserved += charged
         return reservation
+
+    def charge(self, size: int) -> int:
+        """The bytes a body of `size` bytes counts against the cap: whole blocks, at least
+        one (see the module docstring)."""
+        return max(1, -(-size // self.block)) * self.block
 
     def resize(self, reservation: Reservation, size: int) -> None:
         """Hold `size` bytes for a fill instead of what it reserved (never more: room
         is only ever taken by `reserve`)."""
         if reservation.settled or size > reservation.size:
             raise StoreError(f"cannot grow a reservation of {reservation.size} bytes to {size}")
-        self.reserved -= reservation.size - size
-        reservation.size = size
+        charged = self.charge(size)
+        self.reserved -= reservation.charged - charged
+        reservation.size, reservation.charged = size, charged
 
-    def _evict_until_free(self, size: int) -> None:
-        while self.entries and self.used + self.reserved + size > self.capacity:
+    def grow(self, reservation: Reservation, size: int) -> bool:
+        """Hold `size` bytes for a fill instead of the fewer it holds, evicting for them
+        as `reserve` does; False (nothing changed) if the policy admits no more."""
+        charged = self.charge(size)
+        if reservation.settled or charged > self.capacity:
+            return False
+        more = charged - reservation.charged
+        if self.eviction == "lru":
+            self._evict_until_free(more)
+        if self.used + self.reserved + more > self.capacity:
+            return False
+        self.reserved += more
+        reservation.size, reservation.charged = size, charged
+        return True
+
+    def _evict_until_free(self, charged: int) -> None:
+        while self.entries and self.used + self.reserved + charged > self.capacity:
             try:
                 (victim, _), _ = self._require_index().peekitem(last=False, tag=True)
             except KeyError:
@@ -365,7 +414,7 @@ class Store:
             except (OSError, sqlite3.Error, diskcache.Timeout) as e:
                 raise StoreError(f"cannot read the index: {_describe(e)}") from e
             logger.info("buffer: evicting the least recently used object to admit a new one")
-            self.remove(victim)
+            self._drop(victim)
 
     def commit(
         self,
@@ -375,12 +424,18 @@ class Store:
         headers: tuple[tuple[str, str], ...],
         generated_at: float,
         lifetime: float,
+        size: int | None = None,
     ) -> StoredObject:
-        """Make a complete fill servable: move its body into objects/ and index it."""
+        """Make a complete fill servable: move its body into objects/ and index it.
+
+        `size`: the body's, for a fill that did not know it up front (its room shrinks
+        to it); else the room it reserved is its size."""
         if reservation.settled:
             raise StoreError("reservation already settled")
+        if size is not None and size < reservation.size:
+            self.resize(reservation, size)
         reservation.settled = True
-        self.reserved -= reservation.size
+        self.reserved -= reservation.charged
         name = reservation.name
         entry = StoredObject(
             name, reservation.size, sha256, headers, time.time(), generated_at, lifetime
@@ -390,19 +445,21 @@ class Store:
             size_on_disk = os.stat(reservation.path).st_size
             if size_on_disk != reservation.size:
                 raise StoreError(f"body has {size_on_disk} bytes, expected {reservation.size}")
+            value = encode(entry)
             os.rename(reservation.path, body)
             if reservation.followed:
                 progress.remove(reservation.path)
-            if not self._insert(key, entry):
-                self.remove(key)  # a concurrent fill of the same key committed first
-                self._require_index().set(key, entry, tag=entry.size)
-        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            slot = _slot(key)
+            if not self._insert(slot, value, reservation.charged):
+                self._drop(slot)  # a concurrent fill of the same key committed first
+                self._require_index().set(slot, value, tag=reservation.charged)
+        except (OSError, ValueError, sqlite3.Error, diskcache.Timeout) as e:
             for path in (body, reservation.path):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
             raise StoreError(f"cannot commit an object: {_describe(e)}") from e
         self.entries += 1
-        self.used += entry.size
+        self.used += reservation.charged
         return entry
 
     def report_failure(self, why: str) -> None:
@@ -415,7 +472,7 @@ class Store:
         if reservation.settled:
             return
         reservation.settled = True
-        self.reserved -= reservation.size
+        self.reserved -= reservation.charged
         # A buffer that refuses the unlink (read-only) is cleaned at the next start.
         with contextlib.suppress(OSError):
             if reservation.followed:
@@ -426,17 +483,22 @@ class Store:
 
     def remove(self, key: str) -> None:
         """Delete one object (evicted, stale or corrupt)."""
+        self._drop(_slot(key))
+
+    def _drop(self, slot: bytes) -> None:
+        """Delete the object whose index key is `slot`."""
         try:
-            entry, size = self._require_index().pop(key, tag=True)
+            value, charged = self._require_index().pop(slot, tag=True)
         except (OSError, sqlite3.Error, diskcache.Timeout) as e:
             self._changed()  # whatever happened, workers look again
             raise StoreError(f"cannot remove an object: {_describe(e)}") from e
-        if entry is None:
+        if value is None:
             return
         self.entries -= 1
-        self.used -= size if isinstance(size, int) else 0
+        self.used -= charged if isinstance(charged, int) else 0
         self._changed()
-        if isinstance(entry, StoredObject):
+        entry = decode(value) if isinstance(value, bytes) else None
+        if entry is not None:
             # Unlinking a large tmpfs file takes tens of milliseconds: not on the event
             # loop. Readers that still have it open keep reading it.
             _JANITOR.submit(_unlink_quietly, self.objects_dir / entry.file)
@@ -451,41 +513,45 @@ class Store:
     ) -> None:
         """Record a stored object's fields and age after a 304 validated it; nothing if
         the object was replaced or removed meanwhile."""
-        entry = self._get(key)
-        if entry is None or entry.file != file:
-            return
-        self._set(
-            key,
-            dataclasses.replace(
+        slot = _slot(key)
+        index = self._require_index()
+        try:
+            value, charged = index.get(slot, tag=True)
+            entry = decode(value) if isinstance(value, bytes) else None
+            if entry is None or entry.file != file:
+                return
+            updated = dataclasses.replace(
                 entry, headers=headers, generated_at=generated_at, lifetime=lifetime
-            ),
-        )
+            )
+            index.set(slot, encode(updated), tag=charged)
+        except (OSError, ValueError, sqlite3.Error, diskcache.Timeout) as e:
+            raise StoreError(f"cannot write the index: {_describe(e)}") from e
         if headers != entry.headers:
             # Workers forget what they remember; an age alone they may overestimate.
             self._changed()
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        if self._inserter is not None:
+            self._inserter.close()
         if self._index is not None:
             self._index.close()
 
     # -- internals --------------------------------------------------------------------
 
-    def _insert(self, key: str, entry: StoredObject) -> bool:
-        """Index a new object, as diskcache's `set` would (its triggers keep its count),
-        in one statement: `set` takes six (a transaction, a look for the key, a cull),
-        the cost of every miss. False if `key` is indexed already.
+    def _insert(self, slot: bytes, value: bytes, charged: int) -> bool:
+        """Index a new object, as diskcache's `set` would (its triggers and ours keep the
+        totals), in one statement: `set` takes six (a transaction, a look for the key, a
+        cull), the cost of every miss. False if `slot` is indexed already.
         """
-        index, writer = self._require_index(), self._writer
+        index, writer = self._require_index(), self._inserter
         assert writer is not None
-        size, mode, filename, value = index.disk.store(entry, False, key=key)
+        size, mode, filename, stored = index.disk.store(value, False, key=slot)
         now = time.time()
         try:
             writer.execute(
                 "INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count,"
                 " tag, size, mode, filename, value) VALUES (?, 1, ?, NULL, ?, 0, ?, ?, ?, ?, ?)",
-                (key, now, now, entry.size, size, mode, filename, value),
+                (slot, now, now, charged, size, mode, filename, stored),
             )
         except sqlite3.IntegrityError:
             if filename is not None:
@@ -498,26 +564,13 @@ class Store:
             raise StoreError("the buffer is not open")
         return self._index
 
-    def _get(self, key: str) -> StoredObject | None:
-        try:
-            entry = self._require_index().get(key)
-        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
-            raise StoreError(f"cannot read the index: {_describe(e)}") from e
-        return entry if isinstance(entry, StoredObject) else None
-
-    def _set(self, key: str, entry: StoredObject) -> None:
-        try:
-            self._require_index().set(key, entry, tag=entry.size)
-        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
-            raise StoreError(f"cannot write the index: {_describe(e)}") from e
-
 
 @dataclass(frozen=True)
 class Found:
     """A stored object as a worker's index read finds it, with its index row."""
 
     rowid: int
-    encoded: bytes  # the StoredObject as the index holds it (`decode`)
+    entry: StoredObject
 
 
 class Index:
@@ -532,7 +585,6 @@ class Index:
         self._objects_dir = str(directory / "objects")
         self._directory = directory
         self._reader: sqlite3.Connection | None = None
-        self._disk = diskcache.Disk(str(directory / "index"))
 
     def open(self) -> None:
         try:
@@ -547,17 +599,14 @@ class Index:
             raise StoreError("the buffer is not open")
         try:
             found = self._reader.execute(
-                "SELECT rowid, mode, filename, value FROM Cache WHERE key = ? AND raw = 1",
-                (key,),
+                "SELECT rowid, value FROM Cache WHERE key = ? AND raw = 1", (_slot(key),)
             ).fetchone()
-            if found is None:
-                return None
-            rowid, mode, filename, value = found
-            if filename is not None:  # a large head, kept in a file by diskcache
-                value = pickle.dumps(self._disk.fetch(mode, filename, value, False))
         except (OSError, sqlite3.Error) as e:
             raise StoreError(f"cannot read the index: {_describe(e)}") from e
-        return Found(rowid, bytes(value))
+        if found is None or not isinstance(found[1], bytes):
+            return None
+        entry = decode(found[1])
+        return None if entry is None else Found(found[0], entry)
 
     def open_body(self, entry: StoredObject) -> int:
         """A descriptor of a stored body (it stays readable even if evicted)."""
@@ -571,13 +620,34 @@ class Index:
             self._reader.close()
 
 
+def encode(entry: StoredObject) -> bytes:
+    """An index value: `entry` packed (see _RECORD); ValueError for fields holding NUL."""
+    fields = [part for field in entry.headers for part in field]
+    if any("\0" in part for part in fields):
+        raise ValueError("a response field holds NUL")
+    record = _RECORD.pack(
+        bytes.fromhex(entry.file),
+        bytes.fromhex(entry.sha256),
+        entry.size,
+        entry.stored_at,
+        entry.generated_at,
+        entry.lifetime,
+    )
+    return record + "\0".join(fields).encode("utf-8", "surrogatepass")
+
+
 def decode(encoded: bytes) -> StoredObject | None:
     """The StoredObject of an index value, or None for anything else."""
     try:
-        entry = pickle.loads(encoded)
-    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
+        file, sha256, size, stored_at, generated_at, lifetime = _RECORD.unpack_from(encoded)
+        text = encoded[_RECORD.size :].decode("utf-8", "surrogatepass")
+    except (struct.error, UnicodeDecodeError):
         return None
-    return entry if isinstance(entry, StoredObject) else None
+    fields = text.split("\0") if text else []
+    if len(fields) % 2:
+        return None
+    headers = tuple(zip(fields[::2], fields[1::2], strict=True))
+    return StoredObject(file.hex(), size, sha256.hex(), headers, stored_at, generated_at, lifetime)
 
 
 def check_body(fd: int, entry: StoredObject) -> None:
@@ -607,10 +677,57 @@ def _open_index(directory: Path) -> diskcache.Cache:
         size_limit=2**62,
         timeout=_INDEX_TIMEOUT,
         statistics=False,
-        tag_index=True,  # the tag is the body size, summed at start: see the docstring
+        tag_index=False,  # the totals are kept by triggers: see the module docstring
+        disk_min_file_size=2**20,  # every value in its row, where a worker reads it
         sqlite_cache_size=-SQLITE_CACHE_KIB,  # negative: KiB rather than pages
         sqlite_mmap_size=0,
     )
+
+
+def _slot(key: str) -> bytes:
+    """The index's key for a cache key: a digest of fixed size, however long the URL."""
+    return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=_KEY_BYTES).digest()
+
+
+def _adopt(connection: sqlite3.Connection) -> bool:
+    """Make the index one of FORMAT that keeps its totals (see the module docstring);
+    False if it held rows of another format: they are dropped with diskcache's table,
+    which the caller has diskcache make anew before adopting it again."""
+    try:
+        ((found,),) = connection.execute("SELECT format FROM Buffer")
+    except (sqlite3.OperationalError, ValueError):
+        found = None
+    if found == FORMAT:
+        return True
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        ((other,),) = connection.execute("SELECT EXISTS (SELECT 1 FROM Cache)")
+        connection.execute("DROP TABLE IF EXISTS Buffer")
+        if other:
+            connection.execute("DROP TABLE Cache")  # its indexes and triggers with it
+            connection.execute("UPDATE Settings SET value = 0 WHERE key IN ('count', 'size')")
+        else:
+            for statement in _TOTALS:
+                connection.execute(statement)
+            connection.execute("INSERT INTO Buffer VALUES (?, 0)", (FORMAT,))
+        connection.execute("COMMIT")
+    except BaseException:
+        connection.execute("ROLLBACK")
+        raise
+    return not other
+
+
+# The `Buffer` table and the triggers that keep its total of the bytes charged (`tag`)
+# in the transaction of each change to the index.
+_TOTALS = (
+    "CREATE TABLE Buffer (format INTEGER NOT NULL, used INTEGER NOT NULL)",
+    "CREATE TRIGGER IF NOT EXISTS Buffer_used_insert AFTER INSERT ON Cache BEGIN"
+    " UPDATE Buffer SET used = used + IFNULL(NEW.tag, 0); END",
+    "CREATE TRIGGER IF NOT EXISTS Buffer_used_delete AFTER DELETE ON Cache BEGIN"
+    " UPDATE Buffer SET used = used - IFNULL(OLD.tag, 0); END",
+    "CREATE TRIGGER IF NOT EXISTS Buffer_used_update AFTER UPDATE OF tag ON Cache BEGIN"
+    " UPDATE Buffer SET used = used + IFNULL(NEW.tag, 0) - IFNULL(OLD.tag, 0); END",
+)
 
 
 def _create_partial(path: str) -> None:
@@ -620,14 +737,16 @@ def _create_partial(path: str) -> None:
     progress.create(path)
 
 
-def _connect(directory: Path, write: bool = False) -> sqlite3.Connection:
+def _connect(
+    directory: Path, write: bool = False, timeout: float = _INDEX_TIMEOUT
+) -> sqlite3.Connection:
     """A read-only connection to the index (or a writing one, in autocommit mode and as
     durable as diskcache's own), with the page cache of `_open_index`."""
     uri = f"file:{directory / 'index' / diskcache.core.DBNAME}?mode={'rw' if write else 'ro'}"
     connection = sqlite3.connect(
         uri,
         uri=True,
-        timeout=_INDEX_TIMEOUT,
+        timeout=timeout,
         check_same_thread=False,
         isolation_level=None if write else "DEFERRED",
     )
@@ -647,6 +766,17 @@ def _reader(directory: Path) -> Iterator[sqlite3.Connection]:
         connection.close()
 
 
+@contextlib.contextmanager
+def _writer(directory: Path) -> Iterator[sqlite3.Connection]:
+    """A connection that may change the index, in explicit transactions only; it waits
+    for the lock as long as diskcache's own start does (workers open it meanwhile)."""
+    connection = _connect(directory, write=True, timeout=_OPEN_TIMEOUT)
+    try:
+        yield connection
+    finally:
+        connection.close()
+
+
 @dataclass(frozen=True)
 class _Checked:
     """One batch of the background check: its last rowid (0: nothing left), how many
@@ -654,7 +784,7 @@ class _Checked:
 
     last: int
     count: int
-    corrupt: list[tuple[str, int]]
+    corrupt: list[tuple[bytes, int]]
 
 
 def _check_rows(
@@ -665,13 +795,13 @@ def _check_rows(
 ) -> _Checked:
     """Check the next rows found at start (run in a thread: it reads and hashes)."""
     rows = reader.execute(
-        "SELECT rowid, key, raw, filename, value FROM Cache WHERE rowid > ? AND rowid <= ?"
+        "SELECT rowid, key, raw, value FROM Cache WHERE rowid > ? AND rowid <= ?"
         " ORDER BY rowid LIMIT ?",
         (after, through, _CHECK_BATCH),
     ).fetchall()
     corrupt = []
-    for rowid, key, raw, filename, value in rows:
-        entry = decode(value) if raw == 1 and filename is None and value is not None else None
+    for rowid, key, raw, value in rows:
+        entry = decode(value) if raw == 1 and isinstance(value, bytes) else None
         if entry is None:
             corrupt.append((key, rowid))  # not an object of ours: dropped as corrupt
             continue
@@ -714,8 +844,8 @@ def _sweep(directory: Path, opened_at: float, entries: int) -> int:
     bits = 1 << max(16, (64 * entries).bit_length())
     seen = bytearray(bits // 8)
     with _reader(directory) as reader:
-        for (value,) in reader.execute("SELECT value FROM Cache WHERE value IS NOT NULL"):
-            entry = decode(value)
+        for (value,) in reader.execute("SELECT value FROM Cache"):
+            entry = decode(value) if isinstance(value, bytes) else None
             for slot in _slots(entry.file if entry else "", bits):
                 seen[slot >> 3] |= 1 << (slot & 7)
     removed = 0

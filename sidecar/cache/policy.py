@@ -187,7 +187,6 @@ class Reason(enum.StrEnum):
     ORIGIN_PRECONDITION = "origin-precondition"
     REQUEST_NO_STORE = "request-no-store"
     STATUS = "status"
-    NO_LENGTH = "no-length"
     BAD_LENGTH = "bad-length"
     RESPONSE_NO_STORE = "response-no-store"
     CONTENT_ENCODING = "content-encoding"
@@ -209,7 +208,6 @@ _SENTENCES = {
     ),
     Reason.REQUEST_NO_STORE: "the request says Cache-Control: no-store",
     Reason.STATUS: "only 200 responses are stored",
-    Reason.NO_LENGTH: "the response has no Content-Length (or is chunked)",
     Reason.BAD_LENGTH: "the response's Content-Length is invalid",
     Reason.RESPONSE_NO_STORE: "the response says Cache-Control: no-store",
     Reason.CONTENT_ENCODING: "the response is content-encoded although identity was asked for",
@@ -275,9 +273,9 @@ def response_is_cacheable(status: int, headers: Headers) -> Verdict:
     """May this upstream response to a cacheable GET be stored?
 
     - 200 only: a 206 is a piece, redirects and errors are the origin's to repeat.
-    - A known length: a valid `Content-Length` and no `Transfer-Encoding` (with both,
-      the length is to be ignored, RFC 9112 §6.3), so a short body can always be told
-      from a complete one.
+    - A `Content-Length`, if any, that is valid. A body without one (chunked, or
+      delimited by the connection's close, `wire.fields.body_length`) is stored too,
+      once its end says it is whole: the fill writes it as it comes (`buffer.fill`).
     - No `Cache-Control: no-store` (RFC 9111 §3: a cache MUST NOT store a response
       unless "the no-store cache directive is not present in the response").
       `private` is fine: this is a private cache. `no-cache`, `max-age` and `Expires`
@@ -290,11 +288,7 @@ def response_is_cacheable(status: int, headers: Headers) -> Verdict:
     """
     if status != 200:
         return Verdict(False, Reason.STATUS)
-    if header(headers, "Transfer-Encoding") is not None:
-        return Verdict(False, Reason.NO_LENGTH)
-    if header(headers, "Content-Length") is None:
-        return Verdict(False, Reason.NO_LENGTH)
-    if content_length(headers) is None:
+    if header(headers, "Content-Length") is not None and content_length(headers) is None:
         return Verdict(False, Reason.BAD_LENGTH)
     if "no-store" in cache_directives(headers):
         return Verdict(False, Reason.RESPONSE_NO_STORE)

@@ -1,7 +1,8 @@
 """The router: each request to an intercepted host becomes a hit, a fill or a pass.
 
 - hit: the object is stored and verified -> streamed from the buffer;
-- miss: a new fill starts -> the client follows the fill;
+- miss: a new fill starts -> the client follows the fill (a body of unknown length: the
+  client relays the origin's stream, which the fill stores on its way);
 - coalesced: a fill for the object is running -> the client joins it;
 - pass: not cacheable, or no room -> relayed from upstream, nothing stored.
 
@@ -32,9 +33,10 @@ from sidecar.buffer.fill import (
     FillFailed,
     Fills,
     StoredMeanwhile,
+    UnsizedFill,
     read_file,
 )
-from sidecar.buffer.keeper import BUFFER_UNAVAILABLE, Buffer
+from sidecar.buffer.keeper import BUFFER_UNAVAILABLE, UNSIZED, Buffer
 from sidecar.buffer.store import StoredObject, StoreError
 from sidecar.cache import policy
 from sidecar.metrics import Metrics
@@ -50,7 +52,7 @@ from sidecar.settings import Settings, host_matches
 from sidecar.wire import conditionals, ranges
 from sidecar.wire.client import Interim, Response, UpstreamError
 from sidecar.wire.exchange import Body, Channel, ClientGone, Immediate, Request
-from sidecar.wire.fields import Headers, header
+from sidecar.wire.fields import Fields, Headers, header
 
 logger = logging.getLogger(__name__)
 
@@ -80,12 +82,17 @@ class Representation:
     generated_at: float | None
 
     @functools.cached_property
+    def fields(self) -> Fields:
+        """The stored fields by lower-case name: read once for every lookup below."""
+        return Fields.of(self.headers)
+
+    @functools.cached_property
     def etag(self) -> str | None:
-        return header(self.headers, "ETag")
+        return self.fields.get("etag")
 
     @functools.cached_property
     def last_modified(self) -> str | None:
-        return header(self.headers, "Last-Modified")
+        return self.fields.get("last-modified")
 
     @functools.cached_property
     def modified(self) -> str | None:
@@ -276,10 +283,12 @@ class Router:
             assert acquired.response is not None
             # The unconditional full response answers neither a Range nor a precondition.
             if request.header("Range") is not None or conditionals.has_precondition(request.fields):
-                acquired.response.release()
-                await self._pass(request, channel, acquired.reason)
+                acquired.release()
+                await self._pass(request, channel, acquired.reason or UNSIZED)
             else:
-                await self._relay(request, channel, acquired.response, acquired.reason)
+                await self._relay(
+                    request, channel, acquired.response, acquired.reason, acquired.unsized
+                )
             return
         try:
             await self._serve_fill(request, channel, acquired.fill, acquired)
@@ -570,10 +579,17 @@ class Router:
         channel: Channel,
         response: Response,
         reason: str,
+        unsized: UnsizedFill | None = None,
     ) -> None:
-        """Stream an upstream response to the client as it arrives, storing nothing."""
+        """Stream an upstream response to the client as it arrives: a pass for `reason`,
+        or the miss that starts an `unsized` fill, which stores it on its way."""
         started = time.monotonic()
-        self.metrics.count_pass(reason)
+        if unsized is None:
+            self.metrics.count_pass(reason)
+            chunks = response.chunks()
+        else:
+            self.metrics.counters.misses += 1
+            chunks = unsized.chunks(response)
         try:
             headers = response_headers(response.headers.items())
             length = response.headers.get("Content-Length")
@@ -585,7 +601,7 @@ class Router:
             if not bodiless:
                 # The body ends where the origin framed it; one cut short raises.
                 try:
-                    async for chunk in response.chunks():
+                    async for chunk in chunks:
                         self.metrics.counters.bytes_from_upstream += len(chunk)
                         await channel.write(
                             b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk
@@ -605,8 +621,11 @@ class Router:
                     await channel.write(b"0\r\n\r\n")
             channel.finish()
         finally:
+            if unsized is not None:
+                unsized.close()
             response.release()
-        _log_object(f"pass ({reason})", request, response.status, channel.body_bytes, started)
+        kind = "miss" if unsized is not None else f"pass ({reason})"
+        _log_object(kind, request, response.status, channel.body_bytes, started)
 
     async def _error(self, channel: Channel, status: int, message: str) -> None:
         body = (message + "\n").encode()

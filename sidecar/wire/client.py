@@ -220,6 +220,14 @@ class Response:
         """The whole response has arrived (its body may still wait to be read)."""
         return self._connection.complete
 
+    @property
+    def whole(self) -> bool:
+        """Complete, and known to be: RFC 9112 §9.8, "A response that has neither
+        chunked transfer coding nor Content-Length is complete only if a valid closure
+        alert has been received." Over plain TCP the close is all there is (nginx and
+        Squid store such bodies too); over TLS, a close without the alert may be a cut."""
+        return self._connection.complete and not self._connection.unconfirmed
+
     async def settle(self) -> bool:
         """`overlong`, once what the origin sent right after the response has been read:
         a stray write of its own (another TLS record or segment) is in the socket by the
@@ -288,6 +296,7 @@ class _Connection(asyncio.Protocol):
         self._error: BaseException | None = None
         self._received = False  # any byte of the response arrived
         self.complete = False  # the final response has ended
+        self.unconfirmed = False  # ... with the connection, without TLS's closure alert
         self.overlong = False
         self._keep_alive = False
         self._sending: asyncio.Task[None] | None = None
@@ -426,6 +435,11 @@ class _Connection(asyncio.Protocol):
         self._method = method
         self._interim = interim
         self._head = self._loop.create_future()
+        if body is None:
+            # No body goes with it (the front ends drop a GET's, which has "no generally
+            # defined semantics", RFC 9110 §9.3.1), nor may its length: the origin would
+            # wait for a body that never comes.
+            fields = [(k, v) for k, v in fields if k.lower() != "content-length" or v == "0"]
         has_length = any(name.lower() == "content-length" for name, _ in fields)
         chunked = body is not None and not has_length
         self.transport.write(request_head(self.route, method, url, fields, chunked))
@@ -561,6 +575,7 @@ class _Connection(asyncio.Protocol):
         clean = exc is None or isinstance(exc, ssl.SSLError)
         if head_done and clean and _ends_at_close(self._head_fields()):
             self.complete = True  # a body delimited by the end of the connection
+            self.unconfirmed = exc is not None
         elif not self._received and self.used:
             self._fail(_Stale("the origin closed a kept-alive connection"))
         elif head_done:
@@ -774,8 +789,13 @@ async def _connect_tls(address: str, route: Route, connection: _Connection) -> N
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         await asyncio.get_running_loop().sock_connect(sock, (address, route.port))
         assert route.context is not None
+        # An end without the closure alert is an error, not an end: it may cut a body
+        # delimited by the connection's end (`Response.whole`).
         secure = route.context.wrap_socket(
-            sock, server_hostname=route.host, do_handshake_on_connect=False
+            sock,
+            server_hostname=route.host,
+            do_handshake_on_connect=False,
+            suppress_ragged_eofs=False,
         )
     except BaseException:
         sock.close()

@@ -62,6 +62,24 @@ def has_precondition(request_headers: Headers) -> bool:
     return any(header(request_headers, name) is not None for name in _PRECONDITIONS)
 
 
+def _listed(tags: str, etag: str | None, strong: bool) -> bool:
+    """Does an If-Match or If-None-Match list name the stored ETag? `*` names any stored
+    object; otherwise a listed tag must match by the strong comparison (neither tag weak)
+    or the weak one (RFC 9110 §8.8.3.2)."""
+    members = split_list(tags)
+    if "*" in members:
+        return True
+    stored = entity_tag(etag) if etag else None
+    if stored is None or (strong and stored.weak):
+        return False
+    return any(
+        (tag := entity_tag(member)) is not None
+        and not (strong and tag.weak)
+        and tag.opaque == stored.opaque
+        for member in members
+    )
+
+
 def preconditions_hold(
     request_headers: Headers, etag: str | None, last_modified: str | None
 ) -> bool:
@@ -78,20 +96,7 @@ def preconditions_hold(
     """
     if_match = header(request_headers, "If-Match")
     if if_match is not None:
-        members = split_list(if_match)
-        if "*" in members:
-            return True
-        stored = entity_tag(etag) if etag else None
-        return (
-            stored is not None
-            and not stored.weak
-            and any(
-                (tag := entity_tag(member)) is not None
-                and not tag.weak
-                and tag.opaque == stored.opaque
-                for member in members
-            )
-        )
+        return _listed(if_match, etag, strong=True)
     if_unmodified_since = header(request_headers, "If-Unmodified-Since")
     if if_unmodified_since is None or last_modified is None:
         return True
@@ -115,16 +120,7 @@ def not_modified(request_headers: Headers, etag: str | None, last_modified: str 
     """
     if_none_match = header(request_headers, "If-None-Match")
     if if_none_match is not None:
-        members = split_list(if_none_match)
-        if "*" in members:
-            return True
-        stored = entity_tag(etag) if etag else None
-        if stored is None:
-            return False
-        return any(
-            (tag := entity_tag(member)) is not None and tag.opaque == stored.opaque
-            for member in members
-        )
+        return _listed(if_none_match, etag, strong=False)
     if_modified_since = header(request_headers, "If-Modified-Since")
     if if_modified_since is None or last_modified is None:
         return False

@@ -120,6 +120,16 @@ def content_length(headers: Headers) -> int | None:
     return int(digits) if len(digits.lstrip("0")) <= MAX_DIGITS else None
 
 
+def body_length(headers: Headers) -> int | None:
+    """The length of a response's body as its head says it; None when only the body's
+    end will tell. RFC 9112 §6.3: "If a message is received with both a
+    Transfer-Encoding and a Content-Length header field, the Transfer-Encoding overrides
+    the Content-Length"; without either, the body ends with the connection."""
+    if header(headers, "Transfer-Encoding") is not None:
+        return None
+    return content_length(headers)
+
+
 # Hop-by-hop fields describe one connection and are never forwarded or replayed
 # (RFC 9110 §7.6.1; RFC 9111 §3.1).
 HOP_BY_HOP = frozenset(

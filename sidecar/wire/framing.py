@@ -101,7 +101,8 @@ def llhttp_misframes(transfer_encoding: str | None) -> bool:
     `Transfer-Encoding` ends in chunked? A tab after the last coding (optional
     whitespace, RFC 9110 §5.6.3) makes it miss the chunked coding, and hand the chunks
     over undecoded (nodejs/llhttp#876, open in every llhttp httptools bundles; a space
-    is read right). Requests with it are refused by llhttp itself."""
+    is read right). A request with it llhttp refuses outright, unless told to be lenient
+    about it (`sidecar.wire.server` is, for that request alone)."""
     if transfer_encoding is None:
         return False
     value = transfer_encoding.rstrip(" \t")

@@ -33,7 +33,12 @@ from typing import Any, cast
 import httptools
 
 from sidecar.wire.exchange import ClientGone, Handler, Immediate, Request
-from sidecar.wire.framing import closes_after, request_head_error
+from sidecar.wire.framing import (
+    ChunkedDecoder,
+    closes_after,
+    llhttp_misframes,
+    request_head_error,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -233,6 +238,10 @@ class Http1Connection(asyncio.Protocol):
         self._transfer_encoding: str | None = None
         self._head_size = 0
         self._body: _BodyStream | None = None
+        # A chunked body llhttp misframes (`llhttp_misframes`), decoded here, and what
+        # followed its end: the next requests, for a new parser.
+        self._dechunk: ChunkedDecoder | None = None
+        self._after: bytes | None = None
         # An upgrade request, from its head until the relay takes the connection over.
         self._upgrade: Request | None = None
         self._early = bytearray()  # what the client sent after it
@@ -251,6 +260,12 @@ class Http1Connection(asyncio.Protocol):
             return
         try:
             self._parser.feed_data(data)
+            while self._after is not None:
+                # The old parser takes whatever follows for body until the connection's
+                # end: the requests after a body decoded here go to a new one.
+                self._parser = httptools.HttpRequestParser(self)
+                data, self._after = self._after, None
+                self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as e:
             if self._upgrade is not None:
                 self._early += data[int(e.args[0]) :]
@@ -295,6 +310,7 @@ class Http1Connection(asyncio.Protocol):
         self._transfer_encoding = None
         self._head_size = 0
         self._body = None
+        self._dechunk = None
 
     def on_url(self, url: bytes) -> None:
         self._grow_head(len(url))
@@ -326,6 +342,12 @@ class Http1Connection(asyncio.Protocol):
         )
         if refusal is not None:
             raise BadRequest(*refusal)
+        if llhttp_misframes(self._transfer_encoding):
+            # A tab after `chunked` is optional whitespace (RFC 9110 §5.6.3), yet llhttp
+            # refuses the request once this returns; let it read the body undecoded, as
+            # it does a response's, and decode it here.
+            self._dechunk = ChunkedDecoder()
+            self._parser.set_dangerous_leniencies(lenient_transfer_encoding=True)
         close = not self._parser.should_keep_alive() or closes_after(
             number, self._transfer_encoding
         )
@@ -356,9 +378,19 @@ class Http1Connection(asyncio.Protocol):
                 self._worker = task
 
     def on_body(self, body: bytes) -> None:
-        if self._body is not None:
+        decoder = self._dechunk
+        if decoder is not None:
+            try:
+                body, after = decoder.feed(body)
+            except ValueError as e:
+                raise BadRequest(HTTPStatus.BAD_REQUEST, f"malformed chunked body: {e}") from e
+        if self._body is not None and body:
             self._body.feed(bytes(body))
         # A GET or HEAD with a body (allowed, meaningless): dropped.
+        if decoder is not None and decoder.done:
+            self._dechunk = None
+            self._after = after
+            self.on_message_complete()
 
     def on_message_complete(self) -> None:
         if self._body is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,11 +15,20 @@ from bench import bench_scale
 from injector import names, runtimes, settings
 from injector.capture import BUILTIN_NO_PROXY, find_upstream_proxy, normalize_proxy, redact
 from injector.decide import ALREADY_INJECTED, HOST_NETWORK, INJECTED, OPTED_OUT, WINDOWS, decide
-from injector.mutate import TRUST_VARIABLES, mutate, sidecar_buffer_size, sidecar_resources
+from injector.mutate import (
+    INDEX_BYTES_PER_OBJECT,
+    MAX_OBJECTS,
+    TRUST_VARIABLES,
+    mutate,
+    sidecar_buffer_size,
+    sidecar_resources,
+)
 from injector.overrides import pod_options
 from injector.quantity import parse_bytes
 from injector.settings import InjectorSettings
 from sidecar import settings as sidecar_settings
+from sidecar.buffer.store import Store
+from sidecar.cache.policy import cache_key
 from sidecar.settings import DEFAULT_INTERCEPT
 
 OWN_PROXY = "http://127.0.0.1:3128"
@@ -198,10 +208,50 @@ def test_upstream_proxy_is_the_first_seen_and_ours_is_not_one() -> None:
 
 
 def test_buffer_headroom() -> None:
-    assert sidecar_buffer_size(32 * 2**20) == 16 * 2**20
-    assert sidecar_buffer_size(2**30) == 960 * 2**20
-    assert sidecar_buffer_size(100 * 2**30) == 100 * 2**30 - 512 * 2**20
+    assert sidecar_buffer_size(32 * 2**20) == 11 * 2**20
+    assert sidecar_buffer_size(2**30) == 848 * 2**20
+    # A million objects at most: beyond 4 GiB the index's room stops growing.
+    room = 640 * 10**6 + 16 * 2**20
+    assert sidecar_buffer_size(100 * 2**30) == (100 * 2**30 - room) // 2**20 * 2**20
     assert sidecar_buffer_size(10**9) % 2**20 == 0
+
+
+# A cloud object store's response fields, as the sidecar stores them (vendor fields kept).
+_CLOUD_FIELDS = (
+    ("x-amz-id-2", "x" * 76),
+    ("x-amz-request-id", "Y" * 16),
+    ("Date", "Mon, 01 Jan 2024 00:00:00 GMT"),
+    ("Last-Modified", "Mon, 01 Jan 2024 00:00:00 GMT"),
+    ("ETag", '"0123456789abcdef0123456789abcdef"'),
+    ("x-amz-server-side-encryption", "AES256"),
+    ("x-amz-version-id", "Z" * 32),
+    ("Accept-Ranges", "bytes"),
+    ("Content-Type", "image/jpeg"),
+    ("Server", "AmazonS3"),
+)
+
+
+@pytest.mark.parametrize("fields", [_CLOUD_FIELDS[:3], _CLOUD_FIELDS], ids=["three", "cloud"])
+def test_the_volume_keeps_room_for_the_index_of_every_object_it_can_hold(
+    tmp_path: Path, fields: tuple[tuple[str, str], ...]
+) -> None:
+    """The index of real objects, made by the sidecar's store, fits the room the injector
+    keeps for it: per object, and so at the documented maximum of a million objects."""
+    store = Store(tmp_path, 2**40, "none")
+    store.open()
+    count = 2000
+    for n in range(count):
+        reservation = store.reserve(1024)
+        assert reservation is not None
+        Path(reservation.path).write_bytes(bytes(1024))
+        url = f"https://datasets.example.org/imagenet/train/n01440764/img-{n:08d}.JPEG"
+        store.commit(reservation, cache_key(url), "ab" * 32, fields, 1.7e9, 0.0)
+    store.close()
+    index = sum(p.stat().st_size for p in (tmp_path / "index").iterdir())
+    assert index / count <= INDEX_BYTES_PER_OBJECT
+    for volume in (32 * 2**20, 2**30, 4 * 2**30, 100 * 2**30):
+        objects = min(volume // store.charge(1024), MAX_OBJECTS)
+        assert volume - sidecar_buffer_size(volume) >= objects * index / count
 
 
 @pytest.mark.parametrize(

@@ -281,9 +281,32 @@ def test_chunked_close_delimited_and_head_responses_are_framed_by_the_book(
         await writer.drain()
 
     async def read_to_close(origin: Origin, pool: Pool, route: Route) -> None:
-        assert await body(await pool.request(route, "GET", origin.url(), [])) == b"to the end"
+        response = await pool.request(route, "GET", origin.url(), [])
+        assert b"".join([chunk async for chunk in response.chunks()]) == b"to the end"
+        assert response.whole  # closed with TLS's closure alert
+        response.release()
 
     run(ca, until_close, read_to_close)
+
+
+def test_a_body_delimited_by_a_close_without_the_closure_alert_is_relayed_but_not_whole(
+    ca: trustme.CA,
+) -> None:
+    # RFC 9112 §9.8: "A response that has neither chunked transfer coding nor
+    # Content-Length is complete only if a valid closure alert has been received."
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        writer.write(b"HTTP/1.0 200 OK\r\n\r\nto the end")
+        await writer.drain()
+        writer.transport.abort()  # the TCP connection closes, TLS never says so
+
+    async def read_to_close(origin: Origin, pool: Pool, route: Route) -> None:
+        response = await pool.request(route, "GET", origin.url(), [])
+        assert b"".join([chunk async for chunk in response.chunks()]) == b"to the end"
+        assert response.complete and not response.whole
+        response.release()
+
+    run(ca, cut, read_to_close)
 
 
 def test_chunked_followed_by_a_tab_is_decoded_across_reads(ca: trustme.CA) -> None:

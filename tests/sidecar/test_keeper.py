@@ -76,7 +76,7 @@ def test_a_small_body_takes_its_claims_room_and_joiners_find_it_stored(
         assert not joining.done()  # nobody follows a small fill: it waits for the commit
         assert await commit(keeper, begun, "a", 1000) == {}
         assert await joining == {"stored": True, "joined": True}
-        assert keeper.store.reserved == 0 and keeper.store.used == 1000
+        assert keeper.store.reserved == 0 and keeper.store.used == keeper.store.charge(1000)
 
     asyncio.run(scenario())
 

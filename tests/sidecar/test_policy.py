@@ -269,8 +269,8 @@ OK_RESPONSE = {"Content-Length": "10", "Content-Type": "application/octet-stream
         (304, {}, Reason.STATUS),
         (302, {"Location": "https://cdn/"}, Reason.STATUS),
         (404, {}, Reason.STATUS),
-        (200, {"Content-Length": None}, Reason.NO_LENGTH),
-        (200, {"Transfer-Encoding": "chunked"}, Reason.NO_LENGTH),
+        (200, {"Content-Length": None}, Reason.OK),  # stored once its end says it is whole
+        (200, {"Transfer-Encoding": "chunked"}, Reason.OK),
         (200, {"Content-Length": "10, 11"}, Reason.BAD_LENGTH),
         (200, {"Content-Length": "-1"}, Reason.BAD_LENGTH),
         (200, {"Content-Length": "1e3"}, Reason.BAD_LENGTH),
@@ -300,6 +300,13 @@ def test_content_length() -> None:
     assert fields.content_length({"content-length": " 42 "}) == 42
     assert fields.content_length({}) is None
     assert fields.content_length({"Content-Length": ""}) is None
+
+
+def test_body_length_is_unknown_when_chunked_or_delimited_by_the_close() -> None:
+    assert fields.body_length({"Content-Length": "42"}) == 42
+    assert fields.body_length({}) is None  # RFC 9112 §6.3: read until the close
+    # "the Transfer-Encoding overrides the Content-Length"
+    assert fields.body_length({"Transfer-Encoding": "chunked", "Content-Length": "42"}) is None
 
 
 def test_stored_headers_replays_end_to_end_fields_in_order() -> None:

@@ -217,6 +217,40 @@ def test_an_unresumable_drop_fails_the_client_and_stores_nothing(
     assert stats["entries"] == 0 and stats["buffer_bytes"] == 0 and stats["reserved_bytes"] == 0
 
 
+def test_a_chunked_object_is_stored_whole_and_a_client_that_comes_meanwhile_passes(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    # A body of unknown length is nobody's to join (sidecar.buffer.keeper says why).
+    query = {"chunked": 1, "case": "chunked-join", "rate": 16_000_000}
+    url = origin.url("big.bin", **query)
+    expected = body_of(dataset, "big.bin")
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(curl, sidecar, url)
+        wait_until(lambda: sidecar.stats()["fills_in_progress"] == 1, "the fill to start")
+        meanwhile = curl(sidecar, url)
+        assert first.result().body == expected and meanwhile.body == expected
+    assert sidecar.stats()["pass_reasons"]["filling-unsized"] == 1
+    hit = curl(sidecar, url, "-D", "-")
+    assert hit.body == expected and f"content-length: {len(expected)}" in hit.stdout.lower()
+    assert origin.count("big.bin", **query) == 2
+    stats = sidecar.stats()
+    assert (stats["misses"], stats["hits"], stats["entries"]) == (1, 1, 1)
+    assert stats["buffer_bytes"] == len(expected) and stats["reserved_bytes"] == 0
+
+
+def test_a_chunked_body_the_origin_drops_fails_the_client_and_stores_nothing(
+    sidecar: Sidecar, origin: OriginServer
+) -> None:
+    # Without a length there is no resuming with a Range.
+    url = origin.url("big.bin", chunked=1, dropalways=2_000_000)
+    for _ in range(2):
+        download = curl(sidecar, url)
+        assert download.returncode != 0 and len(download.body) < FILES["big.bin"]
+    assert origin.count("big.bin", chunked=1, dropalways=2_000_000) == 2
+    stats = sidecar.stats()
+    assert stats["entries"] == 0 and stats["buffer_bytes"] == 0 and stats["reserved_bytes"] == 0
+
+
 def test_a_lying_content_length_is_an_error_and_is_not_stored(
     sidecar: Sidecar, origin: OriginServer
 ) -> None:

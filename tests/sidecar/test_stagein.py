@@ -69,6 +69,18 @@ def test_staged_objects_are_hits_from_the_first_request(
 
 
 @pytest.mark.e2e
+def test_a_chunked_object_is_staged_too(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    url = origin.url("medium.bin", chunked=1)
+    sidecar = start_sidecar("--stage-in", url)
+    wait_until(lambda: sidecar.stats()["stage_in_done"] == 1, "stage-in to finish")
+    assert curl(sidecar, url).body == (dataset / "medium.bin").read_bytes()
+    assert origin.count("medium.bin", chunked=1) == 1
+    assert sidecar.stats()["hits"] == 1
+
+
+@pytest.mark.e2e
 def test_a_client_joins_an_object_being_staged(
     start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
 ) -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import shutil
 from pathlib import Path
 
 import diskcache
+import pytest
 
-from sidecar.buffer.store import Index, Store, StoredObject, decode
+from sidecar.buffer.store import Index, Store, StoredObject, decode, encode
 
 
 def commit(store: Store, key: str, body: bytes) -> StoredObject:
@@ -34,7 +36,7 @@ def test_a_restart_counts_what_it_finds_from_the_index_alone(tmp_path: Path) -> 
     published: list[tuple[int, int]] = []
     again = Store(tmp_path, 2**20, "none", checks=lambda *p: published.append(p))
     again.open()
-    assert (again.entries, again.used, again.unverified) == (5, 510, 5)
+    assert (again.entries, again.used, again.unverified) == (5, 5 * again.block, 5)
     assert published == [(5, 0)]  # five rows found at start, none checked yet
     asyncio.run(again.verify_existing())
     assert again.unverified == 0 and published[-1] == (5, 5)
@@ -50,7 +52,7 @@ def test_the_check_drops_a_corrupt_body_and_deletes_leftovers(tmp_path: Path) ->
     (tmp_path / "objects" / "0123456789abcdef0123456789abcdef").write_bytes(b"left over")
     again = reopened(tmp_path)
     asyncio.run(again.verify_existing())
-    assert (again.entries, again.used) == (1, 300)
+    assert (again.entries, again.used) == (1, again.block)
     assert not again.holds("bad") and again.holds("good")
     assert sorted(p.name for p in (tmp_path / "objects").iterdir()) == [good.file]
     again.close()
@@ -60,8 +62,9 @@ def test_an_index_of_another_format_starts_empty(tmp_path: Path) -> None:
     store = reopened(tmp_path)
     entry = commit(store, "new", b"x" * 10)
     store.close()
+    shutil.rmtree(tmp_path / "index")  # as an earlier version left it: pickles, no totals
     with diskcache.Cache(str(tmp_path / "index")) as index:
-        index.set("old", entry)  # no size in its tag: written by another version
+        index.set("old", entry)  # pickled, by a version that kept no totals
     again = reopened(tmp_path)
     assert (again.entries, again.used) == (0, 0)
     asyncio.run(again.verify_existing())
@@ -69,13 +72,59 @@ def test_an_index_of_another_format_starts_empty(tmp_path: Path) -> None:
     again.close()
 
 
+def test_the_totals_kept_by_the_index_survive_every_change(tmp_path: Path) -> None:
+    store = reopened(tmp_path)
+    for n in range(4):
+        commit(store, f"k{n}", bytes(5000 * n))  # one block for the empty body, 2, 3, 4
+    store.touch(["k1", "k2"])
+    store.remove("k3")
+    entry = commit(store, "k0", bytes(10_000))  # stored anew: the old one goes
+    store.update("k0", entry.file, (("ETag", '"f"'),), 1.0, 2.0)
+    expected = (store.entries, store.used)
+    store.close()
+    again = reopened(tmp_path)
+    assert (again.entries, again.used) == expected == (3, (2 + 3 + 3) * again.block)
+    again.close()
+
+
+def test_the_volume_never_fills_before_the_cap(tmp_path: Path) -> None:
+    """Bodies of 1–4 KiB take whole blocks: counted as such, what the cap admits fits a
+    volume of the cap's size."""
+    capacity = 64 * 4096
+    store = reopened(tmp_path, capacity=capacity)
+    n = 0
+    while (reservation := store.reserve(1024 + 1000 * (n % 4))) is not None:
+        Path(reservation.path).write_bytes(bytes(reservation.size))
+        store.commit(reservation, f"k{n}", "0" * 64, (), 0.0, 0.0)
+        n += 1
+    on_disk = sum(body.stat().st_blocks * 512 for body in (tmp_path / "objects").iterdir())
+    assert n == 64 and on_disk <= store.used == capacity
+    store.close()
+
+
+def test_an_index_value_is_packed_and_read_back() -> None:
+    entry = StoredObject(
+        "0123456789abcdef0123456789abcdef",
+        12,
+        "ab" * 32,
+        (("Content-Type", "text/plain; charset=utf-8"), ("X-Note", "caf\xe9 \u2603"), ("E", "")),
+        1.5,
+        2.5,
+        3.0,
+    )
+    assert decode(encode(entry)) == entry
+    assert decode(b"short") is None
+    with pytest.raises(ValueError):
+        encode(StoredObject(entry.file, 1, entry.sha256, (("X", "a\0b"),), 0.0))
+
+
 def test_lru_evicts_the_least_recently_touched_across_a_restart(tmp_path: Path) -> None:
-    store = reopened(tmp_path, capacity=300, eviction="lru")
+    store = reopened(tmp_path, capacity=3 * 4096, eviction="lru")
     for key in ("a", "b", "c"):
-        commit(store, key, bytes(100))
+        commit(store, key, bytes(100))  # a block each
     store.touch(["a"])  # b is now the least recently used
     store.close()
-    again = reopened(tmp_path, capacity=300, eviction="lru")
+    again = reopened(tmp_path, capacity=3 * 4096, eviction="lru")
     commit(again, "d", bytes(100))
     assert [again.holds(k) for k in "abcd"] == [True, False, True, True]
     again.close()
@@ -88,7 +137,7 @@ def test_a_worker_reads_an_object_and_its_row(tmp_path: Path) -> None:
     index = Index(tmp_path)
     index.open()
     found = index.find("k")
-    assert found is not None and decode(found.encoded) == entry
+    assert found is not None and found.entry == entry
     store.touch(["k"])  # moved to the end of the lru order: a new, larger row
     moved = index.find("k")
     assert moved is not None and moved.rowid > found.rowid
@@ -100,7 +149,6 @@ def test_a_worker_reads_an_object_and_its_row(tmp_path: Path) -> None:
 def test_a_commit_writes_the_row_diskcache_itself_would(tmp_path: Path) -> None:
     store = reopened(tmp_path)
     first = commit(store, "k", b"a" * 300)
-    # A large head: diskcache keeps such a value in a file of its own.
     head = (("ETag", '"e"'), ("X-Large", "x" * 40_000))
     reservation = store.reserve(10)
     assert reservation is not None
@@ -110,13 +158,49 @@ def test_a_commit_writes_the_row_diskcache_itself_would(tmp_path: Path) -> None:
     store.close()
     with diskcache.Cache(str(tmp_path / "index")) as cache:
         assert len(cache) == 2 and cache.volume() > 0
-        assert cache.get("k") == again != first and cache.get("large") == large
-        assert cache.get("k", tag=True)[1] == 200
+        assert sorted(tag for _, tag in (cache.get(k, tag=True) for k in cache)) == [
+            store.block
+        ] * 2
     reader = Index(tmp_path)
     reader.open()
-    found = reader.find("large")
-    assert found is not None and decode(found.encoded) == large
+    for key, entry in (("k", again), ("large", large)):
+        found = reader.find(key)
+        assert found is not None and found.entry == entry != first
     reader.close()
     restarted = reopened(tmp_path)
-    assert (restarted.entries, restarted.used) == (2, 210)
+    assert (restarted.entries, restarted.used) == (2, 2 * store.block)
     restarted.close()
+
+
+def test_room_of_unknown_length_grows_within_the_cap_and_shrinks_to_its_body(
+    tmp_path: Path,
+) -> None:
+    store = reopened(tmp_path)
+    block = store.block
+    store.capacity = 10 * block  # whatever the file system's block
+    reservation = store.reserve(block)
+    assert reservation is not None
+    assert store.grow(reservation, 6 * block) and store.reserved == 6 * block
+    assert not store.grow(reservation, 10 * block + 1)  # never beyond the cap
+    other = store.reserve(3 * block)
+    assert other is not None
+    assert not store.grow(reservation, 8 * block) and store.reserved == 9 * block
+    store.abort(other)
+    body = b"z" * (4 * block + block // 2)
+    Path(reservation.path).write_bytes(body)
+    store.commit(reservation, "k", hashlib.sha256(body).hexdigest(), (), 0.0, 0.0, len(body))
+    assert (store.used, store.reserved, store.entries) == (5 * block, 0, 1)
+    store.close()
+
+
+def test_room_that_grows_evicts_under_lru_and_never_under_none(tmp_path: Path) -> None:
+    for eviction, kept in (("lru", False), ("none", True)):
+        store = reopened(tmp_path / eviction, eviction=eviction)
+        block = store.block
+        store.capacity = 3 * block
+        commit(store, "old", bytes(2 * block))
+        reservation = store.reserve(block)
+        assert reservation is not None
+        assert store.grow(reservation, 3 * block) != kept
+        assert store.holds("old") == kept
+        store.close()

@@ -10,6 +10,7 @@ clients would refuse to send most of these bytes.
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -18,10 +19,12 @@ from pathlib import Path
 
 import httptools
 import pytest
+import trustme
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bench.harness import Sidecar
+from tests.sidecar.conftest import curl
 
 pytestmark = pytest.mark.e2e
 
@@ -44,10 +47,15 @@ class Seen:
 
 class RawOrigin:
     """A plain-HTTP origin on loopback: answers a request for `/r/<name>` with the bytes
-    of `responses[name]` (others with OK) once the request arrived whole."""
+    of `responses[name]` (others with OK) once the request arrived whole, and closes the
+    connection after it if `name` is in `closing`. With a TLS `context` it speaks HTTPS,
+    and ends that close with TLS's closure alert if `name` is in `notifying`."""
 
-    def __init__(self) -> None:
+    def __init__(self, context: ssl.SSLContext | None = None) -> None:
         self.responses: dict[str, bytes] = {}
+        self.closing: set[str] = set()
+        self.notifying: set[str] = set()
+        self._context = context
         self.connections: list[Seen] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
@@ -66,6 +74,11 @@ class RawOrigin:
             time.sleep(0.05)
         raise AssertionError(f"the origin never saw a request for {name}")
 
+    def count(self, name: str) -> int:
+        """How many requests for `name` arrived."""
+        wanted = f"/r/{name}".encode()
+        return sum(t.endswith(wanted) for seen in self.connections for t in seen.targets)
+
     def _accept(self) -> None:
         while True:
             try:
@@ -75,6 +88,12 @@ class RawOrigin:
             threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
 
     def _serve(self, connection: socket.socket) -> None:
+        if self._context is not None:
+            try:
+                connection = self._context.wrap_socket(connection, server_side=True)
+            except (OSError, ssl.SSLError):
+                connection.close()
+                return
         seen = Seen()
         self.connections.append(seen)
         origin = self
@@ -91,6 +110,10 @@ class RawOrigin:
                 seen.complete += 1
                 name = seen.targets[-1].rpartition(b"/r/")[2].decode()
                 connection.sendall(origin.responses.get(name, OK))
+                if isinstance(connection, ssl.SSLSocket) and name in origin.notifying:
+                    connection.unwrap().shutdown(socket.SHUT_WR)  # close_notify, then FIN
+                elif name in origin.closing:
+                    connection.shutdown(socket.SHUT_WR)  # of TLS's too: no closure alert
 
         parser = httptools.HttpRequestParser(Requests())
         with connection:
@@ -99,7 +122,7 @@ class RawOrigin:
                 while data := connection.recv(65536):
                     seen.raw += data
                     parser.feed_data(data)
-            except (OSError, httptools.HttpParserError, httptools.HttpParserUpgrade):
+            except (OSError, ssl.SSLError, httptools.HttpParserError, httptools.HttpParserUpgrade):
                 return
             seen.closed.set()
 
@@ -109,6 +132,8 @@ class Reply:
     statuses: list[int]
     bodies: list[bytes]
     closed: bool  # the sidecar closed the connection after its answers
+    heads: list[dict[str, str]] = field(default_factory=list)  # fields, names in lower case
+    complete: int = 0  # responses that arrived whole
 
 
 class Client:
@@ -120,6 +145,8 @@ class Client:
         self._parser = httptools.HttpResponseParser(self)
         self._statuses: list[int] = []
         self._bodies: list[bytes] = []
+        self._heads: list[dict[str, str]] = []
+        self._fields: dict[str, str] = {}
         self._done = 0  # responses that arrived whole
         self._closed = False
         self.sock = socket.create_connection(("127.0.0.1", sidecar.proxy_port), timeout=BOUND)
@@ -147,7 +174,9 @@ class Client:
             self._receive(deadline - time.monotonic())
         if not self._closed and linger:
             self._receive(linger)
-        return Reply(list(self._statuses), list(self._bodies), self._closed)
+        return Reply(
+            list(self._statuses), list(self._bodies), self._closed, list(self._heads), self._done
+        )
 
     def _receive(self, timeout: float) -> None:
         self.sock.settimeout(max(0.01, timeout))
@@ -164,9 +193,14 @@ class Client:
 
     # httptools callbacks
 
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._fields[name.decode().lower()] = value.decode()
+
     def on_headers_complete(self) -> None:
         self._statuses.append(self._parser.get_status_code())
         self._bodies.append(b"")
+        self._heads.append(self._fields)
+        self._fields = {}
 
     def on_body(self, body: bytes) -> None:
         self._bodies[-1] += body
@@ -246,6 +280,40 @@ def test_a_request_the_rfc_refuses_is_refused_and_never_forwarded(
     reply = client.replies()
     assert reply.statuses == [status] and reply.closed, reply
     assert not any(path.encode() in seen.raw for seen in raw_origin.connections)
+
+
+def test_chunked_followed_by_a_tab_frames_a_request_as_chunked(
+    client: Client, raw_origin: RawOrigin
+) -> None:
+    # RFC 9112 §7.1 and RFC 9110 §5.6.3: the tab is optional whitespace after the field
+    # value's last coding, `chunked` (llhttp refuses it unless told to be lenient). The
+    # request after the body, pipelined, is read as one.
+    name, after = f"tab-{time.monotonic_ns()}", f"after-tab-{time.monotonic_ns()}"
+    client.send(
+        f"POST {client.target(name)} HTTP/1.1\r\nHost: {client.authority}\r\n"
+        "Transfer-Encoding: chunked\t\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        f"GET {client.target(after)} HTTP/1.1\r\nHost: {client.authority}\r\n\r\n".encode()
+    )
+    reply = client.replies(count=2, linger=0.5)
+    assert reply.statuses == [200, 200] and not reply.closed, reply
+    seen = raw_origin.seen(name)
+    assert seen.bodies[[t.endswith(name.encode()) for t in seen.targets].index(True)] == b"hello"
+    raw_origin.seen(after)
+
+
+def test_the_body_of_a_get_is_not_forwarded_and_neither_is_its_length(
+    client: Client, raw_origin: RawOrigin
+) -> None:
+    # RFC 9110 §9.3.1: content in a GET "has no generally defined semantics"; the front
+    # ends drop it, and the origin must not be told to wait for it.
+    name = f"get-body-{time.monotonic_ns()}"
+    client.send(
+        f"GET {client.target(name)} HTTP/1.1\r\nHost: {client.authority}\r\n"
+        "Content-Length: 5\r\n\r\nhello".encode()
+    )
+    reply = client.replies()
+    assert reply.statuses == [200] and reply.bodies == [b"hello"], reply
+    assert b"content-length" not in raw_origin.seen(name).raw.lower()
 
 
 def test_transfer_encoding_in_an_http_1_0_request_closes_the_connection_after_it(
@@ -495,3 +563,171 @@ def test_the_lean_server_answers_or_closes_any_request_and_forwards_nothing_afte
         assert not any(canary.encode() in seen.raw for seen in raw_origin.connections), reply
     log = strict_sidecar.log()
     assert "Traceback" not in log and "unexpected error" not in log, log[-3000:]
+
+
+# -- bodies of unknown length, stored ---------------------------------------------------------
+
+CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nCache-Control: max-age=3600\r\n\r\n"
+# The cache-tests suite's `interim-not-cached`: a 103 before a fresh, chunked 200.
+EARLY_HINTS = b"HTTP/1.1 103 Early Hints\r\nLink: </hint.css>; rel=preload\r\n\r\n"
+
+
+def _get(sidecar: Sidecar, front: str, origin: RawOrigin, name: str, count: int = 1) -> Reply:
+    """One GET for `name` on a new connection through `front`: its reply, read whole."""
+    client = Client(sidecar, front, origin.port)
+    try:
+        client.send(
+            f"GET {client.target(name)} HTTP/1.1\r\nHost: {client.authority}\r\n\r\n".encode()
+        )
+        return client.replies(count=count, linger=0)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("response", "closes", "body"),
+    [
+        (EARLY_HINTS + CHUNKED + b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n", False, b"hello world"),
+        (
+            b"HTTP/1.1 200 OK\r\nCache-Control: max-age=3600\r\n\r\nhello world",
+            True,
+            b"hello world",
+        ),
+        (CHUNKED + b"%x\r\n%s\r\n0\r\n\r\n" % (3 << 20, b"x" * (3 << 20)), False, b"x" * (3 << 20)),
+    ],
+    ids=[
+        "RFC 9112 §7.1 a chunked 200 after a 103 (interim-not-cached)",
+        "RFC 9112 §6.3 a body delimited by the origin's close",
+        "a chunked body larger than the room a fill of unknown length starts with",
+    ],
+)
+def test_a_body_of_unknown_length_is_stored_once_whole_and_served_with_its_length(
+    front: str,
+    strict_sidecar: Sidecar,
+    raw_origin: RawOrigin,
+    response: bytes,
+    closes: bool,
+    body: bytes,
+) -> None:
+    name = f"unsized-{time.monotonic_ns()}"
+    raw_origin.responses[name] = response
+    if closes:
+        raw_origin.closing.add(name)
+    first = _get(
+        strict_sidecar, front, raw_origin, name, count=1 + response.startswith(b"HTTP/1.1 1")
+    )
+    assert first.statuses[-1] == 200 and first.bodies[-1] == body, first.statuses
+    assert "content-length" not in first.heads[-1], first.heads
+    second = _get(strict_sidecar, front, raw_origin, name)
+    assert second.statuses == [200] and second.bodies == [body], second.statuses
+    assert second.heads[0]["content-length"] == str(len(body))
+    assert raw_origin.count(name) == 1
+
+
+@pytest.mark.parametrize(
+    ("response", "cut"),
+    [
+        (CHUNKED + b"5\r\nhello\r\n", True),
+        (CHUNKED + b"5\r\nhello\r\n0\r\n\r\nHTTP/1.1 200 OK\r\n", False),
+    ],
+    ids=["RFC 9112 §8 a chunked body cut before its last chunk", "bytes after the last chunk"],
+)
+def test_a_body_of_unknown_length_that_is_not_whole_is_never_stored(
+    front: str, strict_sidecar: Sidecar, raw_origin: RawOrigin, response: bytes, cut: bool
+) -> None:
+    name = f"unsized-cut-{time.monotonic_ns()}"
+    raw_origin.responses[name] = response
+    raw_origin.closing.add(name)
+    for attempt in (1, 2):
+        reply = _get(strict_sidecar, front, raw_origin, name)
+        assert reply.statuses == [200] and reply.bodies == [b"hello"], reply
+        # Cut short, the client's response is too: never a whole 200.
+        assert reply.complete == (not cut) and reply.closed == cut, reply
+        assert raw_origin.count(name) == attempt
+
+
+@pytest.fixture(scope="module")
+def small_sidecar(
+    needs_root: None, hosts_file: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Sidecar]:
+    sidecar = Sidecar(
+        tmp_path_factory.mktemp("small"),
+        hosts_file,
+        ["--intercept", "origin.test", "--buffer-size", "2MiB", "--access-log"],
+    )
+    sidecar.start()
+    yield sidecar
+    sidecar.stop()
+
+
+def test_a_body_of_unknown_length_that_outgrows_the_buffer_is_relayed_whole_and_not_stored(
+    front: str, small_sidecar: Sidecar, raw_origin: RawOrigin
+) -> None:
+    name = f"unsized-large-{time.monotonic_ns()}"
+    body = bytes(range(256)) * (12 << 10)  # 3 MiB
+    raw_origin.responses[name] = (
+        CHUNKED
+        + b"".join(
+            b"%x\r\n%s\r\n" % (1 << 16, body[i : i + (1 << 16)])
+            for i in range(0, len(body), 1 << 16)
+        )
+        + b"0\r\n\r\n"
+    )
+    for attempt in (1, 2):
+        reply = _get(small_sidecar, front, raw_origin, name)
+        assert reply.statuses == [200] and reply.complete == 1, reply.statuses
+        assert reply.bodies[0] == body
+        assert raw_origin.count(name) == attempt
+    assert "outgrew the room" in small_sidecar.log()
+    # Its room is all given back: a small one is stored after it.
+    small = f"unsized-small-{time.monotonic_ns()}"
+    raw_origin.responses[small] = CHUNKED + b"5\r\nhello\r\n0\r\n\r\n"
+    _get(small_sidecar, front, raw_origin, small)
+    assert _get(small_sidecar, front, raw_origin, small).bodies == [b"hello"]
+    assert raw_origin.count(small) == 1
+
+
+@pytest.fixture(params=FRONTS)
+def front(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def tls_origin(origin_ca: trustme.CA) -> Iterator[RawOrigin]:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    origin_ca.issue_cert("origin.test").configure_cert(context)
+    origin = RawOrigin(context)
+    yield origin
+    origin.close()
+
+
+@pytest.fixture(scope="module")
+def tls_sidecar(
+    needs_root: None,
+    hosts_file: Path,
+    origin_ca: trustme.CA,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Sidecar]:
+    base = tmp_path_factory.mktemp("tls")
+    origin_ca.cert_pem.write_to_path(str(base / "origin-ca.pem"))
+    argv = ["--intercept", "origin.test", "--upstream-ca", str(base / "origin-ca.pem")]
+    sidecar = Sidecar(base, hosts_file, argv)
+    sidecar.start()
+    yield sidecar
+    sidecar.stop()
+
+
+@pytest.mark.parametrize("alert", [True, False], ids=["with the closure alert", "without it"])
+def test_over_tls_a_body_ended_by_the_close_is_stored_only_after_the_closure_alert(
+    tls_sidecar: Sidecar, tls_origin: RawOrigin, alert: bool
+) -> None:
+    # RFC 9112 §9.8: "A response that has neither chunked transfer coding nor
+    # Content-Length is complete only if a valid closure alert has been received."
+    name = f"tls-close-{time.monotonic_ns()}"
+    tls_origin.responses[name] = b"HTTP/1.1 200 OK\r\nCache-Control: max-age=3600\r\n\r\nhello"
+    (tls_origin.notifying if alert else tls_origin.closing).add(name)
+    url = f"https://origin.test:{tls_origin.port}/r/{name}"
+    for _ in range(2):
+        download = curl(tls_sidecar, url)
+        assert download.returncode == 0 and download.body == b"hello", download.stderr
+    assert tls_origin.count(name) == (1 if alert else 2)
