@@ -584,6 +584,7 @@ class Router:
         """Stream an upstream response to the client as it arrives: a pass for `reason`,
         or the miss that starts an `unsized` fill, which stores it on its way."""
         started = time.monotonic()
+        relayed = 0  # body bytes, without the chunked framing
         if unsized is None:
             self.metrics.count_pass(reason)
             chunks = response.chunks()
@@ -594,7 +595,10 @@ class Router:
             headers = response_headers(response.headers.items())
             length = response.headers.get("Content-Length")
             bodiless = request.method == "HEAD" or response.status in (204, 304)
-            chunked = length is None and not bodiless
+            # Of unknown length, a body goes to an HTTP/1.1 client chunked; to an HTTP/1.0
+            # one, which chunked means nothing to (RFC 9112 §7.1), it ends with the
+            # connection: the front end closes after a response without framing.
+            chunked = length is None and not bodiless and request.http_version != "HTTP/1.0"
             if chunked:
                 headers.append(("Transfer-Encoding", "chunked"))
             await channel.start(response.status, headers)
@@ -603,6 +607,7 @@ class Router:
                 try:
                     async for chunk in chunks:
                         self.metrics.counters.bytes_from_upstream += len(chunk)
+                        relayed += len(chunk)
                         await channel.write(
                             b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk
                         )
@@ -615,7 +620,7 @@ class Router:
                         "%s: the origin sent more than its Content-Length; relayed its"
                         " first %d bytes",
                         loggable_url(request.url),
-                        channel.body_bytes,
+                        relayed,
                     )
                 if chunked:
                     await channel.write(b"0\r\n\r\n")
@@ -625,7 +630,7 @@ class Router:
                 unsized.close()
             response.release()
         kind = "miss" if unsized is not None else f"pass ({reason})"
-        _log_object(kind, request, response.status, channel.body_bytes, started)
+        _log_object(kind, request, response.status, relayed, started)
 
     async def _error(self, channel: Channel, status: int, message: str) -> None:
         body = (message + "\n").encode()

@@ -66,6 +66,16 @@ def closes_after(version: str, transfer_encoding: str | None) -> bool:
     return transfer_encoding is not None and version == "1.0"
 
 
+def ends_by_close(method: str, status: int, fields: Sequence[tuple[str, str]]) -> bool:
+    """Can only closing the connection end this response? RFC 9112 §6.3: a response to
+    HEAD, and a 1xx, 204 or 304, has no body; any other without Transfer-Encoding or
+    Content-Length "is determined by the number of octets received prior to the server
+    closing the connection"."""
+    if method == "HEAD" or status < 200 or status in (204, 304):
+        return False
+    return not any(name.lower() in ("content-length", "transfer-encoding") for name, _ in fields)
+
+
 def _authority(scheme: str, authority: str) -> str:
     """`authority` in lower case, without the scheme's default port (RFC 9110 §4.2.3)."""
     authority = authority.rpartition("@")[2].lower()

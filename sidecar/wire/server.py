@@ -36,6 +36,7 @@ from sidecar.wire.exchange import ClientGone, Handler, Immediate, Request
 from sidecar.wire.framing import (
     ChunkedDecoder,
     closes_after,
+    ends_by_close,
     llhttp_misframes,
     request_head_error,
 )
@@ -141,8 +142,9 @@ class _BodyStream:
 class _Response:
     """The `Channel` of one request on a lean connection."""
 
-    def __init__(self, connection: Http1Connection, close: bool) -> None:
+    def __init__(self, connection: Http1Connection, method: str, close: bool) -> None:
         self._connection = connection
+        self._method = method
         self._close = close
         self._head: bytes | None = None
         self._started = False
@@ -157,6 +159,8 @@ class _Response:
         await self._connection.send(response_head(status, headers, close=False))
 
     async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
+        if ends_by_close(self._method, status, headers):
+            self._close = True
         # Sent with the first body bytes: one TLS write for the head and a chunk.
         self._head = response_head(status, headers, self._close)
         self._started = True
@@ -403,7 +407,7 @@ class Http1Connection(asyncio.Protocol):
         try:
             while self._queue and not self._closed:
                 pending = self._queue.popleft()
-                response = _Response(self, pending.close)
+                response = _Response(self, pending.request.method, pending.close)
                 self._current = (pending, response)
                 body = pending.body.chunks() if pending.body is not None else None
                 await self._handler.handle(pending.request, response, body)

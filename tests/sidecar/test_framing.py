@@ -6,7 +6,12 @@ from http import HTTPStatus
 
 import pytest
 
-from sidecar.wire.framing import ChunkedDecoder, llhttp_misframes, request_head_error
+from sidecar.wire.framing import (
+    ChunkedDecoder,
+    ends_by_close,
+    llhttp_misframes,
+    request_head_error,
+)
 
 HOST = ["origin.test"]
 
@@ -63,3 +68,23 @@ def test_the_chunked_decoder_reads_any_split_and_stops_at_the_body_s_end() -> No
 def test_the_chunked_decoder_refuses_framing_errors(coded: bytes) -> None:
     with pytest.raises(ValueError):
         ChunkedDecoder().feed(coded)
+
+
+@pytest.mark.parametrize(
+    ("method", "status", "fields", "closes"),
+    [
+        ("GET", 200, [], True),
+        ("GET", 200, [("Content-Length", "5")], False),
+        ("GET", 200, [("transfer-encoding", "chunked")], False),
+        ("HEAD", 200, [], False),
+        ("GET", 204, [], False),
+        ("GET", 304, [], False),
+        ("GET", 103, [], False),
+        ("POST", 500, [("Content-Type", "text/plain")], True),
+    ],
+)
+def test_only_a_response_that_may_have_a_body_and_has_no_framing_ends_by_the_close(
+    method: str, status: int, fields: list[tuple[str, str]], closes: bool
+) -> None:
+    # RFC 9112 §6.3, rules 1 and 8.
+    assert ends_by_close(method, status, fields) is closes

@@ -646,6 +646,28 @@ def test_a_body_of_unknown_length_that_is_not_whole_is_never_stored(
         assert raw_origin.count(name) == attempt
 
 
+@pytest.mark.parametrize("stored", [True, False], ids=["a miss, stored", "a pass (no-store)"])
+def test_a_body_of_unknown_length_reaches_an_http_1_0_client_unchunked_ended_by_the_close(
+    client: Client, raw_origin: RawOrigin, stored: bool
+) -> None:
+    # RFC 9112 §7.1: chunked is HTTP/1.1's; a server "MUST NOT send a response
+    # containing Transfer-Encoding unless the corresponding request indicates HTTP/1.1".
+    # §6.3: without it or a Content-Length, the body ends with the connection.
+    name = f"unsized-1.0-{time.monotonic_ns()}"
+    directive = b"max-age=3600" if stored else b"no-store"
+    raw_origin.responses[name] = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nCache-Control: %s\r\n\r\n"
+        b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n" % directive
+    )
+    client.send(
+        f"GET {client.target(name)} HTTP/1.0\r\nHost: {client.authority}\r\n"
+        "Connection: keep-alive\r\n\r\n".encode()
+    )
+    reply = client.replies(linger=0)
+    assert reply.closed and reply.statuses == [200], reply
+    assert "transfer-encoding" not in reply.heads[0] and reply.bodies == [b"hello world"], reply
+
+
 @pytest.fixture(scope="module")
 def small_sidecar(
     needs_root: None, hosts_file: Path, tmp_path_factory: pytest.TempPathFactory
