@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from sidecar.buffer import keeper as keeper_module
-from sidecar.buffer.keeper import PROVISIONAL, Keeper
+from sidecar.buffer.keeper import PROVISIONAL, UNSIZED, UNSIZED_ROOM, Keeper
 from sidecar.buffer.store import Store
 
 HEAD = {
@@ -111,6 +111,27 @@ def test_a_larger_body_asks_for_its_room_and_gives_the_provisional_back(
     assert not Path(begun["path"]).exists() and Path(started["path"]).exists()
     joined = call(keeper, "claim", worker=1, key="big")
     assert joined["join"]["path"] == started["path"]
+
+
+def test_a_body_of_unknown_length_gives_the_provisional_room_back_and_its_waiters_pass(
+    tmp_path: Path, keeper_on: KeeperOn
+) -> None:
+    keeper = keeper_on(tmp_path, 8 * PROVISIONAL)
+
+    async def scenario() -> None:
+        begun = await keeper.handle(0, {"op": "claim", "key": "u"})
+        Path(begun["path"]).touch()  # as the worker makes it
+        waiting = asyncio.create_task(keeper.handle(1, {"op": "claim", "key": "u"}))
+        await asyncio.sleep(0)
+        started = await keeper.handle(0, {"op": "start_unsized", "key": "u"})
+        assert keeper.store.reserved == keeper.store.charge(UNSIZED_ROOM)  # not both
+        assert not Path(begun["path"]).exists() and Path(started["path"]).exists()
+        assert await waiting == {"declined": UNSIZED}
+        assert await keeper.handle(1, {"op": "claim", "key": "u"}) == {"declined": UNSIZED}
+        assert await commit(keeper, started, "u", 10) == {}
+        assert keeper.store.reserved == 0 and keeper.store.used == keeper.store.charge(10)
+
+    asyncio.run(scenario())
 
 
 def test_a_declined_claim_returns_its_provisional_room(
