@@ -61,7 +61,6 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import os
@@ -75,6 +74,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import diskcache
 
@@ -160,9 +160,13 @@ def check_buffer_dir(directory: Path) -> None:
         raise UnusableBufferDir(f"cannot write into {directory}: {_describe(e)}") from None
 
 
-@dataclass(frozen=True, slots=True)
-class StoredObject:
-    """What the index records for one complete, committed object."""
+class StoredObject(NamedTuple):
+    """What the index records for one complete, committed object.
+
+    A named tuple rather than a frozen dataclass: a worker decodes one for every object
+    it serves first, a tuple is made in a third of the time, and one that holds only
+    strings and numbers is left alone by the garbage collector once it has seen it (a
+    worker remembers thousands of them)."""
 
     file: str  # body file name inside objects/
     size: int  # body bytes (== Content-Length of the stored 200 response)
@@ -533,9 +537,7 @@ class Store:
             entry = decode(value) if isinstance(value, bytes) else None
             if entry is None or entry.file != file:
                 return
-            updated = dataclasses.replace(
-                entry, headers=headers, generated_at=generated_at, lifetime=lifetime
-            )
+            updated = entry._replace(headers=headers, generated_at=generated_at, lifetime=lifetime)
             index.set(slot, encode(updated), tag=charged)
         except (OSError, ValueError, sqlite3.Error, diskcache.Timeout) as e:
             raise StoreError(f"cannot write the index: {_describe(e)}") from e

@@ -15,7 +15,6 @@ the same for both.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
@@ -410,8 +409,7 @@ class Router:
         """The stored object with the fields of the 304 that validated it (RFC 9111
         §4.3.4), and an age that starts again from the 304."""
         headers = policy.updated_headers(entry.headers, fetched.response.headers)
-        refreshed = dataclasses.replace(
-            entry,
+        refreshed = entry._replace(
             headers=tuple(headers),
             generated_at=fetched.generated_at,
             lifetime=fetched.lifetime(headers),
