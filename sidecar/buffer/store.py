@@ -557,9 +557,9 @@ class Store:
         return self._index
 
 
-@dataclass(frozen=True)
-class Found:
-    """A stored object as a worker's index read finds it, with its index row."""
+class Found(NamedTuple):
+    """A stored object as a worker's index read finds it, with its index row (a tuple:
+    one is made for every first hit)."""
 
     rowid: int
     entry: StoredObject
@@ -638,7 +638,10 @@ def decode(encoded: bytes) -> StoredObject | None:
     fields = text.split("\0") if text else []
     if len(fields) % 2:
         return None
-    headers = tuple(zip(fields[::2], fields[1::2], strict=True))
+    # One iterator twice pairs names and values without slicing (a worker decodes a
+    # record on every first hit); their number is even, checked above.
+    names_and_values = iter(fields)
+    headers = tuple(zip(names_and_values, names_and_values, strict=False))
     return StoredObject(file.hex(), size, sha256.hex(), headers, stored_at, generated_at, lifetime)
 
 
