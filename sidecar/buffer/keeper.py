@@ -61,6 +61,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from sidecar import ipc
 from sidecar.buffer.store import (
@@ -432,10 +433,13 @@ class Keeper:
                 waiter.set_result(outcome)
 
 
-@dataclass
-class _Known:
+class _Known(NamedTuple):
     """A stored object this worker remembers: its index row and record, and whether its
-    body is known to match its digest (or known not to, until the keeper removes it)."""
+    body is known to match its digest (or known not to, until the keeper removes it).
+
+    Immutable, replaced when it learns either: a tuple of strings, numbers and such
+    tuples, the garbage collector stops tracking it, so that thousands remembered do not
+    make each collection longer (as the StoredObject it holds)."""
 
     rowid: int
     entry: StoredObject
@@ -509,7 +513,7 @@ class Buffer:
         finally:
             os.close(fd)
         if known is not None:
-            known.checked = True
+            self._learn(key, known, known._replace(checked=True))
         return entry
 
     def _remembered(self, key: str) -> _Known | None:
@@ -529,8 +533,7 @@ class Buffer:
             self._missed = key, commits
             return None
         checked = (
-            found.rowid > self._shared.found_through
-            or found.rowid <= self._shared.checked_through
+            found.rowid > self._shared.found_through or found.rowid <= self._shared.checked_through
         )
         cost = _cost(key, found.entry)
         known = self._known[key] = _Known(found.rowid, found.entry, checked, cost)
@@ -551,14 +554,21 @@ class Buffer:
             return False
         finally:
             os.close(fd)
-        known.checked = True
+        self._learn(key, known, known._replace(checked=True))
         return True
 
     def _drop_corrupt(self, key: str, known: _Known | None) -> None:
         logger.warning("buffer: a stored body found at start does not match its digest")
         if known is not None:
-            known.corrupt = True  # a miss until the keeper's removal reaches every worker
+            # A miss until the keeper's removal reaches every worker.
+            self._learn(key, known, known._replace(corrupt=True))
         self.remove(key)
+
+    def _learn(self, key: str, known: _Known, learned: _Known) -> None:
+        """Remember `learned` of `key` in place of `known`, unless `key` was forgotten or
+        looked up again meanwhile."""
+        if self._known.get(key) is known:
+            self._known[key] = learned
 
     def _forget(self, key: str) -> None:
         known = self._known.pop(key, None)

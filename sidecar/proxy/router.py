@@ -15,8 +15,6 @@ the same for both.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import logging
 import os
 import time
@@ -68,46 +66,48 @@ REMEMBERED = 100_000
 REPRESENTATIONS = 4096
 
 
-@dataclass(frozen=True)
 class Representation:
     """A complete 200 response that can be served in whole or in part.
 
     `generated_at` (see `policy.generated_at`) for a stored response, which is answered
     with its stored `Date` and the `Age` it has; None for the origin's response to the
     request that started a fill, whose `Date` and `Age` are the origin's.
+
+    What an answer reads of it is worked out once, when it is made: most of a data
+    loader's hits are the first of their object, and reading the fields once costs such a
+    hit less than a cached property per value (a third of the time).
     """
 
-    size: int
-    headers: tuple[tuple[str, str], ...]
-    generated_at: float | None
+    __slots__ = (
+        "size",
+        "headers",
+        "generated_at",
+        "etag",
+        "last_modified",
+        "modified",
+        "replayed",
+        "_stamp",
+    )
 
-    @functools.cached_property
-    def fields(self) -> Fields:
-        """The stored fields by lower-case name: read once for every lookup below."""
-        return Fields.of(self.headers)
-
-    @functools.cached_property
-    def etag(self) -> str | None:
-        return self.fields.get("etag")
-
-    @functools.cached_property
-    def last_modified(self) -> str | None:
-        return self.fields.get("last-modified")
-
-    @functools.cached_property
-    def modified(self) -> str | None:
-        """What `If-Modified-Since` is compared with: the Last-Modified, else the Date
-        (RFC 9111 §4.3.2: "a cache SHOULD use the stored response's Date field value")."""
-        return self.last_modified or header(self.replayed, "Date")
-
-    @functools.cached_property
-    def replayed(self) -> tuple[tuple[str, str], ...]:
-        """The stored fields as sent with every answer (ranges always accepted), dated
-        (`policy.dated`) when stored."""
-        fields = [(k, v) for k, v in self.headers if k.lower() != "accept-ranges"]
-        if self.generated_at is not None:
-            fields = policy.dated(fields, self.generated_at)
-        return (*fields, ("Accept-Ranges", "bytes"))
+    def __init__(
+        self, size: int, headers: tuple[tuple[str, str], ...], generated_at: float | None
+    ) -> None:
+        self.size = size
+        self.headers = headers
+        self.generated_at = generated_at
+        fields = Fields.of(headers)
+        self.etag = fields.get("etag")
+        self.last_modified = fields.get("last-modified")
+        # The stored fields as sent with every answer (ranges always accepted), dated
+        # (`policy.dated`) when stored.
+        kept = [(k, v) for k, v in headers if k.lower() != "accept-ranges"]
+        if generated_at is not None:
+            kept = policy.dated(kept, generated_at)
+        self.replayed: tuple[tuple[str, str], ...] = (*kept, ("Accept-Ranges", "bytes"))
+        # What `If-Modified-Since` is compared with: the Last-Modified, else the Date
+        # (RFC 9111 §4.3.2: "a cache SHOULD use the stored response's Date field value").
+        self.modified = self.last_modified or header(self.replayed, "Date")
+        self._stamp: tuple[int, tuple[tuple[str, str], ...]] | None = None
 
     def stamped(self, now: float) -> tuple[tuple[str, str], ...]:
         """`replayed` with the `Age` of an answer at `now` (RFC 9111 §5.1), made once
@@ -117,11 +117,10 @@ class Representation:
         caches compute the same freshness this one does."""
         assert self.generated_at is not None
         second = int(now)
-        stamp: tuple[int, tuple[tuple[str, str], ...]] | None = self.__dict__.get("_stamp")
+        stamp = self._stamp
         if stamp is None or stamp[0] != second:
             age = policy.current_age(self.generated_at, second + 1)
-            fields = (*self.replayed, ("Age", str(age)))
-            stamp = self.__dict__["_stamp"] = (second, fields)
+            stamp = self._stamp = (second, (*self.replayed, ("Age", str(age))))
         return stamp[1]
 
 
@@ -412,8 +411,7 @@ class Router:
         """The stored object with the fields of the 304 that validated it (RFC 9111
         §4.3.4), and an age that starts again from the 304."""
         headers = policy.updated_headers(entry.headers, fetched.response.headers)
-        refreshed = dataclasses.replace(
-            entry,
+        refreshed = entry._replace(
             headers=tuple(headers),
             generated_at=fetched.generated_at,
             lifetime=fetched.lifetime(headers),

@@ -11,6 +11,7 @@ from pathlib import Path
 import diskcache
 import pytest
 
+from sidecar.buffer import store as store_module
 from sidecar.buffer.store import Index, Store, StoredObject, decode, encode
 
 
@@ -55,6 +56,39 @@ def test_the_check_drops_a_corrupt_body_and_deletes_leftovers(tmp_path: Path) ->
     assert (again.entries, again.used) == (1, again.block)
     assert not again.holds("bad") and again.holds("good")
     assert sorted(p.name for p in (tmp_path / "objects").iterdir()) == [good.file]
+    again.close()
+
+
+def test_the_check_runs_batches_side_by_side_below_the_workers_priority(
+    tmp_path: Path,
+) -> None:
+    """More rows than the check's threads take at once: every corrupt body is dropped
+    whichever batch holds it, what is published as checked only grows, and the threads
+    that read the bodies run at the background's nice value."""
+    store = reopened(tmp_path, capacity=2**30)
+    count = store_module.CHECKERS * 1024 + 7  # a batch for every thread, and one more
+    entries = [commit(store, f"k{n}", n.to_bytes(4)) for n in range(count)]
+    store.close()
+    corrupt = {5, 1500, 3100, count - 1}  # in different batches
+    for n in corrupt:
+        (tmp_path / "objects" / entries[n].file).write_bytes(b"bad!")
+    published: list[tuple[int, int]] = []
+    nices: set[int] = set()
+
+    def checks(found: int, checked: int) -> None:
+        published.append((found, checked))
+        for task in Path("/proc/self/task").iterdir():  # the check's threads are running
+            nices.add(int((task / "stat").read_text().rsplit(")", 1)[1].split()[16]))
+
+    again = Store(tmp_path, 2**30, "none", checks=checks)
+    again.open()
+    asyncio.run(again.verify_existing())
+    checked = [through for _, through in published]
+    assert checked == sorted(checked) and published[-1] == (count, count)
+    assert again.entries == count - len(corrupt) and again.unverified == 0
+    assert [again.holds(f"k{n}") for n in sorted(corrupt)] == [False] * len(corrupt)
+    assert again.holds("k6") and again.holds(f"k{count - 2}")
+    assert store_module.BACKGROUND_NICE in nices and 0 in nices  # theirs and the loop's
     again.close()
 
 
