@@ -47,7 +47,7 @@ from sidecar.shared import Shared
 
 # Concurrent claims the table holds: more than the fills one pod's clients run at once.
 # A claim whose window is full is declined (its object passes, unstored): with a few
-# hundred claims, the chance that 32 of them name the same window is below 10^-30.
+# hundred claims at once, the chance that any window is full is below 10^-12.
 SLOTS = 4096
 WINDOW = 32  # slots
 _SLOT = struct.Struct("<16sii8x")  # digest, owner, state
@@ -183,11 +183,15 @@ class Claims:
                     state = self._state(found) | INVALIDATED
                     struct.pack_into("<i", self._memory, found + 20, state)
 
-    def end(self, key: str, worker: int, committed: bool) -> None:
-        """(The keeper.) Free `worker`'s claim of `key`, whatever its state, once its fill
-        is `committed` (counted in `commits`) or given up."""
+    def end(self, key: str, worker: int, commit: Callable[[], object] | None = None) -> None:
+        """(The keeper.) Free `worker`'s claim of `key`, whatever its state; first, if
+        given, `commit()` the fill's index row and count it in `commits` (what `commit`
+        raises leaves the claim as it is). Index rows are written under the lock by every
+        process: so writers never wait on SQLite's own lock, whose wait sleeps a
+        millisecond at least, claims held."""
         with self._shared.lock():
-            if committed:
+            if commit is not None:
+                commit()
                 self._bump_commits()
             found = self._find(key_digest(key))
             if found is not None and _SLOT.unpack_from(self._memory, found)[1] == worker:

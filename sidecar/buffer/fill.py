@@ -558,7 +558,7 @@ class Fills:
             _release(fetched)
             local.attach()
             return Acquired(local, "coalesced")
-        # After a write anywhere, the keeper says whether this fill may still be joined.
+        # After a write anywhere, the claims table says whether this fill may be joined.
         claimed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._claiming[key] = claimed
         try:

@@ -325,20 +325,23 @@ class Keeper:
         self._followed.pop(key, None)
         headers = tuple((name, value) for name, value in message["headers"])
         try:
-            self.store.commit(
-                reservation,
+            self.claims.end(
                 key,
-                message["sha256"],
-                headers,
-                message["generated_at"],
-                message["lifetime"],
-                message["size"],  # an unsized fill's room shrinks to it
+                worker,
+                lambda: self.store.commit(
+                    reservation,
+                    key,
+                    message["sha256"],
+                    headers,
+                    message["generated_at"],
+                    message["lifetime"],
+                    message["size"],  # an unsized fill's room shrinks to it
+                ),
             )
         except StoreError as e:
             self.store.abort(reservation)
-            self.claims.end(key, worker, committed=False)
+            self.claims.end(key, worker)
             return {"error": str(e)}
-        self.claims.end(key, worker, committed=True)
         return {}
 
     def _abort(self, rid: str) -> None:
@@ -348,7 +351,7 @@ class Keeper:
             worker, key, reservation = found
             self.store.abort(reservation)
             self._followed.pop(key, None)
-            self.claims.end(key, worker, committed=False)
+            self.claims.end(key, worker)
 
     def _invalidate(self, keys: list[str]) -> Message:
         # Fills first: a worker's small fill either committed before (its object is

@@ -100,7 +100,7 @@ def test_a_claim_seen_by_others_is_its_owners_until_freed() -> None:
     assert claims.claim(key, 2) == (State.FOLLOWED, 1)
     claims.invalidate([key])
     assert claims.state(key) == State.FOLLOWED | INVALIDATED
-    claims.end(key, 1, committed=False)
+    claims.end(key, 1)
     assert claims.state(key) == State.FREE and claims.commits == 0
     # An invalidated small fill never commits; its owner releases it.
     assert claims.claim(key, 1) == (State.FREE, 1)

@@ -287,6 +287,7 @@ def test_a_write_keeps_a_small_fill_in_any_worker_from_being_stored_or_waited_fo
             assert curl(sidecar, url).body == b"new"
         assert sidecar.stats()["pass_reasons"].get("invalidated", 0) >= 1
         assert reading.result().body == b"old" * 30_000  # began before the write
+    assert curl(sidecar, url).body == b"new"  # stored, once the stale fill ended
     sidecar.wait_for_entries(1)
     assert curl(sidecar, url).body == b"new"
     assert sidecar.stats()["hits"] >= 1
