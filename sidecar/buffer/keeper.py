@@ -40,13 +40,14 @@ from the lease to its totals the next time it looks (`Claims.fold`). Nobody foll
 such a fill while it runs: its readers get it whole at its end anyway
 (`fill.WHOLE_AT_END`), so a worker that finds its key claimed waits until the claim is
 gone, and then finds the object stored (it counts as coalesced, and is served from the
-buffer). A larger body, one of unknown length, an object replacing a stored one (after
-a revalidation), or one that finds too little left of its lease asks the keeper for
-room (`start_fill`, three round trips in all). Leases are lent only out of free room,
-and only while at least as much stays free besides (`lease_grant`): so lending never
-makes `lru` evict, and never turns away an object that fits in half the room that is
-free; a reservation that finds too little room takes every lease's idle bytes back
-first (`Claims.revoke`).
+buffer). A larger body, one of unknown length, an object replacing one this worker
+asked the keeper to remove (outdated or corrupt: the keeper removes it first, as it
+handles messages in order), or one that finds too little left of its lease asks the
+keeper for room (`start_fill`) and for its commit: two round trips. Leases are lent
+only out of free room, and only while at least as much stays free besides
+(`lease_grant`): so lending never makes `lru` evict, and never turns away an object
+that fits in half the room that is free; a reservation that finds too little room
+takes every lease's idle bytes back first (`Claims.revoke`).
 
 A body whose length only its end tells (chunked, or delimited by the connection's
 close) is a fill of its own kind (`start_unsized`): its room grows as it is written
