@@ -554,7 +554,8 @@ class Buffer:
     async def claim(self, key: str) -> Message:
         """Fetch `key` (`{begin}`), join the fill of whoever does (`{join: fill}`), serve it
         (`{stored}`, and `joined` if this waited for its fill) or pass (`{declined:
-        reason}`); StoreError if the keeper cannot be asked. See `sidecar.buffer.claims`."""
+        reason}`); StoreError if the keeper or the index cannot be asked (and no claim
+        is held). See `sidecar.buffer.claims`."""
         missed = self._missed
         since = missed[1] if missed is not None and missed[0] == key else None
         waited = False
@@ -568,7 +569,12 @@ class Buffer:
                 # Ours. Stored since the lookup that missed it only if a commit came
                 # since: its claim was freed after its row was written, and before ours.
                 if waited or since is None or self._claims.commits != since:
-                    if self._stored(key):
+                    try:
+                        stored = self._stored(key)
+                    except StoreError:
+                        self._claims.release(key, self._worker)
+                        raise
+                    if stored:
                         self._claims.release(key, self._worker)
                         return {"stored": True, "joined": waited}
                 return {"begin": True}

@@ -39,6 +39,7 @@ class Sidecar:
 
     keeper: Keeper
     buffers: list[Buffer]
+    indexes: list[Index]  # each buffer's
     ops: list[str]
 
     @property
@@ -80,7 +81,7 @@ async def sidecar_on(
         index.open()
         indexes.append(index)
         buffers.append(Buffer(index, channel, shared, Claims(shared), worker, False))
-    sidecar = Sidecar(keeper, buffers, ops)
+    sidecar = Sidecar(keeper, buffers, indexes, ops)
     await sidecar.settle()  # the leases asked for at start
     try:
         yield sidecar
@@ -291,5 +292,17 @@ def test_a_store_error_of_a_small_commit_returns_everything(tmp_path: Path) -> N
             first.abort(leased[0])
             assert sidecar.keeper.claims.lease(0).held == 0
             assert sidecar.keeper.gauges()["fills_in_progress"] == 0
+
+    run(scenario)
+
+
+def test_a_claim_whose_index_read_fails_holds_no_claim(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with sidecar_on(tmp_path, 64 * SMALL) as sidecar:
+            first, second = sidecar.buffers
+            sidecar.indexes[0].close()  # every read of the first worker's fails
+            with pytest.raises(StoreError):
+                await first.claim("a")
+            assert await asyncio.wait_for(second.claim("a"), 5) == {"begin": True}  # not held
 
     run(scenario)
