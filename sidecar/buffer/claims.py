@@ -171,9 +171,6 @@ class Claims:
             struct.pack_into("<i", self._memory, found + 20, state)
         return True
 
-    def invalidated(self, key: str) -> bool:
-        return bool(self.state(key) & INVALIDATED)
-
     def invalidate(self, keys: list[str]) -> None:
         """(The keeper.) The fills of `keys` may not commit, nor be joined."""
         with self._shared.lock():
@@ -183,19 +180,22 @@ class Claims:
                     state = self._state(found) | INVALIDATED
                     struct.pack_into("<i", self._memory, found + 20, state)
 
-    def end(self, key: str, worker: int, commit: Callable[[], object] | None = None) -> None:
+    def end(self, key: str, worker: int, commit: Callable[[], object] | None = None) -> bool:
         """(The keeper.) Free `worker`'s claim of `key`, whatever its state; first, if
-        given, `commit()` the fill's index row and count it in `commits` (what `commit`
-        raises leaves the claim as it is). Index rows are written under the lock by every
-        process: so writers never wait on SQLite's own lock, whose wait sleeps a
-        millisecond at least, claims held."""
+        given, `commit()` the fill's index row and count it in `commits`. False, and the
+        claim left as it is, if a write invalidated it (nothing committed) or `commit`
+        raised. Index rows are written under the lock by every process: so writers never
+        wait on SQLite's own lock, whose wait sleeps a millisecond at least, claims held."""
         with self._shared.lock():
+            found = self._find(key_digest(key))
             if commit is not None:
+                if found is not None and self._state(found) & INVALIDATED:
+                    return False
                 commit()
                 self._bump_commits()
-            found = self._find(key_digest(key))
             if found is not None and _SLOT.unpack_from(self._memory, found)[1] == worker:
                 self._free(found)
+        return True
 
     def running(self) -> int:
         """How many claims there are (fills in progress)."""

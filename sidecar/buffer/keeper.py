@@ -251,11 +251,9 @@ class Keeper:
         self.store.entries += stored
 
     def _start_fill(self, worker: int, key: str, size: int, head: Message) -> Message:
-        if self.claims.invalidated(key):
-            return {"refused": INVALIDATED}  # the worker frees its claim
         reservation, reason = self._reserve(size)
         if reservation is None:
-            return {"refused": reason}
+            return {"refused": reason}  # the worker frees its claim
         if not self.claims.announce(key, worker, State.FOLLOWED):
             self.store.abort(reservation)
             return {"refused": INVALIDATED}
@@ -265,8 +263,6 @@ class Keeper:
         return {"rid": rid, "path": reservation.path}
 
     def _start_unsized(self, worker: int, key: str) -> Message:
-        if self.claims.invalidated(key):
-            return {"refused": INVALIDATED}
         reservation, reason = self._reserve(UNSIZED_ROOM)
         if reservation is None:
             return {"refused": reason}
@@ -319,14 +315,9 @@ class Keeper:
         if found is None:
             return {"error": "the fill was cancelled"}
         worker, key, reservation = found
-        if self.claims.invalidated(key):
-            # The worker aborts it once its readers have every byte.
-            return {"invalidated": True}
-        del self._reservations[rid]
-        self._followed.pop(key, None)
         headers = tuple((name, value) for name, value in message["headers"])
         try:
-            self.claims.end(
+            committed = self.claims.end(
                 key,
                 worker,
                 lambda: self.store.commit(
@@ -340,9 +331,13 @@ class Keeper:
                 ),
             )
         except StoreError as e:
-            self.store.abort(reservation)
-            self.claims.end(key, worker)
+            self._abort(rid)
             return {"error": str(e)}
+        if not committed:
+            # The worker aborts it once its readers have every byte.
+            return {"invalidated": True}
+        del self._reservations[rid]
+        self._followed.pop(key, None)
         return {}
 
     def _abort(self, rid: str) -> None:

@@ -100,8 +100,14 @@ def test_a_claim_seen_by_others_is_its_owners_until_freed() -> None:
     assert claims.claim(key, 2) == (State.FOLLOWED, 1)
     claims.invalidate([key])
     assert claims.state(key) == State.FOLLOWED | INVALIDATED
-    claims.end(key, 1)
+    committed: list[str] = []
+    assert not claims.end(key, 1, lambda: committed.append(key))  # never committed
+    assert not committed and claims.state(key) == State.FOLLOWED | INVALIDATED
+    assert claims.end(key, 1)  # its fill aborted
     assert claims.state(key) == State.FREE and claims.commits == 0
+    assert claims.claim(key, 2) == (State.FREE, 2)
+    assert claims.end(key, 2, lambda: committed.append(key))
+    assert committed == [key] and claims.commits == 1 and claims.state(key) == State.FREE
     # An invalidated small fill never commits; its owner releases it.
     assert claims.claim(key, 1) == (State.FREE, 1)
     claims.grant(1, CHARGE)
