@@ -97,6 +97,10 @@ INVALIDATED = "invalidated"
 UNSIZED = "filling-unsized"
 # The pass reason of a miss that found every claim of the table taken (`claims.SLOTS`).
 NO_CLAIM = "too-many-fills"
+# The pass reason of a request that waited for another's fill of its key, which ended
+# without storing it (its answer was not cacheable, or its fetch failed): like the
+# fill's own client, it goes to the origin at once, rather than after each other waiter.
+UNSTORED = "fill-not-stored"
 # Served keys are reported to the keeper (for `lru`) at most this often.
 TOUCH_INTERVAL = 0.5  # seconds
 # Bodies up to this size are stored by the worker that fetched them, from its lease:
@@ -549,8 +553,8 @@ class Buffer:
     async def claim(self, key: str) -> Message:
         """Fetch `key` (`{begin}`), join the fill of whoever does (`{join: fill}`), serve it
         (`{stored}`, and `joined` if this waited for its fill) or pass (`{declined:
-        reason}`); StoreError if the keeper or the index cannot be asked (and no claim
-        is held). See `sidecar.buffer.claims`."""
+        reason}`, UNSTORED if the fill it waited for did not store it); StoreError if the
+        keeper or the index cannot be asked (and no claim is held). See `sidecar.buffer.claims`."""
         missed = self._missed
         since = missed[1] if missed is not None and missed[0] == key else None
         waited = False
@@ -569,8 +573,10 @@ class Buffer:
                     except StoreError:
                         self._claims.release(key, self._worker)
                         raise
-                    if stored:
+                    if stored or waited:
                         self._claims.release(key, self._worker)
+                        if not stored:
+                            return {"declined": UNSTORED}
                         return {"stored": True, "joined": waited}
                 return {"begin": True}
             if state & CLAIM_INVALIDATED:
@@ -582,7 +588,7 @@ class Buffer:
                 answer = await self._call("join", key=key)
                 if "join" in answer:
                     return answer
-                continue  # it ended meanwhile: stored, or to be claimed anew
+                continue  # it ended meanwhile: stored, or not
             # Nobody follows it: wait until it is gone.
             await asyncio.sleep(pause)
             pause = min(2 * pause, CLAIM_POLL_MAX)
