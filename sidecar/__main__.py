@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from sidecar import logs
+from sidecar.buffer.claims import Claims
 from sidecar.proxy.listeners import listen, listeners
 from sidecar.runtime.supervisor import Workers, WorkersFailed, available_cpus
 from sidecar.settings import SettingsError, parse
@@ -40,7 +41,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "cannot start: cannot listen on %s:%d: %s", listener.host, listener.port, e
             )
             raise SystemExit(1) from None
-    shared = Shared.create(settings.workers or available_cpus())
+    workers_count = settings.workers or available_cpus()
+    shared = Shared.create(workers_count, Claims.size(workers_count))
     workers = Workers(shared, args, sockets, settings.ca_dir, entry="sidecar.runtime.worker:main")
     spawning = workers.spawn()
     # Loaded while the workers load mitmproxy: the CA, the buffer, the admin endpoints.

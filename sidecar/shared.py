@@ -1,8 +1,10 @@
-"""Numbers every process of one sidecar shares, in one anonymous memory file.
+"""What every process of one sidecar shares, in one anonymous memory file.
 
-The main process creates it and every worker inherits its descriptor. Each slot is
-a signed 64-bit word, written by one process only (aligned 8-byte stores are atomic
-on the platforms pods run on), so no lock is needed:
+The main process creates it and every worker inherits its descriptor. It holds
+numbered slots, then a region the buffer keeps its claims in (`buffer.claims`).
+
+Each slot is a signed 64-bit word, written by one process only (aligned 8-byte stores
+are atomic on the platforms pods run on), so no lock is needed:
 
 | slot | written by | meaning |
 | --- | --- | --- |
@@ -10,7 +12,7 @@ on the platforms pods run on), so no lock is needed:
 | 1 | the main process | invalidations: bumped whenever a write invalidates a URL |
 | 2 | the main process | found through: index rows up to this one were there at start |
 | 3 | the main process | checked through: rows found at start up to this one are verified |
-| 4 | the main process | commits: bumped once each new object is in the index |
+| 4 | the main process, once | how many workers there are |
 | 5 + i | worker i | its open client connections (`front.Balance`) |
 
 Workers remember stored objects between requests; a changed generation tells them
@@ -19,15 +21,21 @@ fill it runs without asking the keeper only while no invalidation happened since
 fill began (`fill.Fills`): a fill that a write made stale must not gain readers. A
 stored object whose index row was found at start and is not checked yet is verified by
 the worker that serves it first (`keeper.Buffer`); until the store has opened the
-index, every row counts as found at start and unchecked. A worker's claim of a key it
-just looked up says how many commits that lookup saw: the keeper then knows, from the
-keys it committed since, whether it was stored meanwhile without asking the index.
+index, every row counts as found at start and unchecked.
+
+The region is written by any process, but only under `lock()`: an exclusive `flock` on
+a descriptor of the file that each process opened for itself (a lock belongs to an open
+file, and the inherited descriptor is one open file for every process). The kernel
+releases the lock of a process that dies, so a `kill -9` never leaves it held.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import mmap
 import os
+from collections.abc import Iterator
 
 _SLOT = 8  # bytes
 _COMMON = 5  # slots before the per-worker ones
@@ -35,20 +43,36 @@ _UNKNOWN = 2**63 - 1  # "found through" before the store has looked: every row
 
 
 class Shared:
-    """The shared slots, mapped into this process."""
+    """The shared slots and region, mapped into this process."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self.workers = os.fstat(fd).st_size // _SLOT - _COMMON
-        self._slots = memoryview(mmap.mmap(fd, (self.workers + _COMMON) * _SLOT)).cast("q")
+        self.memory = mmap.mmap(fd, os.fstat(fd).st_size)
+        self.workers = workers = int.from_bytes(self.memory[4 * _SLOT : 5 * _SLOT], "little")
+        self._slots = memoryview(self.memory)[: (workers + _COMMON) * _SLOT].cast("q")
+        # The region starts where the slots end.
+        self.region = (workers + _COMMON) * _SLOT
+        # This process's own open file: see the module docstring.
+        self._lock_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
 
     @classmethod
-    def create(cls, workers: int) -> Shared:
+    def create(cls, workers: int, region: int = 0) -> Shared:
+        """Slots for `workers` workers, then `region` bytes, all zero."""
         fd = os.memfd_create("burstbuffer-shared", 0)  # inherited by workers on purpose
-        os.ftruncate(fd, (workers + _COMMON) * _SLOT)
+        os.ftruncate(fd, (workers + _COMMON) * _SLOT + region)
+        os.pwrite(fd, workers.to_bytes(_SLOT, "little"), 4 * _SLOT)
         shared = cls(fd)
         shared._slots[2] = _UNKNOWN
         return shared
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the region's lock (see the module docstring)."""
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     @property
     def generation(self) -> int:
@@ -77,13 +101,6 @@ class Shared:
         `checked_through` are verified (or gone)."""
         self._slots[3] = checked_through
         self._slots[2] = found_through
-
-    @property
-    def commits(self) -> int:
-        return int(self._slots[4])
-
-    def bump_commits(self) -> None:
-        self._slots[4] += 1
 
     @property
     def connections(self) -> memoryview:

@@ -1,7 +1,7 @@
 """Fills: one upstream fetch per object, written into the buffer, read by many clients.
 
 A fill belongs to no client, and its clients may be connected to any worker: the
-worker that claims a key from the keeper (`sidecar.buffer.keeper`) runs the fill; clients
+worker that claims a key (`sidecar.buffer.claims`) runs the fill; clients
 in that worker follow it through its `Fill`, clients in other workers through a
 `RemoteFill` on the same partial file and its progress record (`sidecar.buffer.progress`).
 
@@ -14,13 +14,14 @@ small bodies, below).
 
 When the body is complete and its length matches Content-Length the partial file is
 renamed into the buffer (commit); any failure deletes it. The body's last byte is
-handed to readers once the whole body is in the partial file, while the commit is on
-its way to the keeper: a miss's client does not wait for that round trip, and its
-next request meets the keeper's answer half way. A request for the object that comes
-meanwhile waits for the commit, and is answered as a hit (revalidated with
-`--revalidate`), never as a late joiner of the fill: in this worker it waits for the
-fill to end; in another, the keeper has the commit before its claim (sent earlier), or
-answers the claim once the commit is done (`sidecar.buffer.keeper`). A small body is
+handed to readers once the whole body is in the partial file, while it is committed
+(a small body by this worker, at once; any other by the keeper: a miss's client does
+not wait for that round trip, and its next request meets the keeper's answer half
+way). A request for the object that comes meanwhile waits for the commit, and is
+answered as a hit (revalidated with `--revalidate`), never as a late joiner of the
+fill: in this worker it waits for the fill to end; in another, its claim finds the
+fill's until the commit, which frees it once the object is indexed
+(`sidecar.buffer.claims`). A small body is
 handed over whole (its client gets it in one write, rather than piece by piece):
 waiting for all of it costs its time to first byte a fraction of a millisecond from a
 fast origin, and takes nothing from its whole. If the origin drops the connection
@@ -45,7 +46,7 @@ from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.buffer.keeper import BUFFER_UNAVAILABLE, PROVISIONAL, UNSIZED, Buffer
+from sidecar.buffer.keeper import BUFFER_UNAVAILABLE, SMALL, UNSIZED, Buffer
 from sidecar.buffer.progress import Progress, State
 from sidecar.buffer.segments import SegmentedCopy, SegmentFailed, Target, may_split, pwrite_all
 from sidecar.buffer.store import StoreError
@@ -152,8 +153,6 @@ class Fill:
         # commit and the unlink of a failure, and is closed when the last reader is done.
         self._fd: int | None = None
         self._shared: Progress | None = None  # the record readers in other workers follow
-        # The room the keeper held when the claim began (rid, partial body), if any.
-        self.provisional: tuple[str, str] | None = None
         self._readers = 0
         self._ended = False
         # Every byte is written and handed out; only the commit is pending.
@@ -559,15 +558,13 @@ class Fills:
             _release(fetched)
             local.attach()
             return Acquired(local, "coalesced")
-        # After a write anywhere, the keeper says whether this fill may still be joined.
+        # After a write anywhere, the claims table says whether this fill may be joined.
         claimed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._claiming[key] = claimed
         try:
             answer = await self._buffer.claim(key)
             if "begin" in answer:
                 fill = self._active[key] = Fill(key, url, self._buffer.invalidations)
-                if "rid" in answer:
-                    fill.provisional = answer["rid"], answer["path"]
         except StoreError as e:
             self._metrics.buffer_trouble("claiming a fill", e)
             raise Declined(BUFFER_UNAVAILABLE) from e
@@ -590,7 +587,7 @@ class Fills:
             return await self._decide(fill, request_headers, fetched)
         except BaseException as e:
             if not fill.head.done():
-                self._buffer.decline(key, "upstream-error")  # returns provisional room
+                self._buffer.decline(key)
                 self._end(fill, e if isinstance(e, Exception) else FillFailed("cancelled"))
             raise
 
@@ -612,19 +609,17 @@ class Fills:
         head = Head(
             size, stored, validators, headers, fetched.generated_at, fetched.lifetime(stored)
         )
-        # A body that fits the claim's provisional room is stored there, its partial
-        # body made here: nobody follows it (see `sidecar.buffer.keeper`). Any other
-        # asks for its room, which returns the provisional.
-        followed = not (fill.provisional is not None and size <= PROVISIONAL)
-        if not followed:
-            assert fill.provisional is not None
-            rid, path = fill.provisional
+        # A small body is stored from this worker's lease, its partial body made here:
+        # nobody follows it (see `sidecar.buffer.keeper`). Any other asks for its room.
+        leased = self._buffer.lease_room(fill.key, size) if size <= SMALL else None
+        followed = leased is None
+        if leased is not None:
+            rid, path = leased
         else:
             answer = await self._room(self._buffer.start_fill(fill.key, size, head.to_message()))
             if "refused" in answer:
                 return self._decline(fill, response, answer["refused"])
             rid, path = answer["rid"], answer["path"]
-        fill.provisional = None
         try:
             if followed:
                 # Made by the keeper, so that readers in other workers could open it at once.
@@ -660,7 +655,6 @@ class Fills:
 
     async def _start_unsized(self, fill: Fill, fetched: Fetched) -> Acquired:
         response = fetched.response
-        fill.provisional = None  # the keeper returns it (see `start_unsized`)
         answer = await self._room(self._buffer.start_unsized(fill.key))
         if "refused" in answer:
             return self._decline(fill, response, answer["refused"])
@@ -682,7 +676,7 @@ class Fills:
         return Acquired(None, "miss", response, unsized=unsized)
 
     def _decline(self, fill: Fill, response: Response, reason: str) -> Acquired:
-        self._buffer.decline(fill.key, reason)  # returns provisional room
+        self._buffer.decline(fill.key)
         self._end(fill, Declined(reason))
         return Acquired(None, "miss", response, reason)
 

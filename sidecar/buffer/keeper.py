@@ -1,47 +1,53 @@
 """The buffer's keeper (in the parent process) and each worker's handle on it.
 
 Workers answer hits on their own: they read the index and the body files directly
-(`store.Index`). Everything that changes the buffer goes through the keeper, the
-one writer of the index, so that every guarantee of a single process holds across
-workers:
+(`store.Index`). They also claim the keys they fetch, and store small bodies, on their
+own, in what every process shares (`sidecar.buffer.claims`): a small miss costs no
+message to the main process. Everything else that changes the buffer goes through the
+keeper, so that every guarantee of a single process holds across workers:
 
-- one upstream fetch per object: a worker *claims* a key before fetching it; whoever
-  claims a key already being fetched joins that fill, in whichever worker it runs
-  (its partial body and progress record are in the buffer directory);
-- the `--buffer-size` cap and the `none`/`lru` policy: reservations, commits and
-  evictions happen here, in order (`store.Store`);
-- a crashed worker's fills are failed and their room returned (`worker_gone`), so
-  nothing it half-wrote is ever served.
+- one upstream fetch per object: a worker *claims* a key before fetching it
+  (`Buffer.claim`); whoever finds a key claimed waits for its fill, or joins it in
+  whichever worker it runs when it is one others may follow (its partial body and
+  progress record are in the buffer directory, announced here);
+- the `--buffer-size` cap and the `none`/`lru` policy: reservations, leases, evictions
+  and the totals happen here, in order (`store.Store`);
+- a crashed worker's fills are failed, its claims freed and its lease and room returned
+  (`worker_gone`), so nothing it half-wrote is ever served.
 
 Calls and their replies (`sidecar.ipc`):
 
 | call | reply |
 | --- | --- |
-| `claim {key, since}` | `{begin}` (fetch it; see below), `{join: fill}`, `{stored}`, `{declined}` |
-| `start_fill {key, size, head}` | `{rid, path}` or `{refused: reason}` |
+| `join {key}` (the key's claim is FOLLOWED) | `{join: fill}`, or `{}` once it ended |
+| `start_fill {key, size, head}` | `{rid, path}` (the claim is FOLLOWED) or `{refused: reason}` |
 | `start_unsized {key}` | `{rid, path, size}` (room of UNSIZED_ROOM bytes) or `{refused: reason}` |
 | `grow {rid, size}` | `{}` or `{refused: reason}` |
 | `commit {rid key size sha256 headers generated_at lifetime}` | `{}`, `{error}`, `{invalidated}` |
 | `invalidate {keys}` | `{}` once the objects are gone and their fills will not commit |
 | `update {key, file, headers, generated_at, lifetime}` (after a 304) | `{}` once recorded |
 
-Notifications: `decline {key, reason}`, `abort {rid}`, `remove {key}`, `failure {}`,
-`touch {keys}`.
+Notifications: `lease {}`, `abort {rid}`, `remove {key}`, `failure {why}`, `touch {keys}`.
 
 Most objects are small, and a miss waits for every round trip it makes here (each
-costs both processes a wake-up). So a `begin` comes with room for an object of up to
-PROVISIONAL bytes, held against the cap like any fill's (`rid`, `path`). A body that
-fits is stored there without a word to the keeper until its commit, which says its
-size: its miss costs two round trips (claim, commit) and nothing else. Nobody follows
+costs both processes a wake-up). So each worker holds a *lease*: free room the keeper
+lends it in batches of up to LEASE bytes (`lease`, asked for when less than half is
+left). A body of up to SMALL bytes whose claim began in this worker is written into a
+partial file of the worker's own and stored from that lease by the worker itself: it
+renames the body into objects/, inserts its index row and frees its claim, under the
+claims' lock (`claims.Claims.commit`), and the keeper moves those bytes and objects
+from the lease to its totals the next time it looks (`Claims.fold`). Nobody follows
 such a fill while it runs: its readers get it whole at its end anyway
-(`fill.WHOLE_AT_END`), so a claim of the same key from another worker waits for
-the commit and is answered `stored` and `joined` (it counts as coalesced, and is
-served from the buffer), and its partial body is made by the
-worker with no progress record. A larger body asks with `start_fill`, which returns
-the provisional room first; a declined one returns it with `decline`. Provisional
-room is only ever free room, and only while at least as much stays free besides: so
-it never makes `lru` evict, and never turns away an object that fits in half the room
-that is free (near a full buffer, every claim takes the three round trips).
+(`fill.WHOLE_AT_END`), so a worker that finds its key claimed waits until the claim is
+gone, and then finds the object stored (it counts as coalesced, and is served from the
+buffer). A larger body, one of unknown length, an object replacing one this worker
+asked the keeper to remove (outdated or corrupt: the keeper removes it first, as it
+handles messages in order), or one that finds too little left of its lease asks the
+keeper for room (`start_fill`) and for its commit: two round trips. Leases are lent
+only out of free room, and only while at least as much stays free besides
+(`lease_grant`): so lending never makes `lru` evict, and never turns away an object
+that fits in half the room that is free; a reservation that finds too little room
+takes every lease's idle bytes back first (`Claims.revoke`).
 
 A body whose length only its end tells (chunked, or delimited by the connection's
 close) is a fill of its own kind (`start_unsized`): its room grows as it is written
@@ -56,14 +62,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import os
 import time
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from sidecar import ipc
+from sidecar.buffer.claims import INVALIDATED as CLAIM_INVALIDATED
+from sidecar.buffer.claims import Claims, State
 from sidecar.buffer.store import (
     Corrupt,
     Index,
@@ -72,6 +81,7 @@ from sidecar.buffer.store import (
     StoredObject,
     StoreError,
     check_body,
+    worker_partial,
 )
 from sidecar.ipc import Message
 from sidecar.metrics import Metrics
@@ -85,17 +95,31 @@ BUFFER_UNAVAILABLE = "buffer-unavailable"
 INVALIDATED = "invalidated"
 # The pass reason of requests for a URL whose body of unknown length is being stored.
 UNSIZED = "filling-unsized"
+# The pass reason of a miss that found every claim of the table taken (`claims.SLOTS`).
+NO_CLAIM = "too-many-fills"
+# The pass reason of a request that waited for another's fill of its key, which ended
+# without storing it (its answer was not cacheable, or its fetch failed): like the
+# fill's own client, it goes to the origin at once, rather than after each other waiter.
+UNSTORED = "fill-not-stored"
 # Served keys are reported to the keeper (for `lru`) at most this often.
 TOUCH_INTERVAL = 0.5  # seconds
-# Room held for the fill of a claim that begins, until its size is known: nine in ten
-# of an ImageNet-like set's files fit in it.
-PROVISIONAL = 256 * 1024  # bytes
-# Keys of the latest commits, remembered so that a claim seldom needs an index query
-# to know whether its key was stored since the worker looked it up (`Shared.commits`).
-RECENT_COMMITS = 4096
-# Room a fill of unknown length starts with (it grows as the body comes): as much as a
-# claim's provisional room, so that near a full buffer it is turned away no sooner.
-UNSIZED_ROOM = PROVISIONAL  # bytes
+# Bodies up to this size are stored by the worker that fetched them, from its lease:
+# nine in ten of an ImageNet-like set's files.
+SMALL = 256 * 1024  # bytes
+# Room lent to a worker at most (see the module docstring): sixteen of the largest small
+# bodies, forty of a typical one, per message to the keeper.
+LEASE = 16 * SMALL  # bytes
+# A worker asks for more lease at most this often while it finds too little left.
+LEASE_ASK_INTERVAL = 0.02  # seconds
+# A worker waiting for a claim nobody follows looks again this often, at first every
+# millisecond (most small fills end within a few), backing off while it lasts.
+CLAIM_POLL_MIN = 0.001  # seconds
+CLAIM_POLL_MAX = 0.01  # seconds
+# Removals a worker asked for and remembers until it sees them done (`Buffer.remove`):
+# far more than it ever has on its way to the keeper.
+REMOVALS_REMEMBERED = 1024
+# Room a fill of unknown length starts with (it grows as the body comes).
+UNSIZED_ROOM = SMALL  # bytes
 # Bytes a worker spends remembering stored objects (so that a hit costs no SQLite
 # query and no decoding): about 1.2 KB each with three response fields (`_cost`).
 REMEMBERED_BYTES = 16 * 2**20
@@ -109,43 +133,32 @@ _FIELD_OVERHEAD = 150
 CHECK_AT_ONCE = 1024 * 1024  # bytes
 
 
-@dataclass
-class _Claim:
-    """A key being fetched by one worker."""
-
-    owner: int
-    waiters: list[asyncio.Future[Message]] = field(default_factory=list)
-    fill: Message | None = None  # what joiners need, once the body is being stored
-    rid: str | None = None  # its room: provisional while `fill` is None
-    # A write made what this fill fetches stale: it gets no new readers and is not
-    # committed; requests for the key pass until it ends.
-    invalidated: bool = False
-    unsized: bool = False  # a body of unknown length: nobody joins it (see above)
+def lease_grant(free: int, lent: int, idle: int, block: int) -> int:
+    """Bytes to lend a worker that has `idle` bytes of lease left, when `free` bytes of
+    the cap are neither used nor reserved (lent room counts as reserved) and `lent` are
+    lent to every worker: up to LEASE in its hands, and only while at least as much
+    room stays free as is lent, this grant included. Whole blocks."""
+    amount = min(LEASE - idle, (free - lent) // 2)
+    return max(0, amount // block * block)
 
 
 class Keeper:
-    """The registry of fills and the buffer's accounting, for every worker."""
+    """The announced fills and the buffer's accounting, for every worker."""
 
     def __init__(
         self,
         store: Store,
+        claims: Claims,
         invalidated: Callable[[], None] = lambda: None,
-        committed: Callable[[], None] = lambda: None,
     ) -> None:
-        """`invalidated()` is called after each invalidation (`Shared.bump_invalidations`),
-        `committed()` once each new object is in the index (`Shared.bump_commits`)."""
+        """`invalidated()` is called after each invalidation (`Shared.bump_invalidations`)."""
         self.store = store
+        self.claims = claims
         self._invalidated = invalidated
-        self._committed = committed
-        self._commits = 0  # as `Shared.commits`
-        # The latest commit of each recent key; every commit from `_recent_from` on is here.
-        self._recent: collections.OrderedDict[str, int] = collections.OrderedDict()
-        self._recent_from = 1
         # The buffer trouble met here (a worker counts its own in its Metrics).
         self.metrics = Metrics()
-        self._claims: dict[str, _Claim] = {}
+        self._followed: dict[str, Message] = {}  # what joiners of a FOLLOWED claim need
         self._reservations: dict[str, tuple[int, str, Reservation]] = {}
-        self._provisional: set[str] = set()  # reservations of PROVISIONAL bytes, by rid
 
     def state(self) -> str:
         """The buffer's state for /stats: `available`, or `unavailable: <why>`."""
@@ -153,20 +166,24 @@ class Keeper:
         return "available" if why is None else f"unavailable: {why}"
 
     def gauges(self) -> dict[str, int]:
+        self._fold()
+        idle = sum(self.claims.lease(worker).idle for worker in range(self.claims.workers))
         return {
             "buffer_available": int(self.store.unavailable is None),
             "entries": self.store.entries,
             "unverified_entries": self.store.unverified,
             "buffer_bytes": self.store.used,
-            "reserved_bytes": self.store.reserved,
+            "reserved_bytes": self.store.reserved - idle,
+            "leased_bytes": idle,
             "capacity_bytes": self.store.capacity,
-            "fills_in_progress": len(self._reservations),
+            "fills_in_progress": self.claims.running(),
         }
 
     async def handle(self, worker: int, message: Message) -> Message | None:
         op = message["op"]
-        if op == "claim":
-            return await self._claim(worker, message["key"], message.get("since"))
+        if op == "join":
+            fill = self._followed.get(message["key"])
+            return {} if fill is None else {"join": fill}
         if op == "start_fill":
             return self._start_fill(worker, message["key"], message["size"], message["head"])
         if op == "start_unsized":
@@ -180,8 +197,8 @@ class Keeper:
         if op == "update":
             self._update(message)
             return {}
-        if op == "decline":
-            self._settle(message["key"], worker, {"declined": message["reason"]})
+        if op == "lease":
+            self._lend(worker)
         elif op == "abort":
             self._abort(message["rid"])
         elif op == "remove":
@@ -195,90 +212,69 @@ class Keeper:
         return None
 
     def worker_gone(self, worker: int) -> None:
-        """Fail the fills of a worker that died; return their room."""
-        for key, claim in list(self._claims.items()):
-            if claim.owner == worker:
-                self._settle(key, worker, {"declined": "worker-died"})
+        """Fail the fills of a worker that died, free its claims, take back its lease and
+        its room; its small fills' partial bodies are deleted, and what it stored itself
+        is counted from the index."""
         for rid, (owner, _, _) in list(self._reservations.items()):
             if owner == worker:
                 self._abort(rid)
+        store = self.store
+
+        def settle(lent: int, spent: int, stored: int) -> None:
+            store.reserved -= lent + spent
+            store.used += spent
+            store.entries += stored
+            try:
+                store.recount()  # what it indexed and died before counting
+            except StoreError as e:
+                self.metrics.buffer_trouble("counting what is stored", e)
+
+        self.claims.forget(worker, settle)
+        store.remove_partials(worker)
 
     # -- operations ---------------------------------------------------------------------
 
-    async def _claim(self, worker: int, key: str, since: int | None) -> Message:
-        claim = self._claims.get(key)
-        if claim is None:
-            if self._stored_since(key, since):
-                # Committed after the worker looked it up: one fetch per object still.
-                return {"stored": True}
-            claim = self._claims[key] = _Claim(worker)
-            reservation = self._provisional_room()
-            if reservation is None:
-                return {"begin": True}
-            rid = claim.rid = reservation.name
-            self._reservations[rid] = (worker, key, reservation)
-            self._provisional.add(rid)
-            return {"begin": True, "rid": rid, "path": reservation.path}
-        if claim.invalidated:
-            return {"declined": INVALIDATED}
-        if claim.unsized:
-            return {"declined": UNSIZED}
-        if claim.fill is not None:
-            return {"join": claim.fill}
-        waiter: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-        claim.waiters.append(waiter)
-        return await waiter
+    def _lend(self, worker: int) -> None:
+        """Top up `worker`'s lease (see the module docstring)."""
+        store = self.store
+        if store.unavailable is not None:
+            return
+        self._fold()
+        lent = sum(self.claims.lease(w).room for w in range(self.claims.workers))
+        free = store.capacity - store.used - store.reserved
+        amount = lease_grant(free, lent, self.claims.lease(worker).idle, store.block)
+        if amount > 0:
+            self.claims.grant(worker, amount)
+            store.reserved += amount
 
-    def _stored_since(self, key: str, since: int | None) -> bool:
-        """Is `key` stored, for a worker whose lookup missed it after `since` commits
-        (None: unknown)? Only a commit since then can have stored it (and the index
-        says whether it is still there)."""
-        if since is not None and since + 1 >= self._recent_from:
-            if self._recent.get(key, 0) <= since:
-                return False
-        return self.store.holds(key)
-
-    def _note_commit(self, key: str) -> None:
-        """`key` is in the index now (see `_stored_since`)."""
-        self._commits += 1
-        self._recent.pop(key, None)
-        self._recent[key] = self._commits
-        if len(self._recent) > RECENT_COMMITS:
-            self._recent_from = self._recent.popitem(last=False)[1] + 1
-        self._committed()
+    def _fold(self) -> None:
+        """Move what workers stored from their leases since the last fold to the totals."""
+        spent, stored = self.claims.fold()
+        self.store.reserved -= spent
+        self.store.used += spent
+        self.store.entries += stored
 
     def _start_fill(self, worker: int, key: str, size: int, head: Message) -> Message:
-        claimed = self._claims.get(key)
-        if claimed is not None and claimed.invalidated:
-            return {"refused": INVALIDATED}  # the worker's decline settles the claim
-        self._return_provisional(claimed)  # too large for it
-        reservation, reason = self._reserve(size, followed=True)
+        reservation, reason = self._reserve(size)
         if reservation is None:
-            self._settle(key, worker, {"declined": reason})
-            return {"refused": reason}
+            return {"refused": reason}  # the worker frees its claim
+        if not self.claims.announce(key, worker, State.FOLLOWED):
+            self.store.abort(reservation)
+            return {"refused": INVALIDATED}
         rid = reservation.name
         self._reservations[rid] = (worker, key, reservation)
-        self._announce(self._claims.setdefault(key, _Claim(worker)), rid, reservation, head)
+        self._followed[key] = {**head, "size": reservation.size, "path": reservation.path}
         return {"rid": rid, "path": reservation.path}
 
     def _start_unsized(self, worker: int, key: str) -> Message:
-        claimed = self._claims.get(key)
-        if claimed is not None and claimed.invalidated:
-            return {"refused": INVALIDATED}
-        self._return_provisional(claimed)
-        reservation, reason = self._reserve(UNSIZED_ROOM, followed=True)
+        reservation, reason = self._reserve(UNSIZED_ROOM)
         if reservation is None:
-            self._settle(key, worker, {"declined": reason})
             return {"refused": reason}
+        if not self.claims.announce(key, worker, State.UNSIZED):
+            self.store.abort(reservation)
+            return {"refused": INVALIDATED}
         rid = reservation.name
         self._reservations[rid] = (worker, key, reservation)
-        claim = self._claims.setdefault(key, _Claim(worker))
-        claim.rid = rid
-        claim.unsized = True
-        for waiter in claim.waiters:
-            if not waiter.done():
-                waiter.set_result({"declined": UNSIZED})
-        claim.waiters.clear()
         return {"rid": rid, "path": reservation.path, "size": reservation.size}
 
     def _grow(self, rid: str, size: int) -> Message:
@@ -287,6 +283,7 @@ class Keeper:
             return {"refused": "the fill was cancelled"}
         if self.store.unavailable is not None:
             return {"refused": BUFFER_UNAVAILABLE}
+        self._make_room(self.store.charge(size) - found[2].charged)
         try:
             grown = self.store.grow(found[2], size)
         except StoreError as e:
@@ -294,94 +291,75 @@ class Keeper:
             return {"refused": BUFFER_UNAVAILABLE}
         return {} if grown else {"refused": "no-room"}
 
-    def _return_provisional(self, claim: _Claim | None) -> None:
-        """A claim's body needs room of another kind: its provisional room is returned."""
-        if claim is not None and claim.fill is None and claim.rid is not None:
-            self._release(claim.rid)
-            claim.rid = None
-
-    def _provisional_room(self) -> Reservation | None:
-        """PROVISIONAL bytes for a claim, if that leaves at least as much free room as
-        all the provisional room then held (see the module docstring)."""
-        store = self.store
-        free = store.capacity - store.used - store.reserved - PROVISIONAL
-        if free < (len(self._provisional) + 1) * PROVISIONAL:
-            return None
-        return self._reserve(PROVISIONAL, evict=False, followed=False)[0]
-
-    def _reserve(
-        self, size: int, evict: bool = True, followed: bool = False
-    ) -> tuple[Reservation | None, str]:
-        """Room for a fill of `size` bytes (see `Store.reserve`), or None and why not."""
+    def _reserve(self, size: int) -> tuple[Reservation | None, str]:
+        """Room for a followed fill of `size` bytes (see `Store.reserve`), or None and
+        why not."""
         if self.store.unavailable is not None:
             return None, BUFFER_UNAVAILABLE
+        self._make_room(self.store.charge(size))
         try:
-            return self.store.reserve(size, evict, followed), "no-room"
+            return self.store.reserve(size), "no-room"
         except StoreError as e:
             self.metrics.buffer_trouble("reserving room", e)
             self.store.report_failure(str(e))
             return None, BUFFER_UNAVAILABLE
 
-    @staticmethod
-    def _announce(claim: _Claim, rid: str, reservation: Reservation, head: Message) -> None:
-        """The claim's body is being stored: whoever waits for it joins it."""
-        claim.rid = rid
-        claim.fill = {**head, "size": reservation.size, "path": reservation.path}
-        for waiter in claim.waiters:
-            if not waiter.done():
-                waiter.set_result({"join": claim.fill})
-        claim.waiters.clear()
+    def _make_room(self, charged: int) -> None:
+        """Before `charged` more bytes are reserved: if they do not fit in the free room,
+        the idle room of every lease is taken back first, rather than refused or evicted
+        for."""
+        self._fold()
+        store = self.store
+        if store.used + store.reserved + charged > store.capacity:
+            store.reserved -= self.claims.revoke()
 
     def _commit(self, message: Message) -> Message:
         rid = message["rid"]
-        claim = self._claims.get(self._reservations[rid][1]) if rid in self._reservations else None
-        if claim is not None and claim.rid == rid and claim.invalidated:
-            # The worker aborts it once its readers have every byte.
-            return {"invalidated": True}
-        found = self._reservations.pop(rid, None)
+        found = self._reservations.get(rid)
         if found is None:
             return {"error": "the fill was cancelled"}
-        _, key, reservation = found
-        self._provisional.discard(rid)
+        worker, key, reservation = found
         headers = tuple((name, value) for name, value in message["headers"])
         try:
-            self.store.commit(
-                reservation,
+            committed = self.claims.end(
                 key,
-                message["sha256"],
-                headers,
-                message["generated_at"],
-                message["lifetime"],
-                message["size"],  # a provisional room or an unsized one shrinks to it
+                worker,
+                lambda: self.store.commit(
+                    reservation,
+                    key,
+                    message["sha256"],
+                    headers,
+                    message["generated_at"],
+                    message["lifetime"],
+                    message["size"],  # an unsized fill's room shrinks to it
+                ),
             )
         except StoreError as e:
-            self.store.abort(reservation)
-            self._forget_claim(key, rid, {"declined": BUFFER_UNAVAILABLE})
+            self._abort(rid)
             return {"error": str(e)}
-        self._note_commit(key)
-        # Whoever waited on a fill nobody could follow finds it stored now.
-        self._forget_claim(key, rid, {"stored": True, "joined": True})
+        if not committed:
+            # The worker aborts it once its readers have every byte.
+            return {"invalidated": True}
+        del self._reservations[rid]
+        self._followed.pop(key, None)
         return {}
 
     def _abort(self, rid: str) -> None:
-        found = self._reservations.get(rid)
-        if found is not None:
-            self._release(rid)
-            self._forget_claim(found[1], rid, {"declined": "fill-failed"})
-
-    def _release(self, rid: str) -> None:
-        """Return a fill's room; its partial body is deleted."""
-        self._provisional.discard(rid)
+        """Return a fill's room (its partial body is deleted) and free its claim."""
         found = self._reservations.pop(rid, None)
         if found is not None:
-            self.store.abort(found[2])
+            worker, key, reservation = found
+            self.store.abort(reservation)
+            self._followed.pop(key, None)
+            self.claims.end(key, worker)
 
     def _invalidate(self, keys: list[str]) -> Message:
+        # Fills first: a worker's small fill either committed before (its object is
+        # removed next) or sees its claim invalidated and does not commit.
+        self.claims.invalidate(keys)
         for key in keys:
+            self._followed.pop(key, None)
             self._remove(key)
-            claim = self._claims.get(key)
-            if claim is not None:
-                claim.invalidated = True
         self._invalidated()
         return {}
 
@@ -410,28 +388,6 @@ class Keeper:
         except StoreError as e:
             self.metrics.buffer_trouble("removing an object", e)
 
-    def _settle(self, key: str, worker: int, outcome: Message) -> None:
-        """End a claim that never became a fill that others follow (its provisional
-        room is returned); its waiters get `outcome`."""
-        claim = self._claims.get(key)
-        if claim is None or claim.owner != worker or claim.fill is not None:
-            return
-        if claim.rid is not None:
-            self._release(claim.rid)
-        self._end_claim(key, claim, outcome)
-
-    def _forget_claim(self, key: str, rid: str, outcome: Message) -> None:
-        """The fill `rid` is over: its claim ends, and whoever still waits gets `outcome`."""
-        claim = self._claims.get(key)
-        if claim is not None and claim.rid == rid:
-            self._end_claim(key, claim, outcome)
-
-    def _end_claim(self, key: str, claim: _Claim, outcome: Message) -> None:
-        del self._claims[key]
-        for waiter in claim.waiters:
-            if not waiter.done():
-                waiter.set_result(outcome)
-
 
 class _Known(NamedTuple):
     """A stored object this worker remembers: its index row and record, and whether its
@@ -458,20 +414,38 @@ class Buffer:
     An object whose index row was found at start and is beyond the store's background
     check (`Shared.checked_through`) is hashed before this worker serves it; one that
     does not match is removed and never served.
+
+    It claims the keys it fetches, and stores small bodies from its lease, itself (see
+    the module docstring).
     """
 
     def __init__(
-        self, index: Index, keeper: ipc.Channel, shared: Shared, track_recency: bool
+        self,
+        index: Index,
+        keeper: ipc.Channel,
+        shared: Shared,
+        claims: Claims,
+        worker: int,
+        track_recency: bool,
     ) -> None:
-        """`track_recency`: report served keys to the keeper (only `lru` needs them)."""
+        """`worker`: this worker's index; `track_recency`: report served keys to the
+        keeper (only `lru` needs them)."""
         self._index = index
         self._keeper = keeper
         self._shared = shared
+        self._claims = claims
+        self._worker = worker
+        # The small fills stored from the lease, by rid: (key, size, charged, partial body).
+        self._small: dict[str, tuple[str, int, int, str]] = {}
+        self._lease_asked = -LEASE_ASK_INTERVAL  # time.monotonic()
+        # The rows of the keys this worker asked the keeper to remove (`remove`).
+        self._removing: dict[str, int] = {}
+        self._ask_for_lease()  # before the first miss needs it
         self._known: collections.OrderedDict[str, _Known] = collections.OrderedDict()
         self._known_bytes = 0
         self._known_generation = shared.generation
         self._track_recency = track_recency
-        # The key the last index query missed, and the commits it saw (`Shared.commits`).
+        # The key the last index query missed, and the commits it saw (`Claims.commits`).
         self._missed: tuple[str, int] | None = None
         self._touched: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._last_touch_report = time.monotonic()
@@ -527,7 +501,7 @@ class Buffer:
         if known is not None:
             self._known.move_to_end(key)
             return known
-        commits = self._shared.commits  # before the query: it sees at least these
+        commits = self._claims.commits  # before the query: it sees at least these
         found = self._index.find(key)
         if found is None:
             self._missed = key, commits
@@ -586,11 +560,79 @@ class Buffer:
             self._touched.clear()
 
     async def claim(self, key: str) -> Message:
-        """Fetch `key`, or join whoever does (see the table above); StoreError if the
-        keeper cannot be asked."""
+        """Fetch `key` (`{begin}`), join the fill of whoever does (`{join: fill}`), serve it
+        (`{stored}`, and `joined` if this waited for its fill) or pass (`{declined:
+        reason}`, UNSTORED if the fill it waited for did not store it); StoreError if the
+        keeper or the index cannot be asked (and no claim is held). See `sidecar.buffer.claims`."""
         missed = self._missed
         since = missed[1] if missed is not None and missed[0] == key else None
-        return await self._call("claim", key=key, since=since)
+        waited = False
+        pause = CLAIM_POLL_MIN
+        while True:
+            found = self._claims.claim(key, self._worker)
+            if found is None:
+                return {"declined": NO_CLAIM}
+            state, _ = found
+            if state == State.FREE:
+                # Ours. Stored since the lookup that missed it only if a commit came
+                # since: its claim was freed after its row was written, and before ours.
+                if waited or since is None or self._claims.commits != since:
+                    try:
+                        stored = self._stored(key)
+                    except StoreError:
+                        self._claims.release(key, self._worker)
+                        raise
+                    if stored or waited:
+                        self._claims.release(key, self._worker)
+                        if not stored:
+                            return {"declined": UNSTORED}
+                        return {"stored": True, "joined": waited}
+                return {"begin": True}
+            if state & CLAIM_INVALIDATED:
+                return {"declined": INVALIDATED}
+            if state == State.UNSIZED:
+                return {"declined": UNSIZED}
+            waited = True
+            if state == State.FOLLOWED:
+                answer = await self._call("join", key=key)
+                if "join" in answer:
+                    return answer
+                continue  # it ended meanwhile: stored, or not
+            # Nobody follows it: wait until it is gone.
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, CLAIM_POLL_MAX)
+
+    def _stored(self, key: str) -> bool:
+        """Is `key` stored, and not by the row this worker asked the keeper to remove?"""
+        found = self._index.find(key)
+        if found is not None and self._removing.get(key) == found.rowid:
+            return False
+        self._removing.pop(key, None)
+        return found is not None
+
+    def lease_room(self, key: str, size: int) -> tuple[str, str] | None:
+        """Room from this worker's lease for the small body of `key`, which this worker
+        claimed: its rid and the partial body to create; None if too little is left, or
+        if this worker asked for the key's stored object to be removed (the fill asks
+        the keeper instead, which removes it first: it handles messages in order)."""
+        if key in self._removing:
+            return None
+        charged = self._index.charge(size)
+        taken = self._claims.take(self._worker, charged)
+        if self._claims.lease(self._worker).idle < LEASE // 2:
+            self._ask_for_lease()
+        if not taken:
+            return None
+        rid = uuid.uuid4().hex
+        path = os.path.join(self._index.partial_dir, worker_partial(rid, self._worker))
+        self._small[rid] = (key, size, charged, path)
+        return rid, path
+
+    def _ask_for_lease(self) -> None:
+        now = time.monotonic()
+        if now - self._lease_asked >= LEASE_ASK_INTERVAL:
+            self._lease_asked = now
+            self._keeper.notify("lease")
 
     async def start_fill(self, key: str, size: int, head: Message) -> Message:
         return await self._call("start_fill", key=key, size=size, head=head)
@@ -614,7 +656,10 @@ class Buffer:
         lifetime: float,
     ) -> bool:
         """Make a complete body of `size` bytes servable: False if a write invalidated it
-        meanwhile (the caller aborts it), StoreError if the keeper could not."""
+        meanwhile (the caller aborts it), StoreError if it could not be stored (the
+        caller aborts it too)."""
+        if rid in self._small:
+            return self._commit_small(rid, sha256, headers, generated_at, lifetime)
         reply = await self._call(
             "commit",
             rid=rid,
@@ -628,6 +673,41 @@ class Buffer:
         if "error" in reply:
             raise StoreError(reply["error"])
         return "invalidated" not in reply
+
+    def _commit_small(
+        self,
+        rid: str,
+        sha256: str,
+        headers: tuple[tuple[str, str], ...],
+        generated_at: float,
+        lifetime: float,
+    ) -> bool:
+        """Store a small fill from the lease, here and now (see `Claims.commit`)."""
+        key, size, charged, partial = self._small[rid]
+        entry = StoredObject(rid, size, sha256, headers, time.time(), generated_at, lifetime)
+        body = self._index.body_path(entry)
+        try:
+            on_disk = os.stat(partial).st_size
+        except OSError as e:
+            raise StoreError(f"cannot read a partial body: {e}") from e
+        if on_disk != size:
+            raise StoreError(f"body has {on_disk} bytes, expected {size}")
+
+        def insert() -> None:
+            try:
+                os.rename(partial, body)
+            except OSError as e:
+                raise StoreError(f"cannot commit an object: {e}") from e
+            try:
+                self._index.insert(key, entry, charged)
+            except StoreError:
+                _unlink(body)
+                raise
+
+        if not self._claims.commit(key, self._worker, charged, insert):
+            return False
+        del self._small[rid]
+        return True
 
     async def invalidate(self, keys: list[str]) -> None:
         """Remove the objects of `keys` and keep their running fills from committing;
@@ -646,13 +726,33 @@ class Buffer:
         except (ipc.PeerGone, ipc.CallFailed) as e:
             raise StoreError(f"the buffer's keeper did not answer: {e}") from e
 
-    def decline(self, key: str, reason: str) -> None:
-        self._keeper.notify("decline", key=key, reason=reason)
+    def decline(self, key: str) -> None:
+        """This worker's claim of `key` ends without a fill others follow, unstored."""
+        self._claims.release(key, self._worker)
 
     def abort(self, rid: str) -> None:
-        self._keeper.notify("abort", rid=rid)
+        """A fill that will not be stored: its room is returned, its partial body deleted,
+        its claim freed."""
+        small = self._small.pop(rid, None)
+        if small is None:
+            self._keeper.notify("abort", rid=rid)
+            return
+        key, _, charged, partial = small
+        _unlink(partial)
+        self._claims.release(key, self._worker, charged)
 
     def remove(self, key: str) -> None:
+        """Have the keeper remove the object of `key` (a corrupt or outdated one); until
+        it has, this worker takes its row for absent (`_stored`)."""
+        known = self._known.get(key)
+        try:
+            found = known or self._index.find(key)
+        except StoreError:
+            found = None
+        if found is not None:
+            if len(self._removing) >= REMOVALS_REMEMBERED:
+                self._removing.clear()
+            self._removing[key] = found.rowid
         self._keeper.notify("remove", key=key)
 
     async def update(self, key: str, entry: StoredObject) -> None:
@@ -672,6 +772,12 @@ class Buffer:
     def report_failure(self, why: str) -> None:
         """A write into the buffer failed: the keeper admits nothing for a while."""
         self._keeper.notify("failure", why=why)
+
+
+def _unlink(path: str) -> None:
+    # A buffer that refuses the unlink (read-only) is cleaned at the next start.
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def _cost(key: str, entry: StoredObject) -> int:

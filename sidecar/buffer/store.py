@@ -49,10 +49,13 @@ of 1 KiB takes a 4 KiB page of tmpfs, and the volume's `sizeLimit` counts pages,
 content. The one block of an empty body stands for its inode and index row, and bounds
 the number of objects by the cap (the injector sizes the index's room from that).
 
-Two sides share the directory: `Store`, in the parent process, is the one writer of
-the index and keeps the accounting (cap, reservations, recency); `Index`, in every
-worker, only reads it to answer hits. diskcache's SQLite index (WAL mode) is made
-for several processes: a worker sees an object as soon as its commit is written.
+Two sides share the directory: `Store`, in the parent process, keeps the accounting
+(cap, reservations, recency) and writes the index for everything but small fills;
+`Index`, in every worker, reads it to answer hits, and inserts the row of a small fill
+that worker stored from its lease (`keeper.Buffer`, `insert_row`: the same row, so the
+triggers keep the totals, which the parent reads back if that worker dies). diskcache's
+SQLite index (WAL mode) is made for several processes: a worker sees an object as soon
+as its commit is written.
 """
 
 from __future__ import annotations
@@ -113,6 +116,9 @@ _KEY_BYTES = 16
 # no field may hold (RFC 9110 §5.5).
 _RECORD = struct.Struct("<16s32sQddd")
 _NAME_BYTES = 16  # the body file's name, first in a record
+# Index values are kept in their rows up to this size (diskcache files larger ones): every
+# value of ours, where a worker reads it.
+_DISK_MIN_FILE_SIZE = 2**20  # bytes
 # Start waits this long for SQLite's lock: workers open the index at the same time.
 _OPEN_TIMEOUT = 10.0  # seconds
 # diskcache waits this long for SQLite's lock before raising Timeout. Index calls run
@@ -186,16 +192,13 @@ class StoredObject(NamedTuple):
 
 class Reservation:
     """Room for one fill: `size` bytes of body, `charged` against the cap (whole blocks)
-    until commit or abort, and its partial body `path` (a plain string: the keeper handles
-    thousands a second)."""
+    until commit or abort, and its partial body `path` (a plain string)."""
 
-    def __init__(self, size: int, charged: int, partial_dir: str, followed: bool) -> None:
-        """`followed`: readers in other workers may follow the fill (see `Store.reserve`)."""
+    def __init__(self, size: int, charged: int, partial_dir: str) -> None:
         self.size = size
         self.charged = charged
         self.name = uuid.uuid4().hex
         self.path = os.path.join(partial_dir, self.name)
-        self.followed = followed
         self.settled = False
 
 
@@ -230,7 +233,7 @@ class Store:
         self._found_through = 0  # the largest rowid at open
         self._opened_at = 0.0  # time.time() of open; older unknown bodies are leftovers
         self._index: diskcache.Cache | None = None
-        self._inserter: sqlite3.Connection | None = None  # commits' rows (`_insert`)
+        self._inserter: sqlite3.Connection | None = None  # commits' rows (`insert_row`)
         self._refuse_until = 0.0  # time.monotonic() until which nothing is admitted
         self._failure = ""  # why, the last time a write failed
         self._open_failure: str | None = "not opened yet"
@@ -360,7 +363,7 @@ class Store:
         try:
             with index.transact():
                 for key in keys:
-                    slot = _slot(key)
+                    slot = key_digest(key)
                     value, charged = index.pop(slot, tag=True)
                     if value is not None:
                         index.set(slot, value, tag=charged)
@@ -370,39 +373,35 @@ class Store:
     def holds(self, key: str) -> bool:
         """Is `key` stored (workers serve it, checking it first if found at start)?"""
         try:
-            return _slot(key) in self._require_index()
+            return key_digest(key) in self._require_index()
         except (OSError, sqlite3.Error, diskcache.Timeout) as e:
             raise StoreError(f"cannot read the index: {_describe(e)}") from e
 
     # -- admission, commit, abort -------------------------------------------------------
 
-    def reserve(
-        self, size: int, evict: bool = True, followed: bool = True
-    ) -> Reservation | None:
-        """Hold room for a `size`-byte fill, or None if the policy admits no more;
-        without `evict`, only room that is free now.
+    def reserve(self, size: int) -> Reservation | None:
+        """Hold room for a `size`-byte fill, or None if the policy admits no more.
 
-        A `followed` fill gets its partial body and progress record made here, so that
-        readers in any worker can open them at once; any other's partial body is made by
-        the worker that fills it (`keeper.PROVISIONAL`).
+        The fill gets its partial body and progress record made here, so that readers in
+        any worker can open them at once (a small fill of a worker's own is made by that
+        worker: `keeper.Buffer`).
 
         None is not an error: the object is then passed through uncached.
         """
         charged = self.charge(size)
         if charged > self.capacity:
             return None
-        if self.eviction == "lru" and evict:
+        if self.eviction == "lru":
             self._evict_until_free(charged)
         if self.used + self.reserved + charged > self.capacity:
             return None
-        reservation = Reservation(size, charged, self._partial, followed)
+        reservation = Reservation(size, charged, self._partial)
         try:
             if not os.path.isdir(self._partial):
                 # Someone emptied the buffer directory under us: start again.
                 self.partial_dir.mkdir(parents=True, exist_ok=True)
                 self.objects_dir.mkdir(parents=True, exist_ok=True)
-            if followed:
-                _create_partial(reservation.path)
+            _create_partial(reservation.path)
         except OSError as e:
             with contextlib.suppress(OSError):
                 os.unlink(reservation.path)
@@ -411,9 +410,7 @@ class Store:
         return reservation
 
     def charge(self, size: int) -> int:
-        """The bytes a body of `size` bytes counts against the cap: whole blocks, at least
-        one (see the module docstring)."""
-        return max(1, -(-size // self.block)) * self.block
+        return charge(size, self.block)
 
     def resize(self, reservation: Reservation, size: int) -> None:
         """Hold `size` bytes for a fill instead of what it reserved (never more: room
@@ -481,10 +478,10 @@ class Store:
                 raise StoreError(f"body has {size_on_disk} bytes, expected {reservation.size}")
             value = encode(entry)
             os.rename(reservation.path, body)
-            if reservation.followed:
-                progress.remove(reservation.path)
-            slot = _slot(key)
-            if not self._insert(slot, value, reservation.charged):
+            progress.remove(reservation.path)
+            slot = key_digest(key)
+            assert self._inserter is not None
+            if not insert_row(self._inserter, slot, value, reservation.charged):
                 self._drop(slot)  # a concurrent fill of the same key committed first
                 self._require_index().set(slot, value, tag=reservation.charged)
         except (OSError, ValueError, sqlite3.Error, diskcache.Timeout) as e:
@@ -509,15 +506,23 @@ class Store:
         self.reserved -= reservation.charged
         # A buffer that refuses the unlink (read-only) is cleaned at the next start.
         with contextlib.suppress(OSError):
-            if reservation.followed:
-                progress.mark_failed(reservation.path)
-                progress.remove(reservation.path)
+            progress.mark_failed(reservation.path)
+            progress.remove(reservation.path)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(reservation.path)
 
+    def remove_partials(self, worker: int) -> None:
+        """Delete the partial bodies of a worker's small fills (it died)."""
+        suffix = worker_partial("", worker)
+        with contextlib.suppress(OSError):
+            for partial in os.scandir(self._partial):
+                if partial.name.endswith(suffix):
+                    with contextlib.suppress(OSError):
+                        os.unlink(partial.path)
+
     def remove(self, key: str) -> None:
         """Delete one object (evicted, stale or corrupt)."""
-        self._drop(_slot(key))
+        self._drop(key_digest(key))
 
     def _drop(self, slot: bytes) -> None:
         """Delete the object whose index key is `slot`."""
@@ -547,7 +552,7 @@ class Store:
     ) -> None:
         """Record a stored object's fields and age after a 304 validated it; nothing if
         the object was replaced or removed meanwhile."""
-        slot = _slot(key)
+        slot = key_digest(key)
         index = self._require_index()
         try:
             value, charged = index.get(slot, tag=True)
@@ -570,26 +575,17 @@ class Store:
 
     # -- internals --------------------------------------------------------------------
 
-    def _insert(self, slot: bytes, value: bytes, charged: int) -> bool:
-        """Index a new object, as diskcache's `set` would (its triggers and ours keep the
-        totals), in one statement: `set` takes six (a transaction, a look for the key, a
-        cull), the cost of every miss. False if `slot` is indexed already.
-        """
-        index, writer = self._require_index(), self._inserter
-        assert writer is not None
-        size, mode, filename, stored = index.disk.store(value, False, key=slot)
-        now = time.time()
+    def recount(self) -> None:
+        """Take the totals of what is stored from the index (its triggers keep them),
+        after a worker that indexed objects itself died."""
+        writer = self._inserter
+        if writer is None:
+            return
         try:
-            writer.execute(
-                "INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count,"
-                " tag, size, mode, filename, value) VALUES (?, 1, ?, NULL, ?, 0, ?, ?, ?, ?, ?)",
-                (slot, now, now, charged, size, mode, filename, stored),
-            )
-        except sqlite3.IntegrityError:
-            if filename is not None:
-                index.disk.remove(filename)
-            return False
-        return True
+            ((self.used,),) = writer.execute("SELECT used FROM Buffer")
+            ((self.entries,),) = writer.execute("SELECT value FROM Settings WHERE key = 'count'")
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot read the index: {_describe(e)}") from e
 
     def _require_index(self) -> diskcache.Cache:
         if self._index is None:
@@ -606,7 +602,8 @@ class Found(NamedTuple):
 
 
 class Index:
-    """A worker's read-only view of the buffer: stored objects and their bodies.
+    """A worker's view of the buffer: stored objects and their bodies, and the rows of
+    its small fills (`insert`).
 
     It reads diskcache's table itself, on a read-only connection of its own: diskcache's
     `get` does not say which row an object is in, and the row says whether the object
@@ -615,13 +612,17 @@ class Index:
 
     def __init__(self, directory: Path) -> None:
         self._objects_dir = str(directory / "objects")
+        self.partial_dir = str(directory / "partial")
         self._directory = directory
         self._reader: sqlite3.Connection | None = None
+        self._writer: sqlite3.Connection | None = None  # opened by the first `insert`
+        self._block = 4096  # bytes: the file system's block, read at open
 
     def open(self) -> None:
         try:
             _open_index(self._directory).close()  # creates it if this worker is first
             self._reader = _connect(self._directory)
+            self._block = os.statvfs(self._objects_dir).f_frsize or self._block
         except (OSError, sqlite3.Error, diskcache.Timeout) as e:
             raise StoreError(f"cannot open the buffer in {self._directory}: {e}") from e
 
@@ -631,7 +632,7 @@ class Index:
             raise StoreError("the buffer is not open")
         try:
             found = self._reader.execute(
-                "SELECT rowid, value FROM Cache WHERE key = ? AND raw = 1", (_slot(key),)
+                "SELECT rowid, value FROM Cache WHERE key = ? AND raw = 1", (key_digest(key),)
             ).fetchone()
         except (OSError, sqlite3.Error) as e:
             raise StoreError(f"cannot read the index: {_describe(e)}") from e
@@ -639,6 +640,25 @@ class Index:
             return None
         entry = decode(found[1])
         return None if entry is None else Found(found[0], entry)
+
+    def charge(self, size: int) -> int:
+        return charge(size, self._block)
+
+    def insert(self, key: str, entry: StoredObject, charged: int) -> None:
+        """Index a new object whose body is in objects/ already, charged `charged` bytes
+        (a worker's small fill: `keeper.Buffer`); StoreError if it cannot, or if `key`
+        is stored already (claims make that a broken promise: nothing is replaced)."""
+        try:
+            if self._writer is None:
+                self._writer = _connect(self._directory, write=True)
+            inserted = insert_row(self._writer, key_digest(key), encode(entry), charged)
+        except (OSError, ValueError, sqlite3.Error) as e:
+            raise StoreError(f"cannot index an object: {_describe(e)}") from e
+        if not inserted:
+            raise StoreError("the object was stored meanwhile")
+
+    def body_path(self, entry: StoredObject) -> str:
+        return os.path.join(self._objects_dir, entry.file)
 
     def open_body(self, entry: StoredObject) -> int:
         """A descriptor of a stored body (it stays readable even if evicted)."""
@@ -648,8 +668,41 @@ class Index:
             raise StoreError(f"cannot read a stored body: {_describe(e)}") from e
 
     def close(self) -> None:
-        if self._reader is not None:
-            self._reader.close()
+        for connection in (self._reader, self._writer):
+            if connection is not None:
+                connection.close()
+
+
+def charge(size: int, block: int) -> int:
+    """The bytes a body of `size` bytes counts against the cap: whole `block`s, at least
+    one (see the module docstring)."""
+    return max(1, -(-size // block)) * block
+
+
+def worker_partial(name: str, worker: int) -> str:
+    """The file name in partial/ of the small fill `name` of `worker` (`keeper.Buffer`):
+    the keeper deletes a worker's own if it dies (`Store.remove_partials`)."""
+    return f"{name}.w{worker}"
+
+
+def insert_row(writer: sqlite3.Connection, slot: bytes, value: bytes, charged: int) -> bool:
+    """Index a new object, as diskcache's `set` would (its triggers and ours keep the
+    totals), in one statement: `set` takes six (a transaction, a look for the key, a
+    cull), the cost of every miss. False if `slot` is indexed already. Every value is
+    kept in its row (`_open_index`), where a worker reads it.
+    """
+    if len(value) >= _DISK_MIN_FILE_SIZE:
+        raise ValueError("an index value too large for its row")
+    now = time.time()
+    try:
+        writer.execute(
+            "INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count,"
+            " tag, size, mode, filename, value) VALUES (?, 1, ?, NULL, ?, 0, ?, ?, ?, NULL, ?)",
+            (slot, now, now, charged, len(value), diskcache.core.MODE_RAW, value),
+        )
+    except sqlite3.IntegrityError:
+        return False
+    return True
 
 
 def encode(entry: StoredObject) -> bytes:
@@ -713,13 +766,13 @@ def _open_index(directory: Path) -> diskcache.Cache:
         timeout=_INDEX_TIMEOUT,
         statistics=False,
         tag_index=False,  # the totals are kept by triggers: see the module docstring
-        disk_min_file_size=2**20,  # every value in its row, where a worker reads it
+        disk_min_file_size=_DISK_MIN_FILE_SIZE,
         sqlite_cache_size=-SQLITE_CACHE_KIB,  # negative: KiB rather than pages
         sqlite_mmap_size=0,
     )
 
 
-def _slot(key: str) -> bytes:
+def key_digest(key: str) -> bytes:
     """The index's key for a cache key: a digest of fixed size, however long the URL."""
     return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=_KEY_BYTES).digest()
 

@@ -68,6 +68,7 @@ _GAUGE_HELP = {
     "unverified_entries": "Objects found at start that the background check has not reached.",
     "buffer_bytes": "Body bytes of the stored objects.",
     "reserved_bytes": "Bytes held for fills in progress.",
+    "leased_bytes": "Free bytes lent to workers for small fills and not taken yet.",
     "capacity_bytes": "The buffer's hard cap (--buffer-size).",
     "fills_in_progress": "Upstream fills currently running.",
     "stage_in_objects": "Objects listed for stage-in (--stage-in).",

@@ -23,6 +23,7 @@ from certs import bundle
 from certs.bundle import TrustError
 from certs.ca import CAError, load_or_create_ca
 from sidecar import metrics
+from sidecar.buffer.claims import Claims
 from sidecar.buffer.keeper import Keeper
 from sidecar.buffer.store import Store, StoreError, UnusableBufferDir, check_buffer_dir
 from sidecar.runtime import admin, exposition
@@ -66,7 +67,7 @@ async def run(
     except StoreError as e:
         # A broken buffer must not break downloads: run as a pass-through proxy.
         logger.error("%s; serving everything from upstream", e)
-    keeper = Keeper(store, shared.bump_invalidations, shared.bump_commits)
+    keeper = Keeper(store, Claims(shared), shared.bump_invalidations)
 
     def ready() -> str | None:
         if settings.trust_dir is not None and not all(

@@ -29,6 +29,7 @@ from certs import bundle
 from certs.ca import load_or_create_ca
 from certs.leaf import ServerContexts
 from sidecar import ipc, logs
+from sidecar.buffer.claims import Claims
 from sidecar.buffer.fill import Fills
 from sidecar.buffer.keeper import Buffer
 from sidecar.buffer.stagein import StageIn, StageInCounts, StageInError
@@ -106,7 +107,10 @@ async def run(settings: Settings, inherited: Inherited) -> None:
     )
     await upstream.open()
     shared = Shared(inherited.shared.fd)
-    buffer = Buffer(index, keeper, shared, track_recency=settings.eviction == "lru")
+    claims = Claims(shared)
+    buffer = Buffer(
+        index, keeper, shared, claims, inherited.index, track_recency=settings.eviction == "lru"
+    )
     fills = Fills(buffer, upstream, metrics, settings.parallel_fetch, settings.access_log)
     router = Router(settings, buffer, fills, upstream, metrics)
     if settings.stage_in and inherited.index == 0:

@@ -234,3 +234,91 @@ def test_the_cgroup_cpu_quota_is_read_in_v1_and_v2(
     cpu_max: str | None, quota: str | None, period: str | None, cpus: float | None
 ) -> None:
     assert cpu_limit(cpu_max, quota, period) == cpus
+
+
+def test_a_worker_killed_holding_a_small_claim_and_a_lease_leaves_nothing_behind(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    """A small fill is claimed and stored by its worker alone; killed mid-body, its claim
+    is freed (a waiter in the other worker goes to the origin), its lease and partial
+    body are returned, and nothing it half-wrote is served."""
+    sidecar = start_sidecar("--workers", "2")
+    url = origin.url("small.bin", case="workers-kill-small", rate=50_000)  # ~2 s
+    expected = (dataset / "small.bin").read_bytes()
+    with ThreadPoolExecutor(4) as pool:
+        first = pool.submit(curl, sidecar, url)
+        wait_until(lambda: sidecar.stats()["fills_in_progress"] == 1, "the fill to start")
+        assert sidecar.stats()["leased_bytes"] > 0
+        (owner,) = [
+            pid for pid in workers_of(sidecar) if sockets(pid, ESTABLISHED, remote_port=origin.port)
+        ]
+        assert fds_on(owner, "/partial/")
+        waiters = [pool.submit(curl, sidecar, url) for _ in range(3)]
+        time.sleep(0.3)  # they wait for the claim
+        os.kill(owner, signal.SIGKILL)
+        downloads = [first.result(), *(waiter.result() for waiter in waiters)]
+    for download in downloads:
+        assert download.returncode != 0 or download.body == expected
+    wait_until(lambda: sidecar.stats()["workers"] == 2, "the worker to be replaced")
+    assert curl(sidecar, url).body == expected
+    sidecar.wait_for_entries(1)
+    assert curl(sidecar, url).body == expected
+    stats = sidecar.stats()
+    assert stats["reserved_bytes"] == 0 and stats["fills_in_progress"] == 0, stats
+    assert stats["buffer_bytes"] == len(expected) and stats["hits"] >= 1
+    assert list((sidecar.buffer_dir / "partial").iterdir()) == []
+    # The dead worker's fetch, one for each waiter in the other worker (they pass, as the
+    # fill's own client would, at once rather than one after another), and the one that
+    # stored it.
+    passed = stats["passes"]
+    assert f'reason="fill-not-stored"}} {passed}.0' in sidecar.metrics() or passed == 0
+    assert origin.full_fetches("small.bin", case="workers-kill-small", rate=50_000) == 2 + passed
+
+
+def test_a_write_keeps_a_small_fill_in_any_worker_from_being_stored_or_waited_for(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    sidecar = start_sidecar("--workers", "2")
+    slow = dataset / "slow-small.bin"
+    slow.write_bytes(b"old" * 30_000)
+    url = origin.url("slow-small.bin", rate=45_000)  # two seconds of body
+    with ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(curl, sidecar, url)
+        wait_until(lambda: sidecar.stats()["fills_in_progress"] == 1, "the fill to start")
+        put = curl(sidecar, url, "-X", "PUT", "--data-binary", "new")
+        assert put.returncode == 0, put.stderr
+        for _ in range(4):  # on either worker: passed, never the running fill's old body
+            assert curl(sidecar, url).body == b"new"
+        assert sidecar.stats()["pass_reasons"].get("invalidated", 0) >= 1
+        assert reading.result().body == b"old" * 30_000  # began before the write
+    assert curl(sidecar, url).body == b"new"  # stored, once the stale fill ended
+    sidecar.wait_for_entries(1)
+    assert curl(sidecar, url).body == b"new"
+    assert sidecar.stats()["hits"] >= 1
+    assert "not stored" in sidecar.log()
+
+
+def test_small_objects_in_two_workers_fill_a_none_buffer_exactly_and_the_rest_pass(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    """Room lent to the workers is taken back before an object is refused: `none` stores
+    exactly as many as fit, whichever worker fetched them."""
+    small = FILES["small.bin"]
+    sidecar = start_sidecar("--workers", "2", "--buffer-size", f"{12 * small}")
+    expected = (dataset / "small.bin").read_bytes()
+    urls = [origin.url("small.bin", case=f"workers-none-{i}") for i in range(16)]
+    with ThreadPoolExecutor(4) as pool:
+        downloads = list(pool.map(lambda u: curl(sidecar, u), urls[:8]))
+    assert all(d.returncode == 0 and d.body == expected for d in downloads)
+    sidecar.wait_for_entries(8)
+    for url in urls[8:]:
+        assert curl(sidecar, url).body == expected
+    sidecar.wait_for_entries(12)
+    stats = sidecar.stats()
+    assert stats["buffer_bytes"] == 12 * small and stats["reserved_bytes"] == 0, stats
+    assert stats["pass_reasons"] == {"no-room": 4} and stats["admissions_refused"] == 4, stats
+    assert stats["leased_bytes"] == 0  # nothing left to lend
+    assert len(list((sidecar.buffer_dir / "objects").iterdir())) == 12
+    for url in urls[:12]:  # the first twelve stay: "no replacement"
+        assert curl(sidecar, url).body == expected
+    assert sidecar.stats()["hits"] == 12
