@@ -97,15 +97,21 @@ def run(scenario: Callable[[], Any]) -> None:
     asyncio.run(scenario())
 
 
-async def store_small(buffer: Buffer, key: str, size: int) -> str:
-    """What a worker does for a small miss: claim, room from the lease, body, commit."""
-    assert buffer.lookup(key) is None
+async def begin_small(buffer: Buffer, key: str, size: int, body: bytes) -> tuple[str, str]:
+    """What a worker does as a small miss begins: its claim, room from the lease for
+    `size` bytes, and `body` (all of it, or what came so far) in its partial file."""
     assert await buffer.claim(key) == {"begin": True}
     leased = buffer.lease_room(key, size)
     assert leased is not None
-    rid, path = leased
+    Path(leased[1]).write_bytes(body)
+    return leased
+
+
+async def store_small(buffer: Buffer, key: str, size: int) -> str:
+    """What a worker does for a small miss: claim, room from the lease, body, commit."""
+    assert buffer.lookup(key) is None
     body = os.urandom(size)
-    Path(path).write_bytes(body)
+    rid, _ = await begin_small(buffer, key, size, body)
     digest = hashlib.sha256(body).hexdigest()
     assert await buffer.commit(rid, key, size, digest, (("ETag", '"e"'),), 0.0, 0.0)
     return rid
@@ -159,10 +165,7 @@ def test_a_failed_small_fill_sends_its_waiter_to_the_origin_and_returns_its_room
     async def scenario() -> None:
         async with sidecar_on(tmp_path, 64 * SMALL) as sidecar:
             first, second = sidecar.buffers
-            assert await first.claim("a") == {"begin": True}
-            leased = first.lease_room("a", 5000)
-            assert leased is not None
-            Path(leased[1]).write_bytes(b"half")
+            leased = await begin_small(first, "a", 5000, b"half")
             waiting = asyncio.create_task(second.claim("a"))
             await asyncio.sleep(0.01)
             first.abort(leased[0])
@@ -211,10 +214,7 @@ def test_an_invalidation_keeps_a_small_fill_from_committing_and_others_pass(
     async def scenario() -> None:
         async with sidecar_on(tmp_path, 64 * SMALL) as sidecar:
             first, second = sidecar.buffers
-            assert await first.claim("a") == {"begin": True}
-            leased = first.lease_room("a", 10)
-            assert leased is not None
-            Path(leased[1]).write_bytes(bytes(10))
+            leased = await begin_small(first, "a", 10, bytes(10))
             await second.invalidate(["a"])
             assert await second.claim("a") == {"declined": "invalidated"}
             assert not await first.commit(leased[0], "a", 10, "0" * 64, (), 0.0, 0.0)
@@ -231,10 +231,7 @@ def test_a_dead_workers_claims_lease_and_partial_bodies_are_returned(tmp_path: P
         async with sidecar_on(tmp_path, 64 * SMALL) as sidecar:
             first, second = sidecar.buffers
             await store_small(first, "kept", 10)
-            assert await first.claim("a") == {"begin": True}
-            leased = first.lease_room("a", 10)
-            assert leased is not None
-            Path(leased[1]).write_bytes(b"half")
+            leased = await begin_small(first, "a", 10, b"half")
             # It dies having indexed one more object, and before counting it.
             index = Index(tmp_path)
             index.open()
@@ -285,10 +282,7 @@ def test_a_store_error_of_a_small_commit_returns_everything(tmp_path: Path) -> N
     async def scenario() -> None:
         async with sidecar_on(tmp_path, 64 * SMALL) as sidecar:
             first = sidecar.buffers[0]
-            assert await first.claim("a") == {"begin": True}
-            leased = first.lease_room("a", 10)
-            assert leased is not None
-            Path(leased[1]).write_bytes(b"short")
+            leased = await begin_small(first, "a", 10, b"short")
             with pytest.raises(StoreError):
                 await first.commit(leased[0], "a", 10, "0" * 64, (), 0.0, 0.0)
             first.abort(leased[0])
