@@ -91,6 +91,7 @@ class Squid:
     directory: Path
     process: Process
     tls_port: int | None = None  # with a certificate: Squid also speaks TLS to clients
+    service: str = "squid"  # its `-n` name, which its shared memory segments carry
 
     @property
     def url(self) -> str:
@@ -126,6 +127,8 @@ class Squid:
     def remove(self) -> None:
         self.stop(signal.SIGKILL)
         shutil.rmtree(self.directory, ignore_errors=True)
+        for segment in Path("/dev/shm").glob(f"{self.service}-*.shm"):
+            segment.unlink(missing_ok=True)  # a killed Squid leaves them behind
 
 
 def ensure_installed() -> str:
@@ -186,11 +189,14 @@ def start_squid(
     (directory / "cache").mkdir()
     for path in [directory, *directory.rglob("*")]:
         os.chown(path, user.pw_uid, user.pw_gid)
-    argv = [SQUID, "-N", "-f", str(config)]
+    # Squid names its shared memory segments (/dev/shm/NAME-*.shm) after its service:
+    # one of its own, so that Squids running at once never share them.
+    service = "burstbuffer" + directory.name.rpartition("-")[2].replace("_", "")
+    argv = [SQUID, "-N", "-n", service, "-f", str(config)]
     initialised = start_process([*argv, "-z"], directory / "squid-z.out")
     initialised.popen.wait(timeout=START_TIMEOUT)
     process = start_process(argv, directory / "squid.out")
-    squid = Squid(port, directory, process, tls_port)
+    squid = Squid(port, directory, process, tls_port, service)
 
     def listening() -> bool:
         if process.popen.poll() is not None:
