@@ -296,12 +296,29 @@ class Store:
         """Check every object found at start against its recorded size and digest,
         dropping those that do not match; then delete leftover bodies.
 
-        Batches of rows are read in rowid order and checked by CHECKERS threads at once;
-        their results are taken in order, so `checked_through` only ever covers batches
-        that are done."""
+        The index is read, and the bodies checked, only while there are rows found at
+        start: an empty buffer holds no connection or thread for it."""
         if self._open_failure is not None:
             return
         loop = asyncio.get_running_loop()
+        if self._found_through:
+            await self._check_found(loop)
+        self.unverified = 0
+        self._checks(self._found_through, self._found_through)
+        logger.info("buffer: checked; %d objects stored", self.entries)
+        with concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="sweep", initializer=_in_background
+        ) as pool:
+            removed = await loop.run_in_executor(
+                pool, _sweep, self.directory, self._opened_at, self.entries
+            )
+        if removed:
+            logger.info("buffer: deleted %d bodies no object refers to", removed)
+
+    async def _check_found(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Batches of rows are read in rowid order and checked by CHECKERS threads at once;
+        their results are taken in order, so `checked_through` only ever covers batches
+        that are done."""
         objects_dir = str(self.objects_dir)
         with (
             _reader(self.directory) as reader,
@@ -322,21 +339,13 @@ class Store:
                     read_through = rows[-1][0]
                     running.append(loop.run_in_executor(pool, _check_rows, objects_dir, rows))
                 if not running:
-                    break
+                    return
                 checked = await running.popleft()
                 for key, rowid in checked.corrupt:
                     logger.warning("buffer: dropping an object that does not match its digest")
                     self._remove_row(key, rowid)
                 self.unverified = max(0, self.unverified - checked.count)
                 self._checks(self._found_through, checked.last)
-            self.unverified = 0
-            self._checks(self._found_through, self._found_through)
-            logger.info("buffer: checked; %d objects stored", self.entries)
-            removed = await loop.run_in_executor(
-                pool, _sweep, self.directory, self._opened_at, self.entries
-            )
-        if removed:
-            logger.info("buffer: deleted %d bodies no object refers to", removed)
 
     def _remove_row(self, slot: bytes, rowid: int) -> None:
         """Remove the object at `slot` if its index row is still `rowid` (not stored anew
