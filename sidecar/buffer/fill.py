@@ -21,12 +21,14 @@ way). A request for the object that comes meanwhile waits for the commit, and is
 answered as a hit (revalidated with `--revalidate`), never as a late joiner of the
 fill: in this worker it waits for the fill to end; in another, its claim finds the
 fill's until the commit, which frees it once the object is indexed
-(`sidecar.buffer.claims`). A small body is
-handed over whole (its client gets it in one write, rather than piece by piece):
-waiting for all of it costs its time to first byte a fraction of a millisecond from a
-fast origin, and takes nothing from its whole. If the origin drops the connection
-mid-body, the pump resumes from the byte it had with a Range request validated by
-If-Range, a few times with backoff; if it cannot, every reader's connection is
+(`sidecar.buffer.claims`). A small body is handed over whole (its client gets it in one
+write, rather than piece by piece): waiting for all of it costs its time to first byte a
+fraction of a millisecond from a fast origin, and takes nothing from its whole. One
+stored from this worker's lease is kept in memory until then, and is hashed, written
+and committed only once its readers have it: a miss then costs its client little more
+than the origin's time. If the origin drops the connection mid-body, the pump resumes
+from the byte it had with a Range request validated by If-Range, a few times with
+backoff; if it cannot, every reader's connection is
 aborted, so no client ever sees a short body with a success status.
 
 A body whose length only its end tells (chunked, or delimited by the connection's
@@ -157,6 +159,7 @@ class Fill:
         self._ended = False
         # Every byte is written and handed out; only the commit is pending.
         self.committing = False
+        self._memory: bytes | None = None  # a small body kept in memory, once whole
 
     def attach(self) -> None:
         """Count a reader in; every attach() is paired with a detach()."""
@@ -179,6 +182,14 @@ class Fill:
         if self._shared is not None:
             self._shared.advance(prefix)
         self._wake()
+
+    def hand_over(self, body: bytes) -> None:
+        """A body kept in memory is whole: its readers get it now, and a request that
+        comes meanwhile waits for its commit."""
+        self._memory = body
+        self.committing = True
+        self._last = len(body)
+        self._advance_to(len(body))
 
     def _finish(self, failure: BaseException | None) -> None:
         self._last = self._complete
@@ -220,6 +231,9 @@ class Fill:
                     raise FillFailed(str(self.failure))
                 await self._progress_event.wait()
                 continue
+            if self._memory is not None:
+                yield self._memory[offset:end]
+                return
             assert self._fd is not None
             for chunk in read_file(self._fd, offset, min(end, self.written)):
                 offset += len(chunk)
@@ -609,8 +623,9 @@ class Fills:
         head = Head(
             size, stored, validators, headers, fetched.generated_at, fetched.lifetime(stored)
         )
-        # A small body is stored from this worker's lease, its partial body made here:
-        # nobody follows it (see `sidecar.buffer.keeper`). Any other asks for its room.
+        # A small body is stored from this worker's lease, kept in memory and written
+        # into its partial body at its end: nobody follows it (see
+        # `sidecar.buffer.keeper`). Any other asks for its room.
         leased = self._buffer.lease_room(fill.key, size) if size <= SMALL else None
         followed = leased is None
         if leased is not None:
@@ -625,8 +640,6 @@ class Fills:
                 # Made by the keeper, so that readers in other workers could open it at once.
                 fill._fd = os.open(path, os.O_RDWR)
                 fill._shared = Progress(path)
-            else:
-                fill._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError as e:
             self._buffer.abort(rid)
             self._buffer.report_failure(f"cannot open a partial body: {e}")
@@ -636,7 +649,8 @@ class Fills:
         fill.attach()
         fill._last = 0 if size <= WHOLE_AT_END else size - 1
         fill.head.set_result(head)
-        task = asyncio.get_running_loop().create_task(self._pump(fill, response, rid))
+        partial = None if followed else path
+        task = asyncio.get_running_loop().create_task(self._pump(fill, response, rid, partial))
         if not task.done():
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -723,13 +737,15 @@ class Fills:
             del self._active[fill.key]
         fill._finish(failure)
 
-    async def _pump(self, fill: Fill, response: Response, rid: str) -> None:
+    async def _pump(self, fill: Fill, response: Response, rid: str, partial: str | None) -> None:
+        """`partial`: the file a body kept in memory is written to, once it was handed
+        over (None: the pump writes into `fill`'s own file as the body arrives)."""
         started = time.monotonic()
         head = fill.head.result()
         failure: BaseException | None = None
         committed = False
         try:
-            sha256, overlong = await self._copy(fill, head, response)
+            sha256, overlong, body = await self._copy(fill, head, response)
             if overlong:
                 # Relayed as announced, as other caches do; the rest of it was a broken
                 # or hostile origin's, and nothing says the announced part is right.
@@ -740,6 +756,9 @@ class Fills:
                     head.size,
                 )
                 return
+            if partial is not None:
+                assert body is not None
+                write_body(partial, body)
             fill.committing = True
             fill._last = head.size
             fill._advance_to(head.size)
@@ -780,26 +799,35 @@ class Fills:
                 self._buffer.abort(rid)
             self._end(fill, failure)
 
-    async def _copy(self, fill: Fill, head: Head, response: Response) -> tuple[str, bool]:
-        """Copy the body into the partial file; its SHA-256 (hex) when complete, and
-        whether the origin sent more than it announced.
+    async def _copy(
+        self, fill: Fill, head: Head, response: Response
+    ) -> tuple[str, bool, bytes | None]:
+        """Copy the body into the fill's file, or into memory when it has none; its
+        SHA-256 (hex) when complete, whether the origin sent more than it announced, and
+        the body if in memory.
 
         A large body from a slow origin that serves ranges is split over several
         connections; any other is one segment, resumed where it broke off.
         """
         accept_ranges = response.headers.get("Accept-Ranges")
         splittable = may_split(self._connections, head.size, accept_ranges, head.validators)
-        assert fill._fd is not None
         target = Target(fill.url, head.request_headers, head.validators, head.size, fill._fd)
+
+        def advance(prefix: int) -> None:
+            if copy.body is None:
+                fill._advance_to(prefix)
+            else:
+                fill.hand_over(copy.body)
+
         copy = SegmentedCopy(
             self._upstream,
             self._metrics,
             target,
-            fill._advance_to,
+            advance,
             connections=self._connections if splittable else 1,
         )
         sha256 = await copy.run(response)
-        return sha256, copy.overlong
+        return sha256, copy.overlong, copy.body
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -810,6 +838,15 @@ class Fills:
 def _release(fetched: Fetched | None) -> None:
     if fetched is not None:
         fetched.response.release()
+
+
+def write_body(path: str, body: bytes) -> None:
+    """A new file at `path` holding `body`."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        pwrite_all(fd, body, 0)
+    finally:
+        os.close(fd)
 
 
 def read_file(fd: int, start: int, end: int) -> Iterator[bytes]:

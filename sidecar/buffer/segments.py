@@ -5,7 +5,9 @@ the connection or stalls, the segment is resumed from the byte it had with a Ran
 request validated by If-Range (so bytes of a changed object are never appended to an
 older one), a few times with backoff; from the origin when a parent cache broke off.
 A small body, or one whose origin cannot serve ranges, is a single segment: the
-fill's original response.
+fill's original response. A small body may also be copied into memory rather than a
+file (`Target.fd` None): its fill hands it to its readers whole, and only then hashes it
+and writes it into the buffer, off its clients' way.
 
 Many dataset hosts cap throughput per connection (Nezha measured 3.49 MB/s to a far
 host). A fill always starts on the original response alone; if, after PROBE_SECONDS,
@@ -86,8 +88,9 @@ class Target:
     headers: list[tuple[str, str]]
     validators: Validators
     size: int
-    fd: int  # the file, read and written (segments land at their offsets; the digest
-    # reads back what became contiguous)
+    # The file, read and written (segments land at their offsets; the digest reads back
+    # what became contiguous); None: into memory (`SegmentedCopy.body`), one segment.
+    fd: int | None
 
 
 class SegmentedCopy:
@@ -106,7 +109,7 @@ class SegmentedCopy:
         self._metrics = metrics
         self._target = target
         self._advance = advance
-        self._connections = connections
+        self._connections = connections if target.fd is not None else 1
         self._bounds = [(0, target.size)]  # one segment until the probe says otherwise
         self._progress = [0]
         self._next = 1  # segment 0 comes from the original response
@@ -114,6 +117,8 @@ class SegmentedCopy:
         self._hashed = 0  # bytes submitted to the digest, always a prefix of the body
         self._digest = hashlib.sha256()
         self._hashing: concurrent.futures.Future[None] | None = None
+        self._pieces: list[bytes] | None = [] if target.fd is None else None
+        self.body: bytes | None = None  # an in-memory body, once complete
         self._group: asyncio.TaskGroup | None = None
         self._started = time.monotonic()
         # A response went on past its announced end: the copy may be whole, but is not
@@ -121,10 +126,16 @@ class SegmentedCopy:
         self.overlong = False
 
     async def run(self, first: Response) -> str:
-        """Copy the whole body; the SHA-256 hex digest of it when done."""
+        """Copy the whole body; the SHA-256 hex digest of it when done.
+
+        An in-memory body is `advance`d to its end as soon as it is `body`, and hashed
+        after the response was settled (`Response.settle`): a turn of the event loop
+        that lets its readers send it first."""
         if self._connections <= 1:
             # Never split: no tasks of its own (most fills are small, and take this way).
             await self._worker(first)
+            if self.body is not None:
+                return hashlib.sha256(self.body).hexdigest()
             return await self._hexdigest()
         try:
             async with asyncio.TaskGroup() as group:
@@ -244,19 +255,35 @@ class SegmentedCopy:
             start, end = self._bounds[index]  # segment 0 may shrink when the body is split
             position = start + self._progress[index]
             piece = data[: end - position]
-            pwrite_all(self._target.fd, piece, position)
-            if position == self._hashed:
-                # In order: hash it as it is rather than reading it back later.
-                self._hash(partial(self._digest.update, piece))
-                self._hashed += len(piece)
             self._metrics.counters.bytes_from_upstream += len(piece)
-            self._progress[index] += len(piece)
-            if index == self._first_incomplete:
-                self._move_frontier()
-            if index == 0:
-                self._maybe_split()
+            if self._pieces is not None:
+                self._keep(piece)
+            else:
+                self._write(index, piece, position)
             if position + len(piece) >= end:
                 return
+
+    def _write(self, index: int, piece: bytes, position: int) -> None:
+        assert self._target.fd is not None
+        pwrite_all(self._target.fd, piece, position)
+        if position == self._hashed:
+            # In order: hash it as it is rather than reading it back later.
+            self._hash(partial(self._digest.update, piece))
+            self._hashed += len(piece)
+        self._progress[index] += len(piece)
+        if index == self._first_incomplete:
+            self._move_frontier()
+        if index == 0:
+            self._maybe_split()
+
+    def _keep(self, piece: bytes) -> None:
+        """An in-memory body's next piece (one segment: they come in order)."""
+        assert self._pieces is not None
+        self._pieces.append(piece)
+        self._progress[0] += len(piece)
+        if self._progress[0] == self._target.size:
+            self.body = b"".join(self._pieces)
+            self._advance(self._target.size)
 
     def _move_frontier(self) -> None:
         while self._first_incomplete < len(self._bounds) and self._progress[
@@ -277,6 +304,7 @@ class SegmentedCopy:
 
     def _read_back(self, start: int, end: int) -> None:
         """Hash bytes [start, end) of the file (on the hashing thread)."""
+        assert self._target.fd is not None
         while start < end:
             data = os.pread(self._target.fd, min(_HASH_STEP, end - start), start)
             if not data:
