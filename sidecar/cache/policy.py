@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -163,6 +164,42 @@ def cache_key(url: str) -> str:
 
     Raises ValueError for anything but an absolute http or https URL with a host.
     """
+    scheme, host, port, path, query = _plain_parts(url) or _split_parts(url)
+    netloc = host if port is None or port == _DEFAULT_PORTS[scheme] else f"{host}:{port}"
+    query = _strip_signing(host, query)
+    return f"{scheme}://{netloc}{path or '/'}" + (f"?{query}" if query else "")
+
+
+class _URLParts(NamedTuple):
+    scheme: str  # lower-cased
+    host: str  # lower-cased, no trailing dot; an IPv6 literal in brackets
+    port: int | None
+    path: str
+    query: str
+
+
+# The URLs nearly every client asks for: a lower-case scheme, a host name, maybe a port,
+# then a path and query of printable ASCII, no fragment. They are read without urlsplit,
+# at a fifth of its cost (every first request of an object computes its key); anything
+# else takes urlsplit's way, which they would take to the same parts.
+_PLAIN_URL = re.compile(r"(https?)://([A-Za-z0-9._-]+)(?::([0-9]{1,5}))?([/?][!-\"$-~]*)?")
+
+
+def _plain_parts(url: str) -> _URLParts | None:
+    """The parts of a plain URL (`_PLAIN_URL`), or None for any other."""
+    match = _PLAIN_URL.fullmatch(url)
+    if match is None:
+        return None
+    scheme, host, digits, rest = match.groups()
+    host = host.lower().rstrip(".")
+    port = None if digits is None else int(digits)
+    if not host or (port is not None and port > 65535):
+        return None
+    path, _, query = (rest or "").partition("?")
+    return _URLParts(scheme, host, port, path, query)
+
+
+def _split_parts(url: str) -> _URLParts:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     host = (parts.hostname or "").rstrip(".")
@@ -171,9 +208,7 @@ def cache_key(url: str) -> str:
     if ":" in host:  # an IPv6 literal, which urlsplit hands back without its brackets
         host = f"[{host}]"
     port = parts.port  # raises ValueError for a port that is not 0-65535
-    netloc = host if port is None or port == _DEFAULT_PORTS[scheme] else f"{host}:{port}"
-    query = _strip_signing(host, parts.query)
-    return f"{scheme}://{netloc}{parts.path or '/'}" + (f"?{query}" if query else "")
+    return _URLParts(scheme, host, port, parts.path, parts.query)
 
 
 # --- cacheability ----------------------------------------------------------------------

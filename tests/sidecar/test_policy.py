@@ -71,6 +71,31 @@ def test_cache_key_normalises(url: str, key: str) -> None:
     assert cache_key(url) == key
 
 
+_URL_PIECES = st.lists(
+    st.sampled_from(
+        ["a", "Z", "9", ".", "-", "_", "/", "?", "#", "&", "=", ":", "@", "[", "]", "%", " ",
+         "\t", "\n", "\\", "é", "0", "65535", "65536", "443", "80", "::1"]
+    ),
+    max_size=12,
+).map("".join)
+
+
+@given(
+    scheme=st.sampled_from(["http", "https", "HTTPS", "Http", "ftp", ""]),
+    host=_URL_PIECES,
+    rest=_URL_PIECES,
+)
+def test_a_plain_url_has_the_parts_urlsplit_gives_it(scheme: str, host: str, rest: str) -> None:
+    """The key's fast reading of the URLs nearly every client sends agrees with
+    urlsplit's wherever it applies; the rest go to urlsplit."""
+    url = f"{scheme}://{host}{rest}"
+    plain = policy._plain_parts(url)
+    if plain is not None:
+        assert plain == policy._split_parts(url)
+    for example in ("https://Example.ORG.:8443/a/b?c=d&e", "http://h:80", "https://h?q"):
+        assert policy._plain_parts(example) == policy._split_parts(example)
+
+
 S3_PRESIGNED = (
     "https://bucket.s3.us-east-1.amazonaws.com/train/shard-00.tar?versionId=v7&partNumber=2"
     "&X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIA%2F20250101%2Fus-east-1%2Fs3"
