@@ -82,24 +82,31 @@ def test_clients_on_every_worker_share_one_upstream_fetch(
 def test_kept_alive_connections_spread_evenly_over_the_workers(
     start_sidecar: Callable[..., Sidecar], origin: OriginServer
 ) -> None:
+    """Best effort by design: a busier worker lets a new connection wait ACCEPT_DELAY for
+    the least busy one, then takes it itself (a worker starved of CPU must not hold up
+    connections). On a machine busy enough to starve one for that long a spread may go
+    uneven: three tries, of which one must spread evenly."""
     sidecar = start_sidecar("--workers", "2")
-    url = origin.url("small.bin", case="workers-spread", rate=40_000)  # ~2.5 s each
-    # curl keeps each connection until its transfer ends: four held for 2.5 s, started
-    # one after another as a data loader starts its workers.
-    with ThreadPoolExecutor(4) as pool:
-        pending = []
-        for _ in range(4):
-            pending.append(pool.submit(curl, sidecar, url))
-            time.sleep(0.1)
-        wait_until(
-            lambda: (
-                sum(sockets(p, ESTABLISHED, sidecar.proxy_port) for p in workers_of(sidecar)) == 4
-            ),
-            "four client connections",
-        )
-        per_worker = [sockets(p, ESTABLISHED, sidecar.proxy_port) for p in workers_of(sidecar)]
-        assert all(download.result().returncode == 0 for download in pending)
-    assert per_worker == [2, 2]
+
+    def per_worker() -> list[int]:
+        return [sockets(p, ESTABLISHED, sidecar.proxy_port) for p in workers_of(sidecar)]
+
+    spreads = []
+    for attempt in range(3):
+        url = origin.url("small.bin", case=f"workers-spread-{attempt}", rate=40_000)  # ~2.5 s
+        # curl keeps each connection until its transfer ends: four held for 2.5 s, started
+        # one after another as a data loader starts its workers.
+        with ThreadPoolExecutor(4) as pool:
+            pending = []
+            for _ in range(4):
+                pending.append(pool.submit(curl, sidecar, url))
+                time.sleep(0.1)
+            wait_until(lambda: sum(per_worker()) == 4, "four client connections")
+            spreads.append(per_worker())
+            assert all(download.result().returncode == 0 for download in pending)
+        if spreads[-1] == [2, 2]:
+            return
+    raise AssertionError(f"connections per worker in three tries: {spreads}")
 
 
 def test_the_cap_holds_with_fills_in_two_workers(
