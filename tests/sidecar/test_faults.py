@@ -169,6 +169,7 @@ def test_a_buffer_made_read_only_at_run_time_never_fails_a_download(
         assert sidecar.process is not None
         stored = origin.url("small.bin", case="ro-stored")
         assert curl(sidecar, stored).body == body_of(dataset, "small.bin")
+        sidecar.wait_for_entries(1)  # a commit may follow the last byte
         # Inside the sidecar's own mount namespace, where its buffer lives, lay a
         # read-only view over the buffer (a plain remount is refused while files are open).
         enter = ["nsenter", "-t", str(sidecar.process.popen.pid), "-m"]
