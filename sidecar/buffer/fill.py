@@ -758,10 +758,11 @@ class Fills:
                 return
             if partial is not None:
                 assert body is not None
-                write_body(partial, body)
-            fill.committing = True
-            fill._last = head.size
-            fill._advance_to(head.size)
+                write_body(partial, body)  # its readers have it already (`hand_over`)
+            else:
+                fill.committing = True
+                fill._last = head.size
+                fill._advance_to(head.size)
             committed = await self._buffer.commit(
                 rid, fill.key, head.size, sha256, head.headers, head.generated_at, head.lifetime
             )
