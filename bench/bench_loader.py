@@ -99,13 +99,23 @@ def shapes(profile: Profile, bounds: tuple[float, float, float] = (0.6, 0.7, 0.5
     ]
 
 
-def epoch(route: Route, manifest: Path, shape: Shape, server_pid: int, files: int) -> Epoch:
-    """One epoch of `shape` over `route`, timed by the client, the server's CPU counted."""
+def epoch(
+    route: Route,
+    manifest: Path,
+    shape: Shape,
+    server_pid: int,
+    files: int,
+    headers: tuple[str, ...] = (),
+) -> Epoch:
+    """One epoch of `shape` over `route`, timed by the client, the server's CPU counted;
+    `headers` ("Name: value") go with every request."""
     argv = [PYTHON, "-m", "bench.loader_client", "--manifest", str(manifest),
             "--workers", str(shape.workers), "--shape", shape.connection,
             "--cafile", str(route.bundle)]  # fmt: skip
     if route.proxy:
         argv += ["--proxy", route.proxy]
+    for line in headers:
+        argv += ["--header", line]
     before = cpu_seconds(server_pid)
     done = subprocess.run(
         private_mounts({"/etc/hosts": route.hosts}, argv),

@@ -2,6 +2,7 @@
 
     python -m bench.loader_client --manifest FILE --workers N
         --shape keep-alive|per-file|absolute-form --cafile PEM [--proxy http://127.0.0.1:3128]
+        [--header 'Name: value']...
 
 The manifest holds one `URL SIZE SHA256` line per file. Like a PyTorch DataLoader,
 the epoch is sharded over the workers (worker i reads files i, i+N, ...); every
@@ -10,8 +11,10 @@ worker starts behind one barrier. `keep-alive` workers each keep one connection
 CONNECT tunnel); `per-file` workers open a new connection for every file with
 `urllib.request`, which sends `Connection: close`; `absolute-form` workers keep one
 plain HTTP connection to the proxy and ask it for each URL (`GET https://...`), as a
-sidecar asks its parent cache. Every body is checked against its
-size, and every 16th against its SHA-256, so a wrong path cannot look fast.
+sidecar asks its parent cache. Each `--header` goes with every request (for example
+`Cache-Control: no-store`, which a cache passes through without storing). Every body is
+checked against its size, and every 16th against its SHA-256, so a wrong path cannot
+look fast.
 
 Prints one JSON object: the epoch's wall time (from the barrier to the last worker's
 last byte) and every file's latency in seconds.
@@ -57,7 +60,9 @@ def _check(entry: Entry, position: int, body: bytes) -> None:
         raise SystemExit(f"{entry.url}: wrong bytes")
 
 
-def _keep_alive(proxy: str | None, cafile: str, absolute: bool) -> Callable[[str], bytes]:
+def _keep_alive(
+    proxy: str | None, cafile: str, absolute: bool, headers: dict[str, str]
+) -> Callable[[str], bytes]:
     """One kept-alive connection (through the proxy: one CONNECT tunnel, or with
     `absolute` plain HTTP to the proxy itself), the one a `requests.Session` keeps,
     without the work requests itself adds per request."""
@@ -84,7 +89,7 @@ def _keep_alive(proxy: str | None, cafile: str, absolute: bool) -> Callable[[str
                 connection = http.client.HTTPSConnection(
                     parts.hostname or "", parts.port, context=context, timeout=60
                 )
-        connection.request("GET", url if absolute else target)
+        connection.request("GET", url if absolute else target, headers=headers)
         response = connection.getresponse()
         body = response.read()
         if response.status != 200:
@@ -94,7 +99,7 @@ def _keep_alive(proxy: str | None, cafile: str, absolute: bool) -> Callable[[str
     return get
 
 
-def _per_file(proxy: str | None, cafile: str) -> Callable[[str], bytes]:
+def _per_file(proxy: str | None, cafile: str, headers: dict[str, str]) -> Callable[[str], bytes]:
     handlers: list[urllib.request.BaseHandler] = [
         urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=cafile)),
         urllib.request.ProxyHandler({"https": proxy, "http": proxy} if proxy else {}),
@@ -102,7 +107,7 @@ def _per_file(proxy: str | None, cafile: str) -> Callable[[str], bytes]:
     opener = urllib.request.build_opener(*handlers)
 
     def get(url: str) -> bytes:
-        with opener.open(url, timeout=60) as response:
+        with opener.open(urllib.request.Request(url, headers=headers), timeout=60) as response:
             return bytes(response.read())
 
     return get
@@ -113,13 +118,14 @@ def _worker(
     shape: str,
     proxy: str | None,
     cafile: str,
+    headers: dict[str, str],
     barrier: Barrier,
     results: Queue[tuple[float, list[float]]],
 ) -> None:
     if shape == "per-file":
-        get = _per_file(proxy, cafile)
+        get = _per_file(proxy, cafile, headers)
     else:
-        get = _keep_alive(proxy, cafile, absolute=shape == "absolute-form")
+        get = _keep_alive(proxy, cafile, shape == "absolute-form", headers)
     latencies = []
     barrier.wait()
     for position, entry in enumerate(entries):
@@ -128,6 +134,13 @@ def _worker(
         latencies.append(time.perf_counter() - started)
         _check(entry, position, body)
     results.put((time.perf_counter(), latencies))
+
+
+def _header(line: str) -> tuple[str, str]:
+    name, colon, value = line.partition(":")
+    if not colon or not name.strip():
+        raise argparse.ArgumentTypeError(f"not a 'Name: value' header: {line!r}")
+    return name.strip(), value.strip()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -139,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--cafile", required=True)
     parser.add_argument("--proxy")
+    parser.add_argument("--header", action="append", default=[], type=_header)
     args = parser.parse_args(argv)
     entries = _read_manifest(args.manifest)
     context = multiprocessing.get_context("fork")
@@ -148,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     workers = [
         context.Process(
             target=_worker,
-            args=(shard, args.shape, args.proxy, args.cafile, barrier, results),
+            args=(shard, args.shape, args.proxy, args.cafile, dict(args.header), barrier, results),
         )
         for shard in (entries[i :: args.workers] for i in range(args.workers))
     ]

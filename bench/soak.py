@@ -118,9 +118,7 @@ def soak(
         nonlocal peak
         deadline = time.monotonic() + seconds
         tasks = [
-            asyncio.create_task(
-                _client(n, deadline, sidecar, origin, files, label, hosts, tally)
-            )
+            asyncio.create_task(_client(n, deadline, sidecar, origin, files, label, hosts, tally))
             for n in range(clients)
         ]
         while not all(task.done() for task in tasks):
@@ -218,4 +216,3 @@ def _check(
         tally["ok"] += 1
         tally[kind] += 1
         tally["bytes"] += len(body)
-
