@@ -623,34 +623,29 @@ class Fills:
         head = Head(
             size, stored, validators, headers, fetched.generated_at, fetched.lifetime(stored)
         )
-        # A small body is stored from this worker's lease, kept in memory and written
-        # into its partial body at its end: nobody follows it (see
-        # `sidecar.buffer.keeper`). Any other asks for its room.
-        leased = self._buffer.lease_room(fill.key, size) if size <= SMALL else None
-        followed = leased is None
-        if leased is not None:
-            rid, path = leased
-        else:
+        # A small body is stored from this worker's lease, kept in memory until it is
+        # whole: nobody follows it (see `sidecar.buffer.keeper`). Any other asks for its
+        # room, and is written into a partial body that readers in any worker follow.
+        rid = self._buffer.lease_room(fill.key, size) if size <= SMALL else None
+        if rid is None:
             answer = await self._room(self._buffer.start_fill(fill.key, size, head.to_message()))
             if "refused" in answer:
                 return self._decline(fill, response, answer["refused"])
             rid, path = answer["rid"], answer["path"]
-        try:
-            if followed:
+            try:
                 # Made by the keeper, so that readers in other workers could open it at once.
                 fill._fd = os.open(path, os.O_RDWR)
                 fill._shared = Progress(path)
-        except OSError as e:
-            self._buffer.abort(rid)
-            self._buffer.report_failure(f"cannot open a partial body: {e}")
-            self._metrics.buffer_trouble("opening a partial body", e)
-            self._end(fill, Declined(BUFFER_UNAVAILABLE))
-            return Acquired(None, "miss", response, BUFFER_UNAVAILABLE)
+            except OSError as e:
+                self._buffer.abort(rid)
+                self._buffer.report_failure(f"cannot open a partial body: {e}")
+                self._metrics.buffer_trouble("opening a partial body", e)
+                self._end(fill, Declined(BUFFER_UNAVAILABLE))
+                return Acquired(None, "miss", response, BUFFER_UNAVAILABLE)
         fill.attach()
         fill._last = 0 if size <= WHOLE_AT_END else size - 1
         fill.head.set_result(head)
-        partial = None if followed else path
-        task = asyncio.get_running_loop().create_task(self._pump(fill, response, rid, partial))
+        task = asyncio.get_running_loop().create_task(self._pump(fill, response, rid))
         if not task.done():
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -737,9 +732,7 @@ class Fills:
             del self._active[fill.key]
         fill._finish(failure)
 
-    async def _pump(self, fill: Fill, response: Response, rid: str, partial: str | None) -> None:
-        """`partial`: the file a body kept in memory is written to, once it was handed
-        over (None: the pump writes into `fill`'s own file as the body arrives)."""
+    async def _pump(self, fill: Fill, response: Response, rid: str) -> None:
         started = time.monotonic()
         head = fill.head.result()
         failure: BaseException | None = None
@@ -756,16 +749,18 @@ class Fills:
                     head.size,
                 )
                 return
-            if partial is not None:
-                assert body is not None
-                write_body(partial, body)  # its readers have it already (`hand_over`)
+            if body is not None:
+                # Kept in memory (from the lease): its readers have it (`hand_over`).
+                committed = self._buffer.commit_small(
+                    rid, body, sha256, head.headers, head.generated_at, head.lifetime
+                )
             else:
                 fill.committing = True
                 fill._last = head.size
                 fill._advance_to(head.size)
-            committed = await self._buffer.commit(
-                rid, fill.key, head.size, sha256, head.headers, head.generated_at, head.lifetime
-            )
+                committed = await self._buffer.commit(
+                    rid, fill.key, head.size, sha256, head.headers, head.generated_at, head.lifetime
+                )
             elapsed = time.monotonic() - started
             if committed and self._log_stored:
                 logger.info(
@@ -839,15 +834,6 @@ class Fills:
 def _release(fetched: Fetched | None) -> None:
     if fetched is not None:
         fetched.response.release()
-
-
-def write_body(path: str, body: bytes) -> None:
-    """A new file at `path` holding `body`."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        pwrite_all(fd, body, 0)
-    finally:
-        os.close(fd)
 
 
 def read_file(fd: int, start: int, end: int) -> Iterator[bytes]:

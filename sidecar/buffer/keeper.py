@@ -32,10 +32,11 @@ Notifications: `lease {}`, `abort {rid}`, `remove {key}`, `failure {why}`, `touc
 Most objects are small, and a miss waits for every round trip it makes here (each
 costs both processes a wake-up). So each worker holds a *lease*: free room the keeper
 lends it in batches of up to LEASE bytes (`lease`, asked for when less than half is
-left). A body of up to SMALL bytes whose claim began in this worker is written into a
-partial file of the worker's own and stored from that lease by the worker itself: it
-renames the body into objects/, inserts its index row and frees its claim, under the
-claims' lock (`claims.Claims.commit`), and the keeper moves those bytes and objects
+left). A body of up to SMALL bytes whose claim began in this worker is kept in memory
+by its fill and stored from that lease by the worker itself (`Buffer.commit_small`): it
+writes the body into a partial file of its own (which the keeper deletes if the worker
+dies), then renames it into objects/, inserts its index row and frees its claim under
+the claims' lock (`claims.Claims.commit`), and the keeper moves those bytes and objects
 from the lease to its totals the next time it looks (`Claims.fold`). Nobody follows
 such a fill while it runs: its readers get it whole at its end anyway
 (`fill.WHOLE_AT_END`), so a worker that finds its key claimed waits until the claim is
@@ -73,6 +74,7 @@ from typing import NamedTuple
 from sidecar import ipc
 from sidecar.buffer.claims import INVALIDATED as CLAIM_INVALIDATED
 from sidecar.buffer.claims import Claims, State
+from sidecar.buffer.segments import pwrite_all
 from sidecar.buffer.store import (
     Corrupt,
     Index,
@@ -610,11 +612,11 @@ class Buffer:
         self._removing.pop(key, None)
         return found is not None
 
-    def lease_room(self, key: str, size: int) -> tuple[str, str] | None:
+    def lease_room(self, key: str, size: int) -> str | None:
         """Room from this worker's lease for the small body of `key`, which this worker
-        claimed: its rid and the partial body to create; None if too little is left, or
-        if this worker asked for the key's stored object to be removed (the fill asks
-        the keeper instead, which removes it first: it handles messages in order)."""
+        claimed: its rid (`commit_small` stores it); None if too little is left, or if
+        this worker asked for the key's stored object to be removed (the fill asks the
+        keeper instead, which removes it first: it handles messages in order)."""
         if key in self._removing:
             return None
         charged = self._index.charge(size)
@@ -626,7 +628,7 @@ class Buffer:
         rid = uuid.uuid4().hex
         path = os.path.join(self._index.partial_dir, worker_partial(rid, self._worker))
         self._small[rid] = (key, size, charged, path)
-        return rid, path
+        return rid
 
     def _ask_for_lease(self) -> None:
         now = time.monotonic()
@@ -657,9 +659,7 @@ class Buffer:
     ) -> bool:
         """Make a complete body of `size` bytes servable: False if a write invalidated it
         meanwhile (the caller aborts it), StoreError if it could not be stored (the
-        caller aborts it too)."""
-        if rid in self._small:
-            return self._commit_small(rid, sha256, headers, generated_at, lifetime)
+        caller aborts it too). A small fill from the lease is stored by `commit_small`."""
         reply = await self._call(
             "commit",
             rid=rid,
@@ -674,34 +674,35 @@ class Buffer:
             raise StoreError(reply["error"])
         return "invalidated" not in reply
 
-    def _commit_small(
+    def commit_small(
         self,
         rid: str,
+        body: bytes,
         sha256: str,
         headers: tuple[tuple[str, str], ...],
         generated_at: float,
         lifetime: float,
     ) -> bool:
-        """Store a small fill from the lease, here and now (see `Claims.commit`)."""
+        """Store a small fill from the lease (`lease_room`), whose fill kept `body` in
+        memory, here and now: written into its partial file, then committed (see
+        `Claims.commit`). Returns and raises as `commit` does; OSError if the body
+        cannot be written (a partial body a killed worker left is the keeper's)."""
         key, size, charged, partial = self._small[rid]
+        if len(body) != size:
+            raise StoreError(f"body has {len(body)} bytes, expected {size}")
+        _write_new(partial, body)
         entry = StoredObject(rid, size, sha256, headers, time.time(), generated_at, lifetime)
-        body = self._index.body_path(entry)
-        try:
-            on_disk = os.stat(partial).st_size
-        except OSError as e:
-            raise StoreError(f"cannot read a partial body: {e}") from e
-        if on_disk != size:
-            raise StoreError(f"body has {on_disk} bytes, expected {size}")
+        stored = self._index.body_path(entry)
 
         def insert() -> None:
             try:
-                os.rename(partial, body)
+                os.rename(partial, stored)
             except OSError as e:
                 raise StoreError(f"cannot commit an object: {e}") from e
             try:
                 self._index.insert(key, entry, charged)
             except StoreError:
-                _unlink(body)
+                _unlink(stored)
                 raise
 
         if not self._claims.commit(key, self._worker, charged, insert):
@@ -772,6 +773,15 @@ class Buffer:
     def report_failure(self, why: str) -> None:
         """A write into the buffer failed: the keeper admits nothing for a while."""
         self._keeper.notify("failure", why=why)
+
+
+def _write_new(path: str, body: bytes) -> None:
+    """A new file at `path` holding `body`."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        pwrite_all(fd, body, 0)
+    finally:
+        os.close(fd)
 
 
 def _unlink(path: str) -> None:

@@ -19,7 +19,7 @@ import pytest
 from sidecar import ipc
 from sidecar.buffer.claims import Claims
 from sidecar.buffer.keeper import LEASE, SMALL, UNSTORED, Buffer, Keeper, lease_grant
-from sidecar.buffer.store import Index, Store, StoredObject, StoreError
+from sidecar.buffer.store import Index, Store, StoredObject, StoreError, worker_partial
 from sidecar.ipc import Message
 from sidecar.shared import Shared
 
@@ -97,23 +97,27 @@ def run(scenario: Callable[[], Any]) -> None:
     asyncio.run(scenario())
 
 
-async def begin_small(buffer: Buffer, key: str, size: int, body: bytes) -> tuple[str, str]:
-    """What a worker does as a small miss begins: its claim, room from the lease for
-    `size` bytes, and `body` (all of it, or what came so far) in its partial file."""
+async def begin_small(buffer: Buffer, key: str, size: int) -> str:
+    """What a worker does as a small miss begins: its claim, and room from the lease for
+    `size` bytes (the body is kept in memory until it is whole); its rid."""
     assert await buffer.claim(key) == {"begin": True}
-    leased = buffer.lease_room(key, size)
-    assert leased is not None
-    Path(leased[1]).write_bytes(body)
-    return leased
+    rid = buffer.lease_room(key, size)
+    assert rid is not None
+    return rid
+
+
+def partial_of(directory: Path, rid: str, worker: int = 0) -> Path:
+    """Where `Buffer.commit_small` of `worker` writes the body of its fill `rid`."""
+    return directory / "partial" / worker_partial(rid, worker)
 
 
 async def store_small(buffer: Buffer, key: str, size: int) -> str:
-    """What a worker does for a small miss: claim, room from the lease, body, commit."""
+    """What a worker does for a small miss: claim, room from the lease, commit."""
     assert buffer.lookup(key) is None
     body = os.urandom(size)
-    rid, _ = await begin_small(buffer, key, size, body)
+    rid = await begin_small(buffer, key, size)
     digest = hashlib.sha256(body).hexdigest()
-    assert await buffer.commit(rid, key, size, digest, (("ETag", '"e"'),), 0.0, 0.0)
+    assert buffer.commit_small(rid, body, digest, (("ETag", '"e"'),), 0.0, 0.0)
     return rid
 
 
@@ -150,10 +154,9 @@ def test_a_claim_waits_for_a_small_fill_in_another_worker_and_finds_it_stored(
             waiting = asyncio.create_task(second.claim("a"))
             await asyncio.sleep(0.01)
             assert not waiting.done()  # nobody follows a small fill: it waits
-            leased = first.lease_room("a", 10)
-            assert leased is not None
-            Path(leased[1]).write_bytes(bytes(10))
-            assert await first.commit(leased[0], "a", 10, "0" * 64, (), 0.0, 0.0)
+            rid = first.lease_room("a", 10)
+            assert rid is not None
+            assert first.commit_small(rid, bytes(10), "0" * 64, (), 0.0, 0.0)
             assert await waiting == {"stored": True, "joined": True}
 
     run(scenario)
@@ -165,14 +168,14 @@ def test_a_failed_small_fill_sends_its_waiter_to_the_origin_and_returns_its_room
     async def scenario() -> None:
         async with sidecar_on(tmp_path, 64 * SMALL) as sidecar:
             first, second = sidecar.buffers
-            leased = await begin_small(first, "a", 5000, b"half")
+            rid = await begin_small(first, "a", 5000)
             waiting = asyncio.create_task(second.claim("a"))
             await asyncio.sleep(0.01)
-            first.abort(leased[0])
+            first.abort(rid)
             # It passes at once, as the fill's own client does, holding no claim: waiters
             # of an answer that is not cacheable are not sent to the origin one by one.
             assert await waiting == {"declined": UNSTORED}
-            assert not Path(leased[1]).exists()
+            assert not list((tmp_path / "partial").iterdir())
             assert sidecar.keeper.claims.lease(0).held == 0
             assert sidecar.keeper.gauges()["fills_in_progress"] == 0
             assert await second.claim("a") == {"begin": True}  # a later request fetches it
@@ -214,11 +217,11 @@ def test_an_invalidation_keeps_a_small_fill_from_committing_and_others_pass(
     async def scenario() -> None:
         async with sidecar_on(tmp_path, 64 * SMALL) as sidecar:
             first, second = sidecar.buffers
-            leased = await begin_small(first, "a", 10, bytes(10))
+            rid = await begin_small(first, "a", 10)
             await second.invalidate(["a"])
             assert await second.claim("a") == {"declined": "invalidated"}
-            assert not await first.commit(leased[0], "a", 10, "0" * 64, (), 0.0, 0.0)
-            first.abort(leased[0])
+            assert not first.commit_small(rid, bytes(10), "0" * 64, (), 0.0, 0.0)
+            first.abort(rid)
             assert first.lookup("a") is None and sidecar.store.entries == 0
             assert not list((tmp_path / "partial").iterdir())
             assert await second.claim("a") == {"begin": True}  # the next one is stored
@@ -231,7 +234,8 @@ def test_a_dead_workers_claims_lease_and_partial_bodies_are_returned(tmp_path: P
         async with sidecar_on(tmp_path, 64 * SMALL) as sidecar:
             first, second = sidecar.buffers
             await store_small(first, "kept", 10)
-            leased = await begin_small(first, "a", 10, b"half")
+            rid = await begin_small(first, "a", 10)
+            partial_of(tmp_path, rid).write_bytes(b"half")  # killed as it wrote the body
             # It dies having indexed one more object, and before counting it.
             index = Index(tmp_path)
             index.open()
@@ -247,7 +251,7 @@ def test_a_dead_workers_claims_lease_and_partial_bodies_are_returned(tmp_path: P
             assert sidecar.keeper.claims.lease(0).granted == 0
             assert gauges["leased_bytes"] == sidecar.keeper.claims.lease(1).idle
             assert gauges["fills_in_progress"] == 0
-            assert not Path(leased[1]).exists()
+            assert not partial_of(tmp_path, rid).exists()
 
     run(scenario)
 
@@ -282,10 +286,10 @@ def test_a_store_error_of_a_small_commit_returns_everything(tmp_path: Path) -> N
     async def scenario() -> None:
         async with sidecar_on(tmp_path, 64 * SMALL) as sidecar:
             first = sidecar.buffers[0]
-            leased = await begin_small(first, "a", 10, b"short")
+            rid = await begin_small(first, "a", 10)
             with pytest.raises(StoreError):
-                await first.commit(leased[0], "a", 10, "0" * 64, (), 0.0, 0.0)
-            first.abort(leased[0])
+                first.commit_small(rid, b"short", "0" * 64, (), 0.0, 0.0)
+            first.abort(rid)
             assert sidecar.keeper.claims.lease(0).held == 0
             assert sidecar.keeper.gauges()["fills_in_progress"] == 0
 
