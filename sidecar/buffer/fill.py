@@ -637,11 +637,7 @@ class Fills:
                 fill._fd = os.open(path, os.O_RDWR)
                 fill._shared = Progress(path)
             except OSError as e:
-                self._buffer.abort(rid)
-                self._buffer.report_failure(f"cannot open a partial body: {e}")
-                self._metrics.buffer_trouble("opening a partial body", e)
-                self._end(fill, Declined(BUFFER_UNAVAILABLE))
-                return Acquired(None, "miss", response, BUFFER_UNAVAILABLE)
+                return self._cannot_open(fill, response, rid, e)
         fill.attach()
         fill._last = 0 if size <= WHOLE_AT_END else size - 1
         fill.head.set_result(head)
@@ -671,11 +667,7 @@ class Fills:
         try:
             fd = os.open(answer["path"], os.O_WRONLY)
         except OSError as e:
-            self._buffer.abort(rid)
-            self._buffer.report_failure(f"cannot open a partial body: {e}")
-            self._metrics.buffer_trouble("opening a partial body", e)
-            self._end(fill, Declined(BUFFER_UNAVAILABLE))
-            return Acquired(None, "miss", response, BUFFER_UNAVAILABLE)
+            return self._cannot_open(fill, response, rid, e)
         # Requests for it in this worker pass, as the keeper makes those of others.
         self._end(fill, Declined(UNSIZED))
         reserved = (rid, answer["size"], fd)
@@ -683,6 +675,15 @@ class Fills:
             self._buffer, self._metrics, fill.key, fill.url, reserved, fetched, self._log_stored
         )
         return Acquired(None, "miss", response, unsized=unsized)
+
+    def _cannot_open(self, fill: Fill, response: Response, rid: str, e: OSError) -> Acquired:
+        """The partial body the keeper made for `rid` cannot be opened: the room goes
+        back, and the response passes (the buffer is unavailable)."""
+        self._buffer.abort(rid)
+        self._buffer.report_failure(f"cannot open a partial body: {e}")
+        self._metrics.buffer_trouble("opening a partial body", e)
+        self._end(fill, Declined(BUFFER_UNAVAILABLE))
+        return Acquired(None, "miss", response, BUFFER_UNAVAILABLE)
 
     def _decline(self, fill: Fill, response: Response, reason: str) -> Acquired:
         self._buffer.decline(fill.key)
