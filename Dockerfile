@@ -2,7 +2,7 @@
 # `burstbuffer-injector` (the webhook Deployment). The chart sets `command:`.
 # Build: docker build -t ghcr.io/burstbuffer/burstbuffer:0.1.0 .
 # BASE is any Debian-like image whose `python` is >= 3.12 with `venv` and apt, e.g.
-# one made without a registry by debootstrap + `docker import` (see the README).
+# one made without a registry by debootstrap + `docker import` (see docs/image.md).
 
 ARG BASE=python:3.12-slim-bookworm
 

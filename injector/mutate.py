@@ -48,7 +48,7 @@ TRUST_VARIABLES = (
 # not counted by the sidecar's --buffer-size; it grows with the number of objects, not
 # their size. The sidecar charges each object at least one 4 KiB block against its cap
 # (`sidecar.buffer.store.Store.charge`), so a volume of V bytes never holds more than V/4096
-# objects, nor more than MAX_OBJECTS, the documented maximum (README, `--buffer-size`).
+# objects, nor more than MAX_OBJECTS, the documented maximum (docs/sidecar.md, `--buffer-size`).
 # The volume keeps INDEX_BYTES_PER_OBJECT for each of those, and _INDEX_SLACK for the WAL
 # and SQLite's free pages. Measured (`python -m bench --only scale`): 270–290 bytes an
 # object with three response fields, about 600 with a cloud store's ten (tests/injector

