@@ -612,7 +612,7 @@ class Fills:
         if fetched is None:
             fetched = await self.fetch(fill.url, headers)
         response = fetched.response
-        verdict = policy.response_is_cacheable(response.status, response.headers)
+        verdict = policy.response_is_cacheable(response.status, response.headers, response.version)
         if not verdict.cacheable:
             return self._decline(fill, response, verdict.reason)
         size = body_length(response.headers)
