@@ -771,3 +771,5 @@ def test_over_tls_a_body_ended_by_the_close_is_stored_only_after_the_closure_ale
         download = curl(tls_sidecar, url)
         assert download.returncode == 0 and download.body == b"hello", download.stderr
     assert tls_origin.count(name) == (1 if alert else 2)
+    # Without --access-log, no line per object: not its misses, nor why it is not stored.
+    assert name not in tls_sidecar.log()
