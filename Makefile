@@ -1,26 +1,34 @@
 # burstbuffer: `make demo` runs the local demo, `make test` runs the tests.
 # Both set themselves up: a Python >= 3.12 is found (PATH, then pyenv), a venv is
 # made in .venv, the project is installed into it, and missing system tools are
-# installed with apt-get when run as root.
+# installed with apt-get when run as root: the demo's alone for `make demo`, the
+# test tools (the demo's among them) for the rest.
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+DEMO_STAMP := $(VENV)/.demo-stamp
 PYTEST_ARGS ?=
 
 .PHONY: demo test lint bench setup clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
-	@python=$$(.ci/find-python) && echo "using $$python" && \
-	  { [ -x $(PY) ] || $$python -m venv $(VENV); }
+$(PY):
+	@python=$$(.ci/find-python) && echo "using $$python" && $$python -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e '.[test,bench]'
-	@.ci/system-deps
+	@.ci/system-deps test
 	@touch $@
 
-demo: $(STAMP)
+$(DEMO_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[demo]'
+	@.ci/system-deps demo
+	@touch $@
+
+demo: $(DEMO_STAMP)
 	$(PY) -m bench.demo
 
 test: $(STAMP)

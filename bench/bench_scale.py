@@ -205,6 +205,6 @@ def run(profile: Profile, lab: Lab) -> Result:
         f"one restart per size; the reference's rate is over {REFERENCE_PASSES} shuffled "
         f"passes of its {profile.scale_reference:,} objects, each size's over distinct objects"
         f" (one pass); buffers on the machine's disk (page-cached), made once by "
-        f"bench.stored in {stored.CACHE}"
+        f"bench.stored in {stored.home()}"
     )
     return result

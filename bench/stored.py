@@ -6,9 +6,9 @@ as a small-image dataset's) are reserved, written and committed through `store.S
 exactly as the keeper would, and the sidecar is then started on the directory.
 
 Large buffers take minutes to make, so they are made once and kept outside the
-checkout (`~/.cache/burstbuffer/stored/`), one per object count and per format of the
-store's index (FORMAT), with a manifest of every object's URL,
-size and SHA-256 for `bench.loader_client`. A run of the sidecar on such a buffer
+checkout, in the cache folder (`home()`), one per object count and per format of the
+store's index (FORMAT), with a manifest of every object's URL, size and SHA-256 for
+`bench.loader_client`. A run of the sidecar on such a buffer
 only serves hits from it: what it finds is what the next run finds.
 """
 
@@ -21,12 +21,12 @@ import random
 import shutil
 from pathlib import Path
 
+from bench.cachedir import cache_dir
 from sidecar.buffer.store import Store
 from sidecar.cache import policy
 
 logger = logging.getLogger(__name__)
 
-CACHE = Path.home() / ".cache" / "burstbuffer" / "stored"
 SMALLEST, LARGEST = 1024, 4096  # bytes per body
 HOST = "datasets.bench.test"  # port 443: the key the sidecar computes for the URL
 LAST_MODIFIED = "Mon, 01 Jan 2024 00:00:00 GMT"
@@ -42,14 +42,19 @@ def url(index: int) -> str:
 FORMAT = "packed-rows"
 
 
+def home() -> Path:
+    """Where the buffers of this FORMAT are kept, one folder per object count."""
+    return cache_dir("stored", FORMAT)
+
+
 def buffer(count: int) -> tuple[Path, Path]:
     """The buffer directory holding `count` objects and its manifest, made if missing."""
-    home = CACHE / FORMAT / str(count)
-    directory, manifest = home / "buffer", home / "manifest.txt"
+    kept = home() / str(count)
+    directory, manifest = kept / "buffer", kept / "manifest.txt"
     if manifest.is_file():
         return directory, manifest
-    shutil.rmtree(home, ignore_errors=True)
-    home.mkdir(parents=True)
+    shutil.rmtree(kept, ignore_errors=True)
+    kept.mkdir()
     logger.info("making a buffer of %d stored objects in %s", count, directory)
     lines = make(directory, count)
     partial = manifest.with_suffix(".partial")

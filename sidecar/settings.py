@@ -301,7 +301,8 @@ class Settings:
     # workers, default: the CPUs the container may use. Proxy processes sharing the port.
     workers: int | None = None
     # access_log, default off. One INFO line per response served from the buffer or a
-    # fill (hits, misses, joins) and per object stored; passes and errors are always logged.
+    # fill (hits, misses, joins), per object stored and per one of unknown length given
+    # up; passes and errors are always logged.
     access_log: bool = False
 
 

@@ -327,7 +327,7 @@ class UnsizedFill:
         url: str,
         reserved: tuple[str, int, int],
         fetched: Fetched,
-        log_stored: bool,
+        log_objects: bool,
     ) -> None:
         """`reserved`: the keeper's room (rid, its size) and the partial body open for
         writing; `fetched`: the origin's response."""
@@ -341,9 +341,10 @@ class UnsizedFill:
         self._headers = tuple(policy.stored_headers(fetched.response.headers))
         self._generated_at = fetched.generated_at
         self._lifetime = fetched.lifetime(self._headers)
-        self._log_stored = log_stored
+        self._log_objects = log_objects
         self._size = 0
         self._stored = False
+        self.abandoned: str | None = None  # why it is not stored, once it never will be
         self._digest = hashlib.sha256()
         self._started = time.monotonic()
 
@@ -364,7 +365,7 @@ class UnsizedFill:
             async for _ in self.chunks(response):
                 pass
         except UpstreamError as e:
-            logger.info("not stored %s: %s", loggable_url(self._url), e)
+            self._abandon(str(e))
             return None
         return self._size if self._stored else None
 
@@ -424,7 +425,7 @@ class UnsizedFill:
             return
         self._rid = None
         self._stored = True
-        if self._log_stored:
+        if self._log_objects:
             elapsed = time.monotonic() - self._started
             logger.info(
                 "stored %s: %d bytes of unknown length in %.2fs",
@@ -434,7 +435,13 @@ class UnsizedFill:
             )
 
     def _abandon(self, why: str) -> None:
-        logger.info("not stored %s: %s", loggable_url(self._url), why)
+        # A line per object only with --access-log, as for the objects stored: without
+        # it, a dataset of bodies larger than the buffer would log every one. A failing
+        # buffer is logged where it is counted (`Metrics.buffer_trouble`), and stage-in
+        # names `abandoned` in its warning.
+        self.abandoned = why
+        level = logging.INFO if self._log_objects else logging.DEBUG
+        logger.log(level, "not stored %s: %s", loggable_url(self._url), why)
         self.close()
 
     def close(self) -> None:
@@ -496,15 +503,16 @@ class Fills:
         upstream: Upstream,
         metrics: Metrics,
         connections: int,
-        log_stored: bool = False,
+        log_objects: bool = False,
     ) -> None:
         """`connections`: how many origin connections one large fill may use;
-        `log_stored`: an INFO line per object stored (`--access-log`)."""
+        `log_objects`: an INFO line per object stored, and per one of unknown length
+        that is not (`--access-log`)."""
         self._buffer = buffer
         self._upstream = upstream
         self._metrics = metrics
         self._connections = connections
-        self._log_stored = log_stored
+        self._log_objects = log_objects
         self._active: dict[str, Fill] = {}
         self._claiming: dict[str, asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -612,7 +620,7 @@ class Fills:
         if fetched is None:
             fetched = await self.fetch(fill.url, headers)
         response = fetched.response
-        verdict = policy.response_is_cacheable(response.status, response.headers)
+        verdict = policy.response_is_cacheable(response.status, response.headers, response.version)
         if not verdict.cacheable:
             return self._decline(fill, response, verdict.reason)
         size = body_length(response.headers)
@@ -672,7 +680,7 @@ class Fills:
         self._end(fill, Declined(UNSIZED))
         reserved = (rid, answer["size"], fd)
         unsized = UnsizedFill(
-            self._buffer, self._metrics, fill.key, fill.url, reserved, fetched, self._log_stored
+            self._buffer, self._metrics, fill.key, fill.url, reserved, fetched, self._log_objects
         )
         return Acquired(None, "miss", response, unsized=unsized)
 
@@ -763,7 +771,7 @@ class Fills:
                     rid, fill.key, head.size, sha256, head.headers, head.generated_at, head.lifetime
                 )
             elapsed = time.monotonic() - started
-            if committed and self._log_stored:
+            if committed and self._log_objects:
                 logger.info(
                     "stored %s: %d bytes in %.2fs (%.1f MB/s)",
                     loggable_url(fill.url),

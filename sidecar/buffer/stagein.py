@@ -210,7 +210,7 @@ class StageIn:
             logger.warning(
                 "stage-in: %s not stored (%s)",
                 loggable_url(url),
-                acquired.reason or "unknown length",
+                acquired.reason or (acquired.unsized and acquired.unsized.abandoned),
             )
             return "failed", 0
         try:

@@ -85,6 +85,7 @@ from sidecar.wire.fields import (
     header,
     split_list,
 )
+from sidecar.wire.framing import faulty_framing
 
 # --- cache keys ------------------------------------------------------------------------
 
@@ -222,6 +223,7 @@ class Reason(enum.StrEnum):
     ORIGIN_PRECONDITION = "origin-precondition"
     REQUEST_NO_STORE = "request-no-store"
     STATUS = "status"
+    FAULTY_FRAMING = "faulty-framing"
     BAD_LENGTH = "bad-length"
     RESPONSE_NO_STORE = "response-no-store"
     CONTENT_ENCODING = "content-encoding"
@@ -243,6 +245,9 @@ _SENTENCES = {
     ),
     Reason.REQUEST_NO_STORE: "the request says Cache-Control: no-store",
     Reason.STATUS: "only 200 responses are stored",
+    Reason.FAULTY_FRAMING: (
+        "the response is HTTP/1.0 with Transfer-Encoding, framing RFC 9112 calls faulty"
+    ),
     Reason.BAD_LENGTH: "the response's Content-Length is invalid",
     Reason.RESPONSE_NO_STORE: "the response says Cache-Control: no-store",
     Reason.CONTENT_ENCODING: "the response is content-encoded although identity was asked for",
@@ -304,10 +309,15 @@ _HARMLESS_VARY = frozenset(
 )
 
 
-def response_is_cacheable(status: int, headers: Headers) -> Verdict:
-    """May this upstream response to a cacheable GET be stored?
+def response_is_cacheable(status: int, headers: Headers, version: str) -> Verdict:
+    """May this upstream response to a cacheable GET be stored? `version` is its status
+    line's (`1.1`, `1.0`).
 
     - 200 only: a 206 is a piece, redirects and errors are the origin's to repeat.
+    - Framing that is not faulty: an HTTP/1.0 response with `Transfer-Encoding` is
+      decoded and relayed, but RFC 9112 §6.1 says to "treat the message as if the
+      framing is faulty" (`wire.framing.faulty_framing`), and a body that may not be
+      the one its origin meant is not kept.
     - A `Content-Length`, if any, that is valid. A body without one (chunked, or
       delimited by the connection's close, `wire.fields.body_length`) is stored too,
       once its end says it is whole: the fill writes it as it comes (`buffer.fill`).
@@ -323,6 +333,8 @@ def response_is_cacheable(status: int, headers: Headers) -> Verdict:
     """
     if status != 200:
         return Verdict(False, Reason.STATUS)
+    if faulty_framing(version, header(headers, "Transfer-Encoding")):
+        return Verdict(False, Reason.FAULTY_FRAMING)
     if header(headers, "Content-Length") is not None and content_length(headers) is None:
         return Verdict(False, Reason.BAD_LENGTH)
     if "no-store" in cache_directives(headers):

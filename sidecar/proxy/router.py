@@ -627,8 +627,10 @@ class Router:
             if unsized is not None:
                 unsized.close()
             response.release()
-        kind = "miss" if unsized is not None else f"pass ({reason})"
-        _log_object(kind, request, response.status, relayed, started)
+        if unsized is None:
+            _log_object(f"pass ({reason})", request, response.status, relayed, started)
+        elif self.settings.access_log:
+            _log_object("miss", request, response.status, relayed, started)
 
     async def _error(self, channel: Channel, status: int, message: str) -> None:
         body = (message + "\n").encode()

@@ -11,8 +11,9 @@ itself, with llhttp (through httptools, as the front end parses requests):
 - 1xx interim responses are handed to the caller before the final one (RFC 9110 §15.2).
 - A status outside 100-599, or a 1xx that announces a body, is an `UpstreamError` and
   the connection is closed (`sidecar.wire.framing`), as it is after a response whose framing
-  RFC 9112 calls faulty (Transfer-Encoding in HTTP/1.0). A chunked body llhttp would
-  leave coded (a tab after `chunked`) is decoded here.
+  RFC 9112 calls faulty (Transfer-Encoding in HTTP/1.0; its `version` tells the cache
+  rules not to store it). A chunked body llhttp would leave coded (a tab after
+  `chunked`) is decoded here.
 - A request can be sent in absolute form on a plain or TLS connection (to a parent
   cache), or through a proxy's CONNECT tunnel (`--upstream-proxy`).
 
@@ -41,7 +42,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from sidecar.wire import tls
 from sidecar.wire.framing import (
     ChunkedDecoder,
-    closes_after,
+    faulty_framing,
     llhttp_misframes,
     response_head_error,
 )
@@ -192,9 +193,15 @@ class Response:
     """
 
     def __init__(
-        self, connection: _Connection, status: int, reason: str, headers: CIMultiDict[str]
+        self,
+        connection: _Connection,
+        version: str,
+        status: int,
+        reason: str,
+        headers: CIMultiDict[str],
     ) -> None:
         self._connection = connection
+        self.version = version  # of its status line: "1.1" or "1.0"
         self.status = status
         self.reason = reason
         self.headers = CIMultiDictProxy(headers)
@@ -381,7 +388,8 @@ class _Connection(asyncio.Protocol):
         headers: CIMultiDict[str] = CIMultiDict(self._fields)
         reason = self._reason.decode("latin-1")
         if not self._head.done():
-            self._response = Response(self, status, reason, headers)
+            version = self._parser.get_http_version()
+            self._response = Response(self, version, status, reason, headers)
             self._head.set_result(self._response)
         if self._method in ("HEAD", "CONNECT"):
             # No body, whatever the fields say (RFC 9110 §9.3.2, §9.3.6).
@@ -555,7 +563,7 @@ class _Connection(asyncio.Protocol):
         self._keep_alive = (
             self._method != "CONNECT"
             and self._parser.should_keep_alive()
-            and not closes_after(self._parser.get_http_version(), self._transfer_encoding)
+            and not faulty_framing(self._parser.get_http_version(), self._transfer_encoding)
         )
 
     def _excess(self) -> None:

@@ -57,11 +57,16 @@ def request_head_error(
     return None
 
 
-def closes_after(version: str, transfer_encoding: str | None) -> bool:
-    """Must the connection close after this message, whatever it asks? RFC 9112 §6.1: "A
-    server or client that receives an HTTP/1.0 message containing a Transfer-Encoding
-    header field MUST treat the message as if the framing is faulty, even if a
-    Content-Length is present, and close the connection after processing the message."
+def faulty_framing(version: str, transfer_encoding: str | None) -> bool:
+    """Is this message's framing faulty, whatever it looks like? RFC 9112 §6.1: "A server
+    or client that receives an HTTP/1.0 message containing a Transfer-Encoding header
+    field MUST treat the message as if the framing is faulty, even if a Content-Length is
+    present, and close the connection after processing the message."
+
+    The message is still read (its chunks decoded) and relayed; the connection closes
+    after it, whatever it asks, and a cache does not keep it
+    (`sidecar.cache.policy.response_is_cacheable`): a body framed by rules its sender's
+    version does not have may not be the body its sender meant.
     """
     return transfer_encoding is not None and version == "1.0"
 

@@ -35,8 +35,8 @@ import httptools
 from sidecar.wire.exchange import ClientGone, Handler, Immediate, Request
 from sidecar.wire.framing import (
     ChunkedDecoder,
-    closes_after,
     ends_by_close,
+    faulty_framing,
     llhttp_misframes,
     request_head_error,
 )
@@ -352,7 +352,7 @@ class Http1Connection(asyncio.Protocol):
             # it does a response's, and decode it here.
             self._dechunk = ChunkedDecoder()
             self._parser.set_dangerous_leniencies(lenient_transfer_encoding=True)
-        close = not self._parser.should_keep_alive() or closes_after(
+        close = not self._parser.should_keep_alive() or faulty_framing(
             number, self._transfer_encoding
         )
         # The tunnel, not the request's Host or target, names the origin.

@@ -12,6 +12,7 @@ import pytest
 
 from bench import bench_momenta, bench_parallel_cold, plot
 from bench.__main__ import BENCHMARKS
+from bench.cachedir import cache_dir
 from bench.harness import PYTHON, ROOT, clean_env
 from bench.lab import FULL
 from bench.report import (
@@ -40,9 +41,11 @@ def test_quick_suite_runs_every_benchmark(tmp_path: Path) -> None:
         squid_installed()
     except SquidMissing as e:
         pytest.skip(str(e))
+    # The clean environment's HOME is /nonexistent: what the suite keeps (the scale
+    # benchmark's stored buffers) goes to the tests' cache folder instead.
     done = subprocess.run(
         [PYTHON, "-m", "bench", "--quick", "--results", str(tmp_path)],
-        env=clean_env(PYTHONPATH=str(ROOT)),
+        env=clean_env(PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(cache_dir().parent)),
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.cachedir import cache_dir
 from tests.injector.podrun import debian_rootfs
 from tests.registries import package_manager_env
 
@@ -41,11 +42,6 @@ _PEM = re.compile(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re
 
 class DockerUnavailable(RuntimeError):
     """No daemon answers and none could be started here; the message says why."""
-
-
-def cache_dir() -> Path:
-    """Where the tests keep what they download (shared with the pod-run tests)."""
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "burstbuffer"
 
 
 @dataclass
@@ -75,8 +71,7 @@ class Docker:
 
     @classmethod
     def _start(cls, dockerd: str) -> Docker:
-        state = cache_dir() / "docker"
-        state.mkdir(parents=True, exist_ok=True)
+        state = cache_dir("docker")
         RUN_DIR.mkdir(parents=True, exist_ok=True)
         log = state / "dockerd.log"
         socket = f"unix://{RUN_DIR}/docker.sock"

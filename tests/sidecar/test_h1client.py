@@ -268,7 +268,8 @@ def test_chunked_close_delimited_and_head_responses_are_framed_by_the_book(
     head = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n"  # no body follows a HEAD
 
     async def test(origin: Origin, pool: Pool, route: Route) -> None:
-        assert await body(await pool.request(route, "GET", origin.url(), [])) == b"abcde"
+        response = await pool.request(route, "GET", origin.url(), [])
+        assert response.version == "1.1" and await body(response) == b"abcde"
         response = await pool.request(route, "HEAD", origin.url(), [])
         assert response.headers["Content-Length"] == "100" and await body(response) == b""
         assert await body(await pool.request(route, "GET", origin.url(), [])) == b"hello"
@@ -282,6 +283,7 @@ def test_chunked_close_delimited_and_head_responses_are_framed_by_the_book(
 
     async def read_to_close(origin: Origin, pool: Pool, route: Route) -> None:
         response = await pool.request(route, "GET", origin.url(), [])
+        assert response.version == "1.0"  # for the cache rules (RFC 9112 §6.1)
         assert b"".join([chunk async for chunk in response.chunks()]) == b"to the end"
         assert response.whole  # closed with TLS's closure alert
         response.release()

@@ -35,7 +35,8 @@ def test_header_is_case_insensitive_in_every_mapping(make) -> None:
 def test_header_joins_repeated_lines(make) -> None:
     headers = make(("Vary", "Origin"), ("vary", "Accept-Encoding"))
     assert fields.header(headers, "Vary") == "Origin, Accept-Encoding"
-    assert policy.response_is_cacheable(200, make(("Content-Length", "1"), *headers.items()))[0]
+    headers = make(("Content-Length", "1"), *headers.items())
+    assert policy.response_is_cacheable(200, headers, "1.1")[0]
 
 
 # --- cache keys ------------------------------------------------------------------------
@@ -318,9 +319,29 @@ OK_RESPONSE = {"Content-Length": "10", "Content-Type": "application/octet-stream
 )
 def test_response_cacheability(status: int, extra: dict, reason: Reason) -> None:
     headers = {k: v for k, v in {**OK_RESPONSE, **extra}.items() if v is not None}
-    cacheable, why = policy.response_is_cacheable(status, headers)
+    cacheable, why = policy.response_is_cacheable(status, headers, "1.1")
     assert (cacheable, why) == (reason == Reason.OK, reason)
     assert why.sentence
+
+
+@pytest.mark.parametrize(
+    ("version", "extra", "reason"),
+    [
+        # RFC 9112 §6.1: "treat the message as if the framing is faulty, even if a
+        # Content-Length is present".
+        ("1.0", {"Content-Length": None, "Transfer-Encoding": "chunked"}, Reason.FAULTY_FRAMING),
+        ("1.0", {"Transfer-Encoding": "chunked"}, Reason.FAULTY_FRAMING),
+        ("1.0", {"Transfer-Encoding": "identity"}, Reason.FAULTY_FRAMING),
+        ("1.0", {}, Reason.OK),
+        ("1.0", {"Content-Length": None}, Reason.OK),  # ended by the close
+        ("1.1", {"Content-Length": None, "Transfer-Encoding": "chunked"}, Reason.OK),
+    ],
+)
+def test_an_http_1_0_response_with_transfer_encoding_is_never_stored(
+    version: str, extra: dict, reason: Reason
+) -> None:
+    headers = {k: v for k, v in {**OK_RESPONSE, **extra}.items() if v is not None}
+    assert policy.response_is_cacheable(200, headers, version) == (reason == Reason.OK, reason)
 
 
 def test_every_reason_has_a_sentence() -> None:

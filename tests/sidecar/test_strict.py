@@ -385,7 +385,7 @@ def test_inside_a_tunnel_the_tunnel_names_the_origin(
 # -- responses -----------------------------------------------------------------------------
 
 # (rule, response, status to the client, its body (None: the sidecar's own), whether the
-# sidecar closes the origin's connection after it)
+# sidecar closes the origin's connection after it, whether it is stored)
 RESPONSES = [
     (
         "RFC 9112 §7.1 a chunked response, relayed chunked",
@@ -393,12 +393,14 @@ RESPONSES = [
         200,
         b"hello",
         False,
+        True,
     ),
     (
         "RFC 9112 §7.1, RFC 9110 §5.6.3 chunked followed by a tab, chunked all the same",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\t\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
         200,
         b"hello",
+        True,
         True,
     ),
     (
@@ -407,6 +409,7 @@ RESPONSES = [
         502,
         None,
         True,
+        False,
     ),
     (
         "RFC 9110 §15 a status below 100",
@@ -414,6 +417,7 @@ RESPONSES = [
         502,
         None,
         True,
+        False,
     ),
     (
         "RFC 9110 §15.2 a 1xx with a body",
@@ -422,34 +426,42 @@ RESPONSES = [
         502,
         None,
         True,
+        False,
     ),
     (
+        # "... MUST treat the message as if the framing is faulty": decoded and relayed,
+        # the connection closed after it, and never kept.
         "RFC 9112 §6.1 Transfer-Encoding in an HTTP/1.0 response",
         b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n"
         b"5\r\nhello\r\n0\r\n\r\n",
         200,
         b"hello",
         True,
+        False,
     ),
 ]
 
 
 @pytest.mark.parametrize(
-    ("response", "status", "body", "closes"),
+    ("response", "status", "body", "closes", "stored"),
     [row[1:] for row in RESPONSES],
     ids=[row[0] for row in RESPONSES],
 )
 def test_a_response_is_framed_by_the_rfc_and_an_invalid_one_is_a_502(
     client: Client,
     raw_origin: RawOrigin,
+    strict_sidecar: Sidecar,
     response: bytes,
     status: int,
     body: bytes | None,
     closes: bool,
+    stored: bool,
 ) -> None:
     name = f"response-{time.monotonic_ns()}"
     raw_origin.responses[name] = response
-    client.send(f"GET {client.target(name)} HTTP/1.1\r\nHost: {client.authority}\r\n\r\n".encode())
+    entries = strict_sidecar.stats()["entries"]
+    request = f"GET {client.target(name)} HTTP/1.1\r\nHost: {client.authority}\r\n\r\n"
+    client.send(request.encode())
     # Read past the response: a byte after it (a second last chunk) is a parser error.
     reply = client.replies(linger=0.5)
     assert reply.statuses == [status] and not reply.closed, reply
@@ -459,6 +471,12 @@ def test_a_response_is_framed_by_the_rfc_and_an_invalid_one_is_a_502(
         assert reply.bodies[0].startswith(b"burstbuffer: upstream request failed"), reply
     # After an invalid response nothing on that connection can be trusted to be in step.
     assert raw_origin.seen(name).closed.wait(BOUND if closes else 0.5) == closes
+    assert strict_sidecar.stats()["entries"] == entries + stored
+    # Asked again: a hit if it was stored, else the origin's to answer again.
+    client.send(request.encode())
+    again = client.replies(count=2, linger=0)
+    assert again.statuses == [status, status] and again.bodies[1] == reply.bodies[0], again
+    assert raw_origin.count(name) == (1 if stored else 2)
 
 
 # -- malformed requests, generated -----------------------------------------------------------
@@ -753,3 +771,5 @@ def test_over_tls_a_body_ended_by_the_close_is_stored_only_after_the_closure_ale
         download = curl(tls_sidecar, url)
         assert download.returncode == 0 and download.body == b"hello", download.stderr
     assert tls_origin.count(name) == (1 if alert else 2)
+    # Without --access-log, no line per object: not its misses, nor why it is not stored.
+    assert name not in tls_sidecar.log()
