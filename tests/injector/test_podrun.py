@@ -52,6 +52,7 @@ from podrun import DEBIAN_PATH, Image, PodRun, debian_rootfs, in_netns
 from bench.harness import wait_until
 from injector import names
 from sidecar.settings import CAPTURE_MODES
+from tests.buildcache import CACHE, go_build
 from tests.registries import package_manager_env
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
@@ -78,9 +79,6 @@ WHEEL_URL = f"https://{HOST}/files/{WHEEL}"
 ORIGIN_CA_CONFIG_MAP = "test-origin-ca"
 # Every pod's injector configuration: the test origin's CA for the sidecar.
 BASE_CONFIG = f"upstreamCA: {{configMapName: {ORIGIN_CA_CONFIG_MAP}, key: ca.crt}}\n"
-
-
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "burstbuffer"
 
 
 @pytest.fixture(scope="module")
@@ -636,7 +634,7 @@ def node22() -> Path | str:
 
 def go_fetcher() -> Path | str:
     """CLIENTS_DIR/fetch.go (the standard library only) built once under CACHE; or why not."""
-    return go_build("fetch.go", {"GOPATH": str(CACHE / "go")})
+    return go_build(CLIENTS_DIR / "fetch.go", {"PATH": DEBIAN_PATH, "GOPATH": str(CACHE / "go")})
 
 
 # Debian's golang-google-grpc-dev: grpc-go and what it imports, as GOPATH sources.
@@ -652,38 +650,8 @@ def grpc_go_client() -> Path | str:
             "grpc-go: not installed here (Debian's golang-google-grpc-dev: .ci/system-deps"
             " installs it as root)"
         )
-    env = {"GOPATH": str(GOCODE), "GO111MODULE": "off", "GOPROXY": "off"}
-    return go_build("grpc.go", env, GRPC_GO_VERSION.read_bytes())
-
-
-def go_build(source_name: str, env: dict[str, str], packages: bytes = b"") -> Path | str:
-    """CLIENTS_DIR/`source_name` built once under CACHE, per source, Go version and the
-    `packages` it is built against; or why not."""
-    go = shutil.which("go")
-    if go is None:
-        return "Go: no toolchain here (Debian's golang-go: .ci/system-deps installs it as root)"
-    source = CLIENTS_DIR / source_name
-    version = subprocess.run([go, "version"], capture_output=True, check=True).stdout
-    key = hashlib.sha256(source.read_bytes() + version + packages).hexdigest()[:12]
-    binary = CACHE / f"{source.stem}-go-{key}"
-    if not binary.is_file():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        partial = binary.with_suffix(".tmp")
-        subprocess.run(
-            [go, "build", "-o", str(partial), str(source)],
-            env={
-                "PATH": DEBIAN_PATH,
-                "HOME": str(CACHE),
-                "GOCACHE": str(CACHE / "go-build"),
-                "CGO_ENABLED": "0",
-                **env,
-            },
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-        partial.rename(binary)
-    return binary
+    env = {"PATH": DEBIAN_PATH, "GOPATH": str(GOCODE), "GO111MODULE": "off", "GOPROXY": "off"}
+    return go_build(CLIENTS_DIR / "grpc.go", env, GRPC_GO_VERSION.read_bytes())
 
 
 def client_argv(client: str, url: str, out: str) -> list[str]:
