@@ -38,8 +38,8 @@ PYTHON_OWN_ROOTS = (
     "with opener.open(sys.argv[1], timeout=30) as r, open(sys.argv[2], 'wb') as f:\n"
     "    f.write(r.read())\n"
 )
-OWN_ROOTS_GO = Path(__file__).parent / "clients" / "own_roots.go"
-FETCH_JAVA = Path(__file__).parents[1] / "injector" / "clients" / "Fetch.java"
+# The client table's own programs (tests/injector/test_podrun.py).
+CLIENTS_DIR = Path(__file__).parents[1] / "injector" / "clients"
 
 
 def client_argv(
@@ -51,7 +51,7 @@ def client_argv(
     if client == "python":
         return lambda url, out: ["python3", "-I", "-c", PYTHON_OWN_ROOTS, url, out, ca]
     if client == "go":
-        binary = go_build(OWN_ROOTS_GO, {"PATH": os.defpath})
+        binary = go_build(CLIENTS_DIR / "fetch.go", {"PATH": os.defpath})
         if not isinstance(binary, Path):
             pytest.skip(binary)
         return lambda url, out: [str(binary), url, out, ca]
@@ -63,7 +63,7 @@ def client_argv(
     store.write_bytes(trust_store(origin.ca_pem.read_bytes()))
     java = ["java", f"-Djavax.net.ssl.trustStore={store}", "-Djavax.net.ssl.trustStoreType=PKCS12"]
     java += ["-Dhttps.proxyHost=127.0.0.1", f"-Dhttps.proxyPort={sidecar.proxy_port}"]
-    return lambda url, out: [*java, str(FETCH_JAVA), url, out]
+    return lambda url, out: [*java, str(CLIENTS_DIR / "Fetch.java"), url, out]
 
 
 def download(sidecar: Sidecar, argv: list[str], out: Path) -> tuple[int, bytes, str]:
