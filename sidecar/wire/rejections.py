@@ -19,6 +19,9 @@ Clients that send the same ClientHello (one TLS library with one configuration: 
 Python programs, one given a `cafile` of its own) cannot be told apart: while one of them
 is remembered, the others are tunnelled to that host too, uncached but working. A client
 killed in the middle of a handshake closes like a refusing one, and is remembered alike.
+A retry that reaches a worker before the refusal has been read (sent at once, on a
+machine too busy to run the worker that read it) is intercepted and refused again; the
+next one is tunnelled.
 
 A client's retry may land on another worker, so the memory lives in the shared memory
 file (`sidecar.shared`): a table of slots, each the digest of a host and a fingerprint

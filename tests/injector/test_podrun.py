@@ -883,6 +883,8 @@ def test_a_client_that_refuses_the_pod_ca_is_tunnelled_from_its_retry_on(
     before, told = client_pod.stats(), pod.log(names.CONTAINER).count(REFUSED)
     failed = pod.exec("shell", argv, timeout=120)
     assert failed.returncode != 0, "the pod CA's certificate was accepted"
+    # As a retry after a backoff: once the sidecar has read the refusal.
+    wait_until(lambda: pod.log(names.CONTAINER).count(REFUSED) > told, "the refusal remembered")
     for _ in range(REFUSAL_RETRIES):
         done = pod.exec("shell", argv, timeout=120)
         assert done.returncode == 0, done.stdout.decode(errors="replace")[-3000:]

@@ -22,13 +22,15 @@ from pathlib import Path
 import pytest
 from conftest import CLIENT_TIMEOUT, pod_env, wget
 
-from bench.harness import OriginServer, Sidecar
+from bench.harness import OriginServer, Sidecar, wait_until
 from certs.bundle import trust_store
 from tests.buildcache import go_build
 
 pytestmark = pytest.mark.e2e
 
 REASON = "client-rejected-ca"
+# How the sidecar tells of a client it remembers (once per client and host).
+REFUSED = "refused the pod CA's certificate for origin.test"
 RETRIES = 3
 CLIENTS = ("python", "go", "curl", "java")
 PYTHON_OWN_ROOTS = (
@@ -88,6 +90,9 @@ def test_a_client_with_roots_of_its_own_is_tunnelled_from_its_retry_on(
     url, out = origin.url("small.bin", case=client), sidecar.directory / f"{client}.out"
     status, _, stderr = download(sidecar, argv(url, str(out)), out)
     assert status != 0, "the pod CA's certificate was accepted"
+    # A retry waits until the sidecar has read the refusal, as a retry after a backoff
+    # does: one sent at once may reach another worker first, on a loaded machine.
+    wait_until(lambda: REFUSED in sidecar.log(), "the refusal remembered")
     for _ in range(RETRIES):
         status, body, stderr = download(sidecar, argv(url, str(out)), out)
         assert status == 0, stderr[-3000:]
@@ -99,7 +104,7 @@ def test_a_client_with_roots_of_its_own_is_tunnelled_from_its_retry_on(
     exported = f'burstbuffer_tunnels_by_reason_total{{reason="{REASON}"}} {RETRIES}.0'
     assert exported in sidecar.metrics()
     log = sidecar.log()
-    assert log.count("refused the pod CA's certificate for origin.test") == 1, log
+    assert log.count(REFUSED) == 1, log
     assert f"{sidecar.trust_dir}" in log and "ca-bundle.p12" in log
 
     # A client that trusts the pod CA is still intercepted: a miss, then a hit.
