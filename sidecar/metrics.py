@@ -73,8 +73,8 @@ REASON_COUNTERS = {
     "pass_reasons": ("burstbuffer_passes_by_reason", "Passes by reason."),
     "tunnel_reasons": (
         "burstbuffer_tunnels_by_reason",
-        "Connections tunnelled untouched, by reason (a host not intercepted, or a client"
-        " whose ALPN offers no HTTP/1.x).",
+        "Connections tunnelled untouched, by reason (a host not intercepted, a client"
+        " whose ALPN offers no HTTP/1.x, a client that refused the pod CA's certificate).",
     ),
     "parent_failures": (
         "burstbuffer_parent_failures_by_reason",

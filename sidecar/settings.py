@@ -304,6 +304,9 @@ class Settings:
     # fill (hits, misses, joins), per object stored and per one of unknown length given
     # up; passes and errors are always logged.
     access_log: bool = False
+    # remember_ca_rejections, default 3600 (seconds). How long a client that refused the
+    # pod CA's certificate for a host is tunnelled to that host untouched (uncached).
+    remember_ca_rejections: float = 3600.0
 
 
 @dataclass(frozen=True)
@@ -348,6 +351,11 @@ _FLAGS: tuple[_Flag, ...] = (
     _Flag("stage_in_parallel", parse_count, "stage-in objects fetched at once (4)"),
     _Flag("workers", parse_count, "proxy worker processes (default: the CPUs it may use)"),
     _Flag("access_log", None, "log every response and object stored (default: passes, errors)"),
+    _Flag(
+        "remember_ca_rejections",
+        parse_seconds,
+        "seconds a client that refused the pod CA is tunnelled to that host (3600)",
+    ),
 )
 _FLAGS_BY_FIELD = {flag.field: flag for flag in _FLAGS}
 

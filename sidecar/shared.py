@@ -1,7 +1,8 @@
 """What every process of one sidecar shares, in one anonymous memory file.
 
 The main process creates it and every worker inherits its descriptor. It holds
-numbered slots, then a region the buffer keeps its claims in (`buffer.claims`).
+numbered slots, then the table of clients that refused the pod CA's certificate
+(`wire.rejections`), then a region the buffer keeps its claims in (`buffer.claims`).
 
 Each slot is a signed 64-bit word, written by one process only (aligned 8-byte stores
 are atomic on the platforms pods run on), so no lock is needed:
@@ -23,10 +24,11 @@ stored object whose index row was found at start and is not checked yet is verif
 the worker that serves it first (`keeper.Buffer`); until the store has opened the
 index, every row counts as found at start and unchecked.
 
-The region is written by any process, but only under `lock()`: an exclusive `flock` on
-a descriptor of the file that each process opened for itself (a lock belongs to an open
-file, and the inherited descriptor is one open file for every process). The kernel
-releases the lock of a process that dies, so a `kill -9` never leaves it held.
+The table and the region are written by any process, but only under `lock()`: an
+exclusive `flock` on a descriptor of the file that each process opened for itself (a lock
+belongs to an open file, and the inherited descriptor is one open file for every
+process). The kernel releases the lock of a process that dies, so a `kill -9` never
+leaves it held.
 """
 
 from __future__ import annotations
@@ -40,26 +42,29 @@ from collections.abc import Iterator
 _SLOT = 8  # bytes
 _COMMON = 5  # slots before the per-worker ones
 _UNKNOWN = 2**63 - 1  # "found through" before the store has looked: every row
+# Bytes of the table of clients that refused the pod CA (`sidecar.wire.rejections`).
+CLIENTS_TABLE = 8 * 1024
 
 
 class Shared:
-    """The shared slots and region, mapped into this process."""
+    """The shared slots, table and region, mapped into this process."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.memory = mmap.mmap(fd, os.fstat(fd).st_size)
         self.workers = workers = int.from_bytes(self.memory[4 * _SLOT : 5 * _SLOT], "little")
         self._slots = memoryview(self.memory)[: (workers + _COMMON) * _SLOT].cast("q")
-        # The region starts where the slots end.
-        self.region = (workers + _COMMON) * _SLOT
+        # The table starts where the slots end, the region where the table ends.
+        self.clients = (workers + _COMMON) * _SLOT
+        self.region = self.clients + CLIENTS_TABLE
         # This process's own open file: see the module docstring.
         self._lock_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
 
     @classmethod
     def create(cls, workers: int, region: int = 0) -> Shared:
-        """Slots for `workers` workers, then `region` bytes, all zero."""
+        """Slots for `workers` workers, the table, then `region` bytes, all zero."""
         fd = os.memfd_create("burstbuffer-shared", 0)  # inherited by workers on purpose
-        os.ftruncate(fd, (workers + _COMMON) * _SLOT + region)
+        os.ftruncate(fd, (workers + _COMMON) * _SLOT + CLIENTS_TABLE + region)
         os.pwrite(fd, workers.to_bytes(_SLOT, "little"), 4 * _SLOT)
         shared = cls(fd)
         shared._slots[2] = _UNKNOWN
@@ -67,7 +72,7 @@ class Shared:
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
-        """Hold the region's lock (see the module docstring)."""
+        """Hold the lock of the table and the region (see the module docstring)."""
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         try:
             yield

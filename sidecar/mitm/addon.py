@@ -12,7 +12,9 @@ and after the origin's `101` it relays the new protocol. Connections mitmproxy t
 untouched (hosts that are not intercepted; TLS clients whose ALPN lacks HTTP/1.x,
 `sidecar.wire.hello`) are counted by reason with their bytes (`sidecar.wire.tunnel`), and each
 such host is named once in the log, so that a forgotten `--intercept` shows where the
-bytes went.
+bytes went. A TLS client that refuses the pod CA's certificate is remembered by its
+ClientHello, as on the lean path, and tunnelled from its next connection on
+(`sidecar.wire.rejections`).
 """
 
 from __future__ import annotations
@@ -34,26 +36,61 @@ from sidecar.settings import Settings, host_matches
 from sidecar.wire import hello
 from sidecar.wire.exchange import ClientGone, Request, asks_upgrade
 from sidecar.wire.framing import request_head_error
+from sidecar.wire.rejections import (
+    CLIENT_REJECTED_CA,
+    CLOSED_IN_HANDSHAKE,
+    Rejections,
+    alert_refusal,
+)
 from sidecar.wire.tunnel import NOT_INTERCEPTED, Tunnels
 
 logger = logging.getLogger(__name__)
+
+# How mitmproxy's client TLS layer words a client that closed the connection during its
+# handshake, after its ClientHello (`ClientTLSLayer.on_handshake_error`, in the pinned
+# release); a certificate alert keeps OpenSSL's reason in its words.
+_CLOSED_IN_HANDSHAKE = "The client disconnected during the handshake."
+
+
+def handshake_refusal(error: str) -> str | None:
+    """How the client refused our certificate, for a client handshake that mitmproxy
+    failed with `error` (its `Connection.error`); None for any other failure."""
+    if error.startswith(_CLOSED_IN_HANDSHAKE):
+        return CLOSED_IN_HANDSHAKE
+    return alert_refusal(error)
 
 
 class BurstBuffer:
     """The addon. Built once by the entry point with the program's Settings."""
 
     def __init__(
-        self, settings: Settings, router: Router, connections: Connections, tunnels: Tunnels
+        self,
+        settings: Settings,
+        router: Router,
+        connections: Connections,
+        tunnels: Tunnels,
+        rejections: Rejections,
     ) -> None:
         self.settings = settings
         self.router = router
         self.connections = connections
         self.tunnels = tunnels
+        self.rejections = rejections
+        # Client connections in their TLS handshake: (host, ClientHello records).
+        self._hellos: dict[str, tuple[str, bytes]] = {}
 
     def tls_established_client(self, data: tls.TlsData) -> None:
+        self._hellos.pop(data.conn.id, None)
         self.connections.tls_established(data.conn.id, data.ssl_conn)
 
+    def tls_failed_client(self, data: tls.TlsData) -> None:
+        seen = self._hellos.pop(data.conn.id, None)
+        refusal = handshake_refusal(data.conn.error or "")
+        if seen is not None and refusal is not None:
+            self.rejections.remember(*seen, refusal)
+
     def client_disconnected(self, client: Client) -> None:
+        self._hellos.pop(client.id, None)
         self.connections.forget(client.id)
 
     def next_layer(self, data: NextLayer) -> None:
@@ -69,15 +106,18 @@ class BurstBuffer:
         if data.ignore_connection:
             return
         reason = hello.tunnel_reason(data.client_hello.alpn_protocols)
-        if reason is not None:
-            # mitmproxy relays it as a TCP layer of its own, without a next_layer event.
-            data.ignore_connection = True
-            self._tunnelled(data.context, reason)
+        if reason is None:
+            host, records = _host(data.context), data.client_hello.raw_bytes()
+            if not self.rejections.remembers(host, records):
+                self._hellos[data.context.client.id] = (host, records)
+                return
+            reason = CLIENT_REJECTED_CA
+        # mitmproxy relays it as a TCP layer of its own, without a next_layer event.
+        data.ignore_connection = True
+        self._tunnelled(data.context, reason)
 
     def _tunnelled(self, context: Context, reason: str) -> None:
-        address = context.server.address
-        host = context.client.sni or (str(address[0]) if address else "unknown")
-        counters = self.tunnels.opened(host, reason)
+        counters = self.tunnels.opened(_host(context), reason)
         self.connections.tunnelled(context.client.id, counters)
 
     async def responseheaders(self, flow: http.HTTPFlow) -> None:
@@ -168,3 +208,9 @@ class BurstBuffer:
 
 
 _RELAYED = "burstbuffer.relayed"
+
+
+def _host(context: Context) -> str:
+    """The host a client connection is for: its SNI, else its origin's address."""
+    address = context.server.address
+    return context.client.sni or (str(address[0]) if address else "unknown")

@@ -32,6 +32,7 @@ from sidecar.mitm.handoff import Handoff
 from sidecar.proxy.listeners import Listener
 from sidecar.proxy.router import Router
 from sidecar.settings import Settings, host_glob_regex
+from sidecar.wire.rejections import Rejections
 from sidecar.wire.tunnel import Tunnels
 
 
@@ -50,6 +51,7 @@ class Embedded:
         resolver: DnsResolver | None,
         listeners: Sequence[Listener],
         tunnels: Tunnels,
+        rejections: Rejections,
     ) -> None:
         self._master = Master(None)
         ps = proxyserver.Proxyserver()
@@ -60,7 +62,7 @@ class Embedded:
             tlsconfig.TlsConfig(),
             errorcheck.ErrorCheck(),
             capture.HostRouting(settings, resolver),
-            BurstBuffer(settings, router, respond.Connections(ps), tunnels),
+            BurstBuffer(settings, router, respond.Connections(ps), tunnels, rejections),
         )
         self._master.options.update(
             confdir=str(settings.ca_dir),

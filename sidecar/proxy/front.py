@@ -6,7 +6,9 @@
   download through the proxy variables, kept free of mitmproxy's per-request machinery.
   A TLS client whose ALPN list offers no HTTP/1.x (gRPC, HTTP/2 only) could not
   speak to that server: its ClientHello, peeked, says so (`sidecar.wire.hello`), and it is
-  tunnelled to the origin untouched (`sidecar.wire.tunnel`).
+  tunnelled to the origin untouched (`sidecar.wire.tunnel`). So is a client that refused
+  the pod CA's certificate for that host not long ago (`sidecar.wire.rejections`): the
+  handshake it ends with a certificate alert, or a close, is remembered by its hello.
 - Everything else (CONNECT to other hosts, which are tunnelled untouched, plain-HTTP
   proxy requests, the hostAliases and transparent listeners): handed to mitmproxy
   exactly as it arrived. The first bytes are only peeked (MSG_PEEK), never read,
@@ -30,6 +32,7 @@ from sidecar.proxy.router import Router
 from sidecar.settings import host_matches
 from sidecar.wire import hello, tls, tunnel
 from sidecar.wire.client import UpstreamError
+from sidecar.wire.rejections import CLIENT_REJECTED_CA, Rejections, handshake_refusal
 from sidecar.wire.server import Http1Connection, Tunnel
 from sidecar.wire.tunnel import Tunnels
 
@@ -123,12 +126,15 @@ class Front:
         to_mitmproxy: Callable[[int, socket.socket], asyncio.Future[None] | object],
         balance: Balance,
         tunnels: Tunnels,
+        rejections: Rejections,
     ) -> None:
         """`tls_context(host)`: the server context for an intercepted host;
         `to_mitmproxy(listener, sock)`: hands a connection of listener number
-        `listener` to mitmproxy (a coroutine); `tunnels`: where tunnels are counted."""
+        `listener` to mitmproxy (a coroutine); `tunnels`: where tunnels are counted;
+        `rejections`: the clients that refused the certificate, tunnelled."""
         self._router = router
         self._tunnels = tunnels
+        self._rejections = rejections
         self._hello_buffer = bytearray(HELLO_PEEK_LIMIT)
         self._intercept = intercept
         self._tls_context = tls_context
@@ -217,15 +223,22 @@ class Front:
                 protocol = Http1Connection(tunnel, self._router, self._balance.closed)
                 await loop.connect_accepted_socket(lambda: protocol, client)
                 return True
-            reason = hello.tunnel_reason(await _peek_alpn(client, self._hello_buffer))
+            client_hello, alpn = await _peek_hello(client, self._hello_buffer)
+        host = connect.tunnel.host
+        reason = hello.tunnel_reason(alpn)
+        if reason is None and client_hello and self._rejections.remembers(host, client_hello):
+            reason = CLIENT_REJECTED_CA
         if reason is not None:
             return await self._tunnel(client, connect.tunnel, reason)
-        context = self._tls_context(connect.tunnel.host)
+        context = self._tls_context(host)
         sock = context.wrap_socket(client, server_side=True, do_handshake_on_connect=False)
         try:
             await tls.handshake(sock, max(0.0, deadline - loop.time()))
-        except BaseException:
+        except BaseException as e:
             sock.close()
+            refusal = handshake_refusal(e)
+            if refusal is not None and client_hello:
+                self._rejections.remember(host, client_hello, refusal)
             raise
         protocol = Http1Connection(connect.tunnel, self._router, self._balance.closed)
         tls.TlsTransport(sock, protocol).start()
@@ -255,9 +268,9 @@ class Front:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-async def _peek_alpn(client: socket.socket, buffer: bytearray) -> list[bytes] | None:
-    """The ALPN list of the ClientHello waiting in `client`'s socket, left unread; None
-    for no ALPN, and for a hello that cannot be read (the handshake refuses it).
+async def _peek_hello(client: socket.socket, buffer: bytearray) -> tuple[bytes, list[bytes] | None]:
+    """The ClientHello waiting in `client`'s socket, left unread, and its ALPN list (None
+    for no ALPN); (b"", None) for a hello that cannot be read (the handshake refuses it).
 
     `buffer` (HELLO_PEEK_LIMIT bytes) is peeked into and read before any await, so one
     serves every connection of a worker. A buffer allocated per peek and shrunk to the
@@ -269,13 +282,14 @@ async def _peek_alpn(client: socket.socket, buffer: bytearray) -> list[bytes] | 
         size = client.recv_into(buffer, HELLO_PEEK_LIMIT, socket.MSG_PEEK)
         if not size:
             raise ConnectionResetError("closed inside the tunnel during its ClientHello")
+        data = bytes(memoryview(buffer)[:size])
         try:
-            return hello.client_hello_alpn(bytes(memoryview(buffer)[:size]))
+            return data, hello.client_hello_alpn(data)
         except hello.Incomplete:
             if size >= HELLO_PEEK_LIMIT:
-                return None
+                return b"", None
         except ValueError:
-            return None
+            return b"", None
         # The socket stays readable while the rest is on its way: wait, then peek again.
         await asyncio.sleep(_PEEK_INTERVAL)
 

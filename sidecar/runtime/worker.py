@@ -46,6 +46,7 @@ from sidecar.runtime.supervisor import Inherited
 from sidecar.settings import Settings, parse
 from sidecar.shared import Shared
 from sidecar.wire.client import Pool
+from sidecar.wire.rejections import Rejections
 from sidecar.wire.tunnel import Tunnels
 
 if TYPE_CHECKING:
@@ -131,8 +132,15 @@ async def run(settings: Settings, inherited: Inherited) -> None:
 
     balance = Balance(shared.connections, inherited.index)
     tunnels = Tunnels(metrics)
+    rejections = Rejections(shared, settings.remember_ca_rejections, settings.trust_dir)
     front = Front(
-        router, settings.intercept, ServerContexts(ca).get, to_mitmproxy, balance, tunnels
+        router,
+        settings.intercept,
+        ServerContexts(ca).get,
+        to_mitmproxy,
+        balance,
+        tunnels,
+        rejections,
     )
     tasks = [
         asyncio.create_task(front.accept(number, sock, listener.lean))
@@ -149,7 +157,7 @@ async def run(settings: Settings, inherited: Inherited) -> None:
 
     # mitmproxy is loaded now, in a thread: the lean path serves meanwhile.
     embedded_module = await asyncio.to_thread(_load_mitmproxy)
-    embedded = embedded_module.Embedded(settings, router, resolver, found, tunnels)
+    embedded = embedded_module.Embedded(settings, router, resolver, found, tunnels, rejections)
     try:
         await embedded.start()
         mitmproxy_serving.set_result(embedded)

@@ -8,20 +8,36 @@ cached anyway. A client that offers `http/1.0` only (`curl --http1.0`) is served
 HTTP/1.1 server answers HTTP/1.0 requests. A client that sends no ALPN at all is taken
 to speak HTTP/1.1, as every HTTP/1.1 client without ALPN (wget, Python's urllib) does.
 
-Everything here is pure: bytes in, a list of protocols (or a reason) out.
+The same hello also names the client, as far as any TLS server can tell clients apart:
+its fingerprint (`client_hello_fingerprint`) is what a client that refused the pod CA's
+certificate is remembered by (`sidecar.wire.rejections`).
+
+Everything here is pure: bytes in, a list of protocols, a reason or a fingerprint out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Iterator, Sequence
 
 # TLS record and handshake types (RFC 8446 §5.1, §4).
 _HANDSHAKE_RECORD = 0x16
 _CLIENT_HELLO = 0x01
 _RECORD_HEADER = 5  # type, legacy version (2), length (2)
 _MAX_RECORD = 2**14 + 256  # the largest TLSCiphertext fragment a peer may send (§5.2)
-# RFC 7301 §3.1: the ALPN extension.
+# Extension types: server_name (RFC 6066 §3), signature_algorithms (RFC 8446 §4.2.3),
+# ALPN (RFC 7301 §3.1), supported_versions (RFC 8446 §4.2.1).
+_SERVER_NAME = 0
+_SIGNATURE_ALGORITHMS = 13
 _ALPN_EXTENSION = 16
+_SUPPORTED_VERSIONS = 43
+# Extensions that one client sends on some connections and not on others: padding
+# (RFC 7685, added or not by the hello's length), pre_shared_key and early_data (RFC 8446
+# §4.2.11, §4.2.10: only when it resumes a session). Left out of the fingerprint, so
+# that a client's retry, which may resume the session its tunnel gave it, matches.
+_UNSTABLE_EXTENSIONS = frozenset((21, 41, 42))
+# The fingerprint's spelling of a protocol version (JA4's).
+_VERSION_NAMES = {0x0304: "13", 0x0303: "12", 0x0302: "11", 0x0301: "10", 0x0300: "s3"}
 # The ALPN names of HTTP/1.x (RFC 7301 §6), which the lean HTTP/1.1 server speaks.
 HTTP_1 = frozenset((b"http/1.1", b"http/1.0"))
 
@@ -50,6 +66,85 @@ def tunnel_reason(alpn: Sequence[bytes] | None) -> str | None:
     if not alpn or not HTTP_1.isdisjoint(alpn):
         return None
     return ALPN_WITHOUT_HTTP_1
+
+
+def client_hello_fingerprint(data: bytes) -> str:
+    """A name for the client that sent the ClientHello at the start of `data`: the same
+    for every connection of one client (one TLS library with one configuration), most
+    often different between clients. Raises as `client_hello_alpn` does.
+
+    JA4's layout (FoxIO's TLS client fingerprint), `t13d1516h2_8daaf6152771_e5627efa2ab1`:
+    the highest version offered, whether it names a server, how many cipher suites and
+    extensions, the first ALPN name's first and last characters; a hash of the cipher
+    suites, sorted; a hash of the extension types, sorted, with the signature algorithms
+    in order and the ALPN list. GREASE values (RFC 8701) are left out, and so are what
+    changes between one client's connections: random values, session ids, key shares,
+    and the extensions some of its hellos carry and others do not
+    (`_UNSTABLE_EXTENSIONS`). So the fingerprint is JA4-like, not JA4 itself.
+    """
+    legacy_version, cipher_data, extensions = _read_hello(_client_hello_body(data))
+    ciphers = [c for c in _numbers(cipher_data) if not _grease(c)]
+    versions = [legacy_version]
+    kinds: list[int] = []
+    signatures: list[int] = []
+    alpn: list[bytes] = []
+    for kind, value in extensions:
+        if _grease(kind) or kind in _UNSTABLE_EXTENSIONS:
+            continue
+        kinds.append(kind)
+        if kind == _SUPPORTED_VERSIONS:
+            versions = [v for v in _numbers(_Reader(value).vector(1)) if not _grease(v)]
+        elif kind == _SIGNATURE_ALGORITHMS:
+            signatures = [s for s in _numbers(_Reader(value).vector(2)) if not _grease(s)]
+        elif kind == _ALPN_EXTENSION:
+            alpn = _protocol_names(value)
+    version = _VERSION_NAMES.get(max(versions, default=0), "00")
+    server_name = "d" if _SERVER_NAME in kinds else "i"
+    summary = (
+        f"t{version}{server_name}{min(len(ciphers), 99):02d}{min(len(kinds), 99):02d}"
+        f"{_alpn_ends(alpn[0]) if alpn else '00'}"
+    )
+    hashed_kinds = sorted(k for k in kinds if k not in (_SERVER_NAME, _ALPN_EXTENSION))
+    extension_text = "_".join(
+        (
+            _hex_list(hashed_kinds),
+            _hex_list(signatures),
+            ",".join(name.hex() for name in alpn),
+        )
+    )
+    return f"{summary}_{_hash(_hex_list(sorted(ciphers)))}_{_hash(extension_text)}"
+
+
+def _grease(value: int) -> bool:
+    """RFC 8701 §2: 0x0A0A, 0x1A1A, ... 0xFAFA, reserved so that servers meet values they
+    do not know; a client picks new ones on every connection."""
+    return value & 0x0F0F == 0x0A0A and value >> 8 == value & 0xFF
+
+
+def _numbers(data: memoryview) -> list[int]:
+    """A list of 16-bit numbers (cipher suites, versions, signature schemes)."""
+    if len(data) % 2:
+        raise ValueError("a list of 16-bit values of an odd length")
+    return [int.from_bytes(data[i : i + 2]) for i in range(0, len(data), 2)]
+
+
+def _hex_list(values: Sequence[int]) -> str:
+    return ",".join(f"{value:04x}" for value in values)
+
+
+def _hash(text: str) -> str:
+    """JA4's: the first 12 hex digits of SHA-256, or zeros for nothing."""
+    return hashlib.sha256(text.encode()).hexdigest()[:12] if text.strip("_") else "0" * 12
+
+
+def _alpn_ends(name: bytes) -> str:
+    """JA4's mark of the first ALPN name: its first and last characters, or the first
+    and last hex digits of a name that does not start and end alphanumeric."""
+    first, last = chr(name[0]), chr(name[-1])
+    if first.isascii() and first.isalnum() and last.isascii() and last.isalnum():
+        return first + last
+    text = name.hex()
+    return text[0] + text[-1]
 
 
 def _client_hello_body(data: bytes) -> memoryview:
@@ -109,24 +204,38 @@ class _Reader:
 
 
 def _alpn(body: memoryview) -> list[bytes] | None:
-    """RFC 8446 §4.1.2: legacy_version, random, legacy_session_id, cipher_suites,
-    legacy_compression_methods, extensions (absent in an old TLS 1.0-1.2 hello)."""
-    hello = _Reader(body)
-    hello.take(2 + 32)
-    hello.vector(1)
-    hello.vector(2)
-    hello.vector(1)
-    if hello.done:
-        return None
-    extensions = _Reader(hello.vector(2))
-    if not hello.done:
-        raise ValueError("bytes after the ClientHello's extensions")
-    while not extensions.done:
-        kind = extensions.number(2)
-        data = extensions.vector(2)
+    _, _, extensions = _read_hello(body)
+    for kind, data in extensions:
         if kind == _ALPN_EXTENSION:
             return _protocol_names(data)
     return None
+
+
+def _read_hello(body: memoryview) -> tuple[int, memoryview, Iterator[tuple[int, memoryview]]]:
+    """RFC 8446 §4.1.2: legacy_version, random, legacy_session_id, cipher_suites,
+    legacy_compression_methods, extensions (absent in an old TLS 1.0-1.2 hello).
+
+    (legacy_version, the cipher suites' bytes, each extension as (type, data) in order,
+    read as it is asked for).
+    """
+    hello = _Reader(body)
+    legacy_version = hello.number(2)
+    hello.take(32)
+    hello.vector(1)
+    ciphers = hello.vector(2)
+    hello.vector(1)
+    if hello.done:
+        return legacy_version, ciphers, iter(())
+    extensions = _Reader(hello.vector(2))
+    if not hello.done:
+        raise ValueError("bytes after the ClientHello's extensions")
+    return legacy_version, ciphers, _each_extension(extensions)
+
+
+def _each_extension(extensions: _Reader) -> Iterator[tuple[int, memoryview]]:
+    while not extensions.done:
+        kind = extensions.number(2)
+        yield kind, extensions.vector(2)
 
 
 def _protocol_names(data: memoryview) -> list[bytes]:

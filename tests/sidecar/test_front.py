@@ -26,7 +26,8 @@ def test_first_byte_hello_and_handshake_share_one_deadline(
     head = b"CONNECT origin.test:443 HTTP/1.1\r\nHost: origin.test:443\r\n\r\n"
     connect = front.parse_connect(head)
     assert connect is not None
-    # Only the TLS path is taken: the router, mitmproxy and the tunnels are never asked.
+    # Only the TLS path is taken: the router, mitmproxy, the tunnels and the memory of
+    # refusing clients are never asked.
     serving = front.Front(
         router=None,  # type: ignore[arg-type]
         intercept=["origin.test"],
@@ -34,6 +35,7 @@ def test_first_byte_hello_and_handshake_share_one_deadline(
         to_mitmproxy=lambda listener, sock: None,
         balance=front.Balance([0], 0),
         tunnels=None,  # type: ignore[arg-type]
+        rejections=None,  # type: ignore[arg-type]
     )
 
     async def main() -> float:

@@ -54,17 +54,19 @@ def test_parse_defaults_and_env() -> None:
     assert (s.listen_host, s.listen_port, s.admin_port) == ("127.0.0.1", 3128, 3129)
     assert s.buffer_size == 1024**3 and s.eviction == "none" and not s.revalidate
     assert s.intercept == settings.DEFAULT_INTERCEPT
+    assert s.remember_ca_rejections == 3600
 
     env = {
         "BURSTBUFFER_BUFFER_DIR": "/env",
         "BURSTBUFFER_BUFFER_SIZE": "2Gi",
         "BURSTBUFFER_REVALIDATE": "true",
         "BURSTBUFFER_EVICTION": "lru",
+        "BURSTBUFFER_REMEMBER_CA_REJECTIONS": "600",
     }
     s = parse(["--buffer-size", "512MiB"], env)
     assert s.buffer_dir == Path("/env")
     assert s.buffer_size == 512 * 1024**2  # the flag wins over the variable
-    assert s.revalidate and s.eviction == "lru"
+    assert s.revalidate and s.eviction == "lru" and s.remember_ca_rejections == 600
 
 
 @pytest.mark.parametrize(
@@ -76,6 +78,7 @@ def test_parse_defaults_and_env() -> None:
         (["--buffer-dir", "/b", "--listen-port", "99999"], {}, "--listen-port"),
         (["--buffer-dir", "/b"], {"BURSTBUFFER_REVALIDATE": "maybe"}, "BURSTBUFFER_REVALIDATE"),
         (["--buffer-dir", "/b", "--upstream-proxy", "proxy:3128"], {}, "--upstream-proxy"),
+        (["--buffer-dir", "/b", "--remember-ca-rejections", "0"], {}, "--remember-ca-rejections"),
     ],
 )
 def test_parse_errors_name_the_flag(argv: list[str], env: dict[str, str], message: str) -> None:
