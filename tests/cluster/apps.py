@@ -76,9 +76,8 @@ def download_job(origin: Origin, path: str) -> dict[str, Any]:
 
 def printed_stats(log: str) -> dict[str, Any]:
     """The last /stats the app printed."""
-    found = re.findall(r"^STATS (\{.*\})$", log, re.M)
-    assert found, log
-    stats: dict[str, Any] = json.loads(found[-1])
+    assert "STATS " in log, log
+    stats: dict[str, Any] = json.JSONDecoder().raw_decode(log.rsplit("STATS ", 1)[1])[0]
     return stats
 
 

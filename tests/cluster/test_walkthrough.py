@@ -42,6 +42,7 @@ def test_the_readme_walkthrough_runs_as_written(cluster: Cluster) -> None:
     assert re.search(r"^first download: \d+ ms$", output, re.M), output
     assert re.search(r"^second download: \d+ ms$", output, re.M), output
     # `kubectl burstbuffer status`: the Job's pod, its sidecar read, one miss and one hit.
-    (row,) = [line.split() for line in output.splitlines() if "download-twice-" in line]
+    rows = [line.split() for line in output.splitlines() if line.startswith("training ")]
+    (row,) = [row for row in rows if row[1].startswith("download-twice-")]
     # NAMESPACE POD CAPTURE BUFFER(size medium) USED ENTRIES HITS MISSES ... STATE
     assert (row[0], row[7], row[8], row[-1]) == ("training", "1", "1", "ok"), row
