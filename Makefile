@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-stamp
 DEMO_STAMP := $(VENV)/.demo-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint bench setup clean
+.PHONY: demo test lint bench setup clean cluster cluster-down
 
 setup: $(STAMP)
 
@@ -35,8 +35,17 @@ test: $(STAMP)
 	$(PY) -m ruff check sidecar injector certs tests bench
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
+	$(PY) -m tests.cluster prepare
 	$(PY) -m pytest $(PYTEST_ARGS); status=$$?; \
 	  if [ $$status -eq 5 ]; then echo "error: no tests were collected" >&2; exit 1; fi; exit $$status
+
+# A one-node Kubernetes cluster on this machine (root): built once from pinned sources
+# into ~/.cache/burstbuffer/cluster, left running; .cluster/kubeconfig and .cluster/bin.
+cluster: $(STAMP)
+	$(PY) -m tests.cluster up
+
+cluster-down: $(STAMP)
+	$(PY) -m tests.cluster down
 
 bench: $(STAMP)
 	$(PY) -m bench

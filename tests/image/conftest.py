@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from tests.image.dockerd import Docker, DockerUnavailable, base_image, pip_build_args
+from tests.image.dockerd import (
+    BUILD_TIMEOUT,
+    Docker,
+    DockerUnavailable,
+    base_image,
+    build_project_image,
+    build_squid_image,
+    prune_replaced,
+)
 from tests.image.dockerpod import internal_network
 
-ROOT = Path(__file__).resolve().parents[2]
-BUILD_TIMEOUT = 900.0  # seconds: a first build downloads the dependencies
 # The app container's image: the base with the clients a training job would use.
 APP_DOCKERFILE = b"""ARG BASE
 FROM ${BASE}
@@ -43,12 +48,7 @@ def docker() -> Iterator[Docker]:
 def images(docker: Docker) -> Images:
     """The project's Dockerfile built on the local base, and the app image beside it."""
     base = base_image(docker)
-    arguments = ["--build-arg", f"BASE={base}", *pip_build_args(docker, base)]
-    burstbuffer = "burstbuffer-test/burstbuffer:dev"
-    # The builder stage is tagged too, so that its layers (the installed dependencies)
-    # are no dangling image and survive the prune below.
-    for target, tag in (["--target", "builder"], f"{burstbuffer}-builder"), ([], burstbuffer):
-        docker.run("build", *arguments, *target, "-t", tag, str(ROOT), timeout=BUILD_TIMEOUT)
+    burstbuffer = build_project_image(docker)
     app = "burstbuffer-test/app:dev"
     docker.run(
         "build", "--build-arg", f"BASE={base}", "-t", app, "-",
@@ -61,20 +61,7 @@ def images(docker: Docker) -> Images:
 @pytest.fixture(scope="session")
 def squid_image(docker: Docker) -> str:
     """Dockerfile.squid (the chart's parent cache) built on the local base."""
-    squid = "burstbuffer-test/squid:dev"
-    docker.run(
-        "build", "--build-arg", f"BASE={base_image(docker)}", "-t", squid, "-",
-        stdin=(ROOT / "Dockerfile.squid").read_bytes(), timeout=BUILD_TIMEOUT,
-    )  # fmt: skip
-    prune_replaced(docker)
-    return squid
-
-
-def prune_replaced(docker: Docker) -> None:
-    if docker.daemon is not None:
-        # Our own daemon's store: what a rebuild replaced (about 0.3 GB a source change)
-        # is of no further use.
-        docker.run("image", "prune", "-f")
+    return build_squid_image(docker)
 
 
 @pytest.fixture

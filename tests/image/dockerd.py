@@ -29,7 +29,9 @@ from bench.cachedir import cache_dir
 from tests.injector.podrun import debian_rootfs
 from tests.registries import package_manager_env
 
+ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 60.0  # seconds for a started dockerd to answer
+BUILD_TIMEOUT = 900.0  # seconds: a first build downloads the dependencies
 STOP_GRACE = 30.0
 RUN_DIR = Path("/run/burstbuffer-test")  # the socket and runtime state of a started dockerd
 # The base: a Debian whose own Python is >= 3.12, laid out as the Dockerfile expects of
@@ -133,9 +135,14 @@ def base_image(docker: Docker) -> str:
     """The local base (debootstrap + `docker import`), made once per package list."""
     key = hashlib.sha256(f"{BASE_SUITE}:{','.join(BASE_PACKAGES)}".encode()).hexdigest()[:12]
     name = f"burstbuffer-test/{BASE_SUITE}:{key}"
-    if docker.has_image(name):
-        return name
-    root = debian_rootfs(cache_dir(), BASE_SUITE, BASE_PACKAGES)
+    if not docker.has_image(name):
+        import_root(docker, debian_rootfs(cache_dir(), BASE_SUITE, BASE_PACKAGES), name)
+    return name
+
+
+def import_root(docker: Docker, root: Path, name: str, *changes: str) -> None:
+    """A root file system `docker import`ed as the image `name` (`changes`: Dockerfile
+    instructions such as ENTRYPOINT, as `docker import --change` takes them)."""
     # Package lists and downloaded .debs are not part of an image (as in Debian's own).
     tar = subprocess.Popen(
         ["tar", "-C", str(root), "--exclude=./var/lib/apt/lists/*",
@@ -143,13 +150,43 @@ def base_image(docker: Docker) -> str:
         stdout=subprocess.PIPE,
     )  # fmt: skip
     assert tar.stdout is not None
+    options = [item for change in changes for item in ("--change", change)]
     done = subprocess.run(
-        ["docker", "import", "-", name], env=docker.env, stdin=tar.stdout,
+        ["docker", "import", *options, "-", name], env=docker.env, stdin=tar.stdout,
         capture_output=True, timeout=300,
     )  # fmt: skip
     tar.stdout.close()
     assert tar.wait(60) == 0 and done.returncode == 0, done.stderr.decode(errors="replace")
-    return name
+
+
+def build_project_image(docker: Docker) -> str:
+    """The project's Dockerfile built on the local base."""
+    base = base_image(docker)
+    arguments = ["--build-arg", f"BASE={base}", *pip_build_args(docker, base)]
+    image = "burstbuffer-test/burstbuffer:dev"
+    # The builder stage is tagged too, so that its layers (the installed dependencies)
+    # are no dangling image and survive the prune below.
+    for target, tag in (["--target", "builder"], f"{image}-builder"), ([], image):
+        docker.run("build", *arguments, *target, "-t", tag, str(ROOT), timeout=BUILD_TIMEOUT)
+    return image
+
+
+def build_squid_image(docker: Docker) -> str:
+    """Dockerfile.squid (the chart's parent cache) built on the local base."""
+    image = "burstbuffer-test/squid:dev"
+    docker.run(
+        "build", "--build-arg", f"BASE={base_image(docker)}", "-t", image, "-",
+        stdin=(ROOT / "Dockerfile.squid").read_bytes(), timeout=BUILD_TIMEOUT,
+    )  # fmt: skip
+    prune_replaced(docker)
+    return image
+
+
+def prune_replaced(docker: Docker) -> None:
+    if docker.daemon is not None:
+        # Our own daemon's store: what a rebuild replaced (about 0.3 GB a source change)
+        # is of no further use.
+        docker.run("image", "prune", "-f")
 
 
 def pip_build_args(docker: Docker, base: str) -> list[str]:

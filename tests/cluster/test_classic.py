@@ -1,0 +1,61 @@
+"""The classic-sidecar fallback (`sidecar.nativeSidecar: false`) on the kubelet: the sidecar
+is the first regular container, held ready by its postStart hook before the app starts;
+the app's downloads go through it as with a native sidecar. A classic sidecar does not
+end with the app (the kubelet has no such notion before native sidecars), so a Job's pod
+keeps running after its app finished: the limit the docs give for Jobs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import trustme
+
+from tests.cluster.apps import (
+    ENABLED,
+    app_log,
+    download_job,
+    origin_hash,
+    printed_hashes,
+    printed_stats,
+)
+from tests.cluster.conftest import Cluster, Origin, Release, injected, trust_origin
+
+PATH = "/labels.bin"
+
+
+@pytest.fixture(scope="module")
+def release_values() -> tuple[str, ...]:
+    return ("sidecar.upstreamCA.configMapName=dataset-ca", "sidecar.nativeSidecar=false")
+
+
+def test_a_job_downloads_through_a_classic_sidecar(
+    cluster: Cluster,
+    release: Release,
+    origin: Origin,
+    origin_ca: trustme.CA,
+    make_namespace: Callable[..., str],
+) -> None:
+    namespace = make_namespace("classic", ENABLED)
+    trust_origin(cluster, namespace, origin_ca)
+    cluster.apply(namespace, download_job(origin, PATH))
+
+    def app_finished() -> bool:
+        pods = cluster.pods(namespace, "app=download")
+        statuses = {s.name: s for s in (pods[0].status.container_statuses or [])} if pods else {}
+        return "app" in statuses and statuses["app"].state.terminated is not None
+
+    cluster.wait_for("the app container's end", app_finished, timeout=240)
+    (pod,) = cluster.pods(namespace, "app=download")
+    assert injected(pod)
+    assert [c.name for c in pod.spec.containers] == ["burstbuffer", "app"]
+    assert pod.spec.containers[0].lifecycle.post_start is not None
+    (app,) = [s for s in pod.status.container_statuses if s.name == "app"]
+    assert app.state.terminated.exit_code == 0
+    log = app_log(cluster, namespace, pod.metadata.name)
+    assert printed_hashes(log) == {origin_hash(origin, PATH)}, log
+    stats = printed_stats(log)
+    assert (stats["misses"], stats["hits"], stats["upstream_requests"]) == (1, 2, 1), stats
+    # The sidecar runs on: the pod is not done, and neither is its Job.
+    (sidecar,) = [s for s in pod.status.container_statuses if s.name == "burstbuffer"]
+    assert sidecar.state.running is not None and pod.status.phase == "Running"
