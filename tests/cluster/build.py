@@ -19,7 +19,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.image.dockerd import cache_dir
+from bench.cachedir import cache_dir
 from tests.registries import package_manager_env
 
 TOOLS = Path(__file__).resolve().parent / "tools"
@@ -66,7 +66,7 @@ MODULES = (
 
 
 def bin_dir() -> Path:
-    return cache_dir() / "cluster" / "bin"
+    return cache_dir("cluster", "bin")
 
 
 def find_go() -> str:

@@ -18,16 +18,11 @@ from pathlib import Path
 
 import yaml
 
+from bench.cachedir import cache_dir
 from tests.cluster.build import bin_dir
 from tests.cluster.components import PAUSE_IMAGE
 from tests.cluster.layout import ROOT, Layout
-from tests.image.dockerd import (
-    Docker,
-    build_project_image,
-    build_squid_image,
-    cache_dir,
-    import_root,
-)
+from tests.image.dockerd import Docker, build_project_image, build_squid_image, import_root
 from tests.injector.podrun import debian_rootfs
 
 APP_IMAGE = "debian:bookworm"
