@@ -8,11 +8,12 @@ import json
 import re
 from typing import Any
 
+from kubernetes import client
+
 from tests.cluster.conftest import Cluster, Origin
 from tests.cluster.images import APP_IMAGE
 from tests.cluster.origin import content
 
-ENABLED = {"burstbuffer.io/inject": "enabled"}
 # The app reads the sidecar's /stats on the pod's own address once its downloads are
 # done (past the proxy: it is a look at the sidecar, not a download), and prints it.
 PRINT_STATS = (
@@ -92,3 +93,18 @@ def origin_hash(origin: Origin, path: str) -> str:
 
 def app_log(cluster: Cluster, namespace: str, pod: str) -> str:
     return cluster.kubectl("logs", "-n", namespace, pod, "-c", "app")
+
+
+def completed_download(
+    cluster: Cluster, namespace: str, origin: Origin, path: str
+) -> tuple[client.V1Pod, dict[str, Any]]:
+    """`download_job` run to completion: its pod, and the sidecar's /stats it printed once
+    every file was checked byte for byte against the origin's."""
+    cluster.apply(namespace, download_job(origin, path))
+    cluster.kubectl("wait", "-n", namespace, "--for=condition=Complete", "job/download",
+                    "--timeout=240s")  # fmt: skip
+    (pod,) = cluster.pods(namespace, "app=download")
+    log = app_log(cluster, namespace, pod.metadata.name)
+    # wget, curl and Python's urllib, each byte-identical to the origin's file.
+    assert printed_hashes(log) == {origin_hash(origin, path)}, log
+    return pod, printed_stats(log)

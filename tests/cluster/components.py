@@ -98,15 +98,11 @@ def apiserver(layout: Layout, binaries: Path, pki: Pki) -> Component:
 
 
 def controller_manager(layout: Layout, binaries: Path, pki: Pki) -> Component:
-    config = pki.kubeconfig("controller-manager")
     return Component(
         "kube-controller-manager",
         (
             str(binaries / "kube-controller-manager"),
-            f"--kubeconfig={config}",
-            f"--authentication-kubeconfig={config}",
-            f"--authorization-kubeconfig={config}",
-            "--bind-address=127.0.0.1",
+            *_control_plane_flags(pki, "controller-manager"),
             f"--service-account-private-key-file={pki.service_account_key}",
             f"--root-ca-file={pki.ca}",
             f"--cluster-signing-cert-file={pki.ca}",
@@ -114,25 +110,28 @@ def controller_manager(layout: Layout, binaries: Path, pki: Pki) -> Component:
             f"--service-cluster-ip-range={layout.service_cidr}",
             "--use-service-account-credentials=true",
             "--controllers=*,bootstrapsigner,tokencleaner",
-            "--leader-elect=false",
-            "--profiling=false",
         ),
     )
 
 
 def scheduler(binaries: Path, pki: Pki) -> Component:
-    config = pki.kubeconfig("scheduler")
     return Component(
         "kube-scheduler",
-        (
-            str(binaries / "kube-scheduler"),
-            f"--kubeconfig={config}",
-            f"--authentication-kubeconfig={config}",
-            f"--authorization-kubeconfig={config}",
-            "--bind-address=127.0.0.1",
-            "--leader-elect=false",
-            "--profiling=false",
-        ),
+        (str(binaries / "kube-scheduler"), *_control_plane_flags(pki, "scheduler")),
+    )
+
+
+def _control_plane_flags(pki: Pki, name: str) -> tuple[str, ...]:
+    """A controller's client identity (for the API server and for checking who calls its
+    own endpoints, on loopback), one of it (no leader election), no profiling."""
+    config = pki.kubeconfig(name)
+    return (
+        f"--kubeconfig={config}",
+        f"--authentication-kubeconfig={config}",
+        f"--authorization-kubeconfig={config}",
+        "--bind-address=127.0.0.1",
+        "--leader-elect=false",
+        "--profiling=false",
     )
 
 

@@ -33,6 +33,7 @@ CHART = ROOT / "charts" / "burstbuffer"
 ORIGIN_SCRIPT = Path(__file__).resolve().parent / "origin.py"
 CLI = Path(sys.executable).parent / "burstbuffer"
 INJECTED = "burstbuffer"  # the injected container's name
+ENABLED = {"burstbuffer.io/inject": "enabled"}  # a namespace's opt-in
 WAIT = 180.0  # seconds for a pod, a Job, a rollout
 
 
@@ -140,6 +141,21 @@ def make_namespace(cluster: Cluster) -> Iterator[Callable[..., str]]:
     yield make
     for name in made:
         cluster.core.delete_namespace(name, propagation_policy="Background")
+
+
+@pytest.fixture
+def training_namespace(
+    cluster: Cluster, make_namespace: Callable[..., str], origin_ca: trustme.CA
+) -> Callable[[str], str]:
+    """Namespaces of this test, opted in, each holding the test origins' CA where the
+    chart's `sidecar.upstreamCA` names it (as pods' namespaces must)."""
+
+    def make(prefix: str) -> str:
+        namespace = make_namespace(prefix, ENABLED)
+        trust_origin(cluster, namespace, origin_ca)
+        return namespace
+
+    return make
 
 
 @dataclass(frozen=True)

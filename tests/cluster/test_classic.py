@@ -9,17 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-import trustme
 
 from tests.cluster.apps import (
-    ENABLED,
     app_log,
     download_job,
     origin_hash,
     printed_hashes,
     printed_stats,
 )
-from tests.cluster.conftest import Cluster, Origin, Release, injected, trust_origin
+from tests.cluster.conftest import Cluster, Origin, Release, injected
 
 PATH = "/labels.bin"
 
@@ -33,11 +31,9 @@ def test_a_job_downloads_through_a_classic_sidecar(
     cluster: Cluster,
     release: Release,
     origin: Origin,
-    origin_ca: trustme.CA,
-    make_namespace: Callable[..., str],
+    training_namespace: Callable[[str], str],
 ) -> None:
-    namespace = make_namespace("classic", ENABLED)
-    trust_origin(cluster, namespace, origin_ca)
+    namespace = training_namespace("classic")
     cluster.apply(namespace, download_job(origin, PATH))
 
     def app_finished() -> bool:

@@ -11,10 +11,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.cluster.conftest import Cluster, Release, injected
+from tests.cluster.conftest import ENABLED, Cluster, Release, injected
 from tests.cluster.images import APP_IMAGE
 
-ENABLED = {"burstbuffer.io/inject": "enabled"}
 SLEEP = {"name": "app", "image": APP_IMAGE, "command": ["sleep", "3600"]}
 
 

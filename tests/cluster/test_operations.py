@@ -9,17 +9,16 @@ import time
 from collections.abc import Callable
 
 import pytest
-import trustme
 
-from tests.cluster.apps import ENABLED, PRINT_STATS, app_pod
+from tests.cluster.apps import PRINT_STATS, app_pod
 from tests.cluster.conftest import (
     CLI,
+    ENABLED,
     Cluster,
     Origin,
     Release,
     helm_install,
     injected,
-    trust_origin,
 )
 from tests.cluster.images import APP_IMAGE
 
@@ -42,12 +41,10 @@ def test_status_reads_every_sidecar_and_check_passes(
     cluster: Cluster,
     release: Release,
     origin: Origin,
-    origin_ca: trustme.CA,
-    make_namespace: Callable[..., str],
+    training_namespace: Callable[[str], str],
     kubectl: bool,
 ) -> None:
-    namespace = make_namespace("ops", ENABLED)
-    trust_origin(cluster, namespace, origin_ca)
+    namespace = training_namespace("ops")
     script = f"wget -q -O /dev/null {origin.url('/labels.bin')} && {PRINT_STATS} && sleep 3600"
     pod = {"apiVersion": "v1", "kind": "Pod", **app_pod(origin, script)}
     pod["metadata"]["name"] = "reader"

@@ -7,17 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-import trustme
 
-from tests.cluster.apps import (
-    ENABLED,
-    app_log,
-    download_job,
-    origin_hash,
-    printed_hashes,
-    printed_stats,
-)
-from tests.cluster.conftest import Cluster, Origin, Release, origin_requests, trust_origin
+from tests.cluster.apps import completed_download
+from tests.cluster.conftest import Cluster, Origin, Release, origin_requests
 
 PATH = "/train-0.bin"
 
@@ -40,8 +32,7 @@ def test_the_second_pods_miss_is_served_by_the_parent(
     cluster: Cluster,
     release: Release,
     origin: Origin,
-    origin_ca: trustme.CA,
-    make_namespace: Callable[..., str],
+    training_namespace: Callable[[str], str],
 ) -> None:
     claims = cluster.core.list_namespaced_persistent_volume_claim(release.namespace).items
     assert [c.status.phase for c in claims] == ["Bound"]
@@ -49,15 +40,7 @@ def test_the_second_pods_miss_is_served_by_the_parent(
 
     before = origin_requests(cluster, origin, PATH)
     for index in range(2):
-        namespace = make_namespace(f"tier{index}", ENABLED)
-        trust_origin(cluster, namespace, origin_ca)
-        cluster.apply(namespace, download_job(origin, PATH))
-        cluster.kubectl("wait", "-n", namespace, "--for=condition=Complete", "job/download",
-                        "--timeout=240s")  # fmt: skip
-        (pod,) = cluster.pods(namespace, "app=download")
-        log = app_log(cluster, namespace, pod.metadata.name)
-        assert printed_hashes(log) == {origin_hash(origin, PATH)}, log
-        stats = printed_stats(log)
+        _, stats = completed_download(cluster, training_namespace(f"tier{index}"), origin, PATH)
         # Each pod's own buffer misses once; the parent answers the second pod's miss.
         assert (stats["misses"], stats["hits"]) == (1, 2), stats
         assert origin_requests(cluster, origin, PATH) == before + 1

@@ -8,19 +8,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-import trustme
 
 from tests.cluster.apps import (
-    ENABLED,
     PRINT_STATS,
     app_log,
     app_pod,
-    download_job,
+    completed_download,
     origin_hash,
     printed_hashes,
     printed_stats,
 )
-from tests.cluster.conftest import Cluster, Origin, Release, injected, origin_requests, trust_origin
+from tests.cluster.conftest import Cluster, Origin, Release, injected, origin_requests
 
 PATH = "/train-0.bin"
 
@@ -34,21 +32,12 @@ def test_a_job_downloads_through_the_sidecar_and_completes(
     cluster: Cluster,
     release: Release,
     origin: Origin,
-    origin_ca: trustme.CA,
-    make_namespace: Callable[..., str],
+    training_namespace: Callable[[str], str],
 ) -> None:
-    namespace = make_namespace("job", ENABLED)
-    trust_origin(cluster, namespace, origin_ca)
+    namespace = training_namespace("job")
     before = origin_requests(cluster, origin, PATH)
-    cluster.apply(namespace, download_job(origin, PATH))
-    cluster.kubectl("wait", "-n", namespace, "--for=condition=Complete", "job/download",
-                    "--timeout=240s")  # fmt: skip
-    (pod,) = cluster.pods(namespace, "app=download")
+    pod, stats = completed_download(cluster, namespace, origin, PATH)
     assert injected(pod)
-    log = app_log(cluster, namespace, pod.metadata.name)
-    # wget, curl and Python's urllib, each byte-identical to the origin's file.
-    assert printed_hashes(log) == {origin_hash(origin, PATH)}, log
-    stats = printed_stats(log)
     assert (stats["misses"], stats["hits"], stats["upstream_requests"]) == (1, 2, 1), stats
     assert origin_requests(cluster, origin, PATH) == before + 1
 
@@ -64,13 +53,11 @@ def test_a_restarted_container_finds_the_buffer(
     cluster: Cluster,
     release: Release,
     origin: Origin,
-    origin_ca: trustme.CA,
-    make_namespace: Callable[..., str],
+    training_namespace: Callable[[str], str],
 ) -> None:
     """The buffer is the pod's (an emptyDir), not a container's: the app restarted finds
     its object stored (its first request a hit), and so does the sidecar restarted."""
-    namespace = make_namespace("restart", ENABLED)
-    trust_origin(cluster, namespace, origin_ca)
+    namespace = training_namespace("restart")
     path = "/labels.bin"
     url = origin.url(path)
     # Download, print the stats, and exit (to be restarted) when the test says so.
