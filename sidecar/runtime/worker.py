@@ -34,6 +34,7 @@ from sidecar.buffer.fill import Fills
 from sidecar.buffer.keeper import Buffer
 from sidecar.buffer.stagein import StageIn, StageInCounts, StageInError
 from sidecar.buffer.store import Index, StoreError
+from sidecar.core import native
 from sidecar.ipc import Message
 from sidecar.metrics import Metrics
 from sidecar.origins.parent import News, Parents
@@ -132,7 +133,12 @@ async def run(settings: Settings, inherited: Inherited) -> None:
     balance = Balance(shared.connections, inherited.index)
     tunnels = Tunnels(metrics)
     front = Front(
-        router, settings.intercept, ServerContexts(ca).get, to_mitmproxy, balance, tunnels
+        router,
+        settings.intercept,
+        ServerContexts(ca, native.TlsConfig).get,
+        to_mitmproxy,
+        balance,
+        tunnels,
     )
     tasks = [
         asyncio.create_task(front.accept(number, sock, listener.lean))

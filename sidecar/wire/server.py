@@ -5,8 +5,9 @@ and the TLS handshake with the host's leaf certificate is done, this protocol re
 the requests in the tunnel and hands each one to its handler
 (`sidecar.wire.exchange.Handler`, which the router implements). It does the least a
 request needs: llhttp (through httptools) parses the head, one Python object per
-request, no per-request hooks or events. A hit of a small object is one call of the
-handler and one write into the TLS transport.
+request, no per-request hooks or events. Its transport is the Rust core's stream
+(`sidecar.core.native.Stream`: the socket, TLS, and every byte sent); a hit is one call
+of the handler, which names the stored body's file, and the stream sends it.
 
 Requests are answered strictly in order (pipelined ones wait their turn). A request
 body (PUT, POST) is streamed to the origin as it arrives, with backpressure. An upgrade
@@ -25,6 +26,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -32,7 +34,8 @@ from typing import Any, cast
 
 import httptools
 
-from sidecar.wire.exchange import ClientGone, Handler, Immediate, Request
+from sidecar.core import native
+from sidecar.wire.exchange import BodyFile, ClientGone, Handler, Immediate, Request
 from sidecar.wire.framing import (
     ChunkedDecoder,
     closes_after,
@@ -171,6 +174,11 @@ class _Response:
             data, self._head = self._head + data, None
         await self._connection.send(data)
 
+    async def send_file(self, file: BodyFile) -> None:
+        self.body_bytes += file.end - file.start
+        head, self._head = self._head or b"", None
+        await self._connection.send_file(head, file)
+
     def finish(self) -> None:
         if self._head is not None:
             self._connection.send_now(self._head)
@@ -220,7 +228,7 @@ class Http1Connection(asyncio.Protocol):
         self._handler = handler
         self._on_close = on_close
         self._parser = httptools.HttpRequestParser(self)
-        self._transport: asyncio.Transport | None = None
+        self._transport: native.Stream | None = None
         self._queue: collections.deque[_Pending] = collections.deque()
         self._current: tuple[_Pending, _Response] | None = None  # being answered
         self._answering = False
@@ -254,7 +262,7 @@ class Http1Connection(asyncio.Protocol):
     # -- transport events ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)  # a stream: (TLS over) TCP
+        self._transport = cast(native.Stream, transport)
         self._transport.set_write_buffer_limits(high=WRITE_BUFFER)
         self._idle_timer = self._loop.call_later(IDLE_TIMEOUT, self._check_idle)
 
@@ -365,8 +373,8 @@ class Http1Connection(asyncio.Protocol):
             if _expects_continue(self._fields) and self._transport is not None:
                 # We forward the body anyway; the origin's answer follows it.
                 self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        elif not self._answering and not self._queue:
-            # Nothing ahead of it: a small hit is answered right here.
+        elif not self._answering and not self._queue and self._writable.is_set():
+            # Nothing ahead of it, and the client keeps up: a hit is answered right here.
             immediate = self._handler.hit_now(request)
             if immediate is not None:
                 self._answer_now(immediate, close)
@@ -425,7 +433,13 @@ class Http1Connection(asyncio.Protocol):
 
     def _answer_now(self, immediate: Immediate, close: bool) -> None:
         head = response_head(immediate.status, immediate.headers, close)
-        self.send_now(head + immediate.body)
+        body = immediate.body
+        if body is None:
+            self.send_now(head)
+        elif self._transport is None or self._transport.is_closing():
+            os.close(body.fd)
+        else:
+            self._transport.send_file(head, body.fd, body.start, body.end)
         self._idle_since = self._loop.time()
         if close:
             self._close()
@@ -435,6 +449,18 @@ class Http1Connection(asyncio.Protocol):
         if self._closed or self._transport is None or self._transport.is_closing():
             raise ClientGone("the client closed the connection")
         self._transport.write(data)
+        if not self._writable.is_set():
+            await self._writable.wait()
+            if self._closed:
+                raise ClientGone("the client closed the connection")
+
+    async def send_file(self, head: bytes, file: BodyFile) -> None:
+        """Write `head`, then the file's bytes (the stream sends them from the file and
+        closes it), waiting while the client's buffer is full."""
+        if self._closed or self._transport is None or self._transport.is_closing():
+            os.close(file.fd)
+            raise ClientGone("the client closed the connection")
+        self._transport.send_file(head, file.fd, file.start, file.end)
         if not self._writable.is_set():
             await self._writable.wait()
             if self._closed:
