@@ -1,18 +1,24 @@
 # burstbuffer: `make demo` runs the local demo, `make test` runs the tests.
 # Both set themselves up: a Python >= 3.12 is found (PATH, then pyenv), a venv is
 # made in .venv, the project is installed into it, and missing system tools are
-# installed with apt-get when run as root.
+# installed with apt-get when run as root. The sidecar's Rust core (sidecar/core/) is built
+# by the install with the machine's cargo (a Rust toolchain >= 1.85 on PATH).
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+CORE := sidecar/core
+# cargo's tests link the core against the venv's Python (>= 3.12, as the module's ABI).
+CARGO := cd $(CORE) && PYO3_PYTHON=$(abspath $(PY)) cargo
 
 .PHONY: demo test lint bench setup clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The core's sources too: an editable install builds the extension once, so a change
+# of the Rust is built by installing again.
+$(STAMP): pyproject.toml $(CORE)/Cargo.toml $(CORE)/Cargo.lock $(wildcard $(CORE)/src/*.rs)
 	@python=$$(.ci/find-python) && echo "using $$python" && \
 	  { [ -x $(PY) ] || $$python -m venv $(VENV); }
 	$(PY) -m pip install -q --upgrade pip
@@ -27,6 +33,8 @@ test: $(STAMP)
 	$(PY) -m ruff check sidecar injector certs tests bench
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
+	$(CARGO) clippy --locked --all-targets -- -D warnings
+	$(CARGO) test --locked
 	$(PY) -m pytest $(PYTEST_ARGS); status=$$?; \
 	  if [ $$status -eq 5 ]; then echo "error: no tests were collected" >&2; exit 1; fi; exit $$status
 
@@ -34,4 +42,4 @@ bench: $(STAMP)
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(CORE)/target $(CORE)/*.so
