@@ -186,8 +186,10 @@ mod tests {
         }
     }
 
-    fn body_file(content: &[u8]) -> OwnedFd {
-        let path = std::env::temp_dir().join(format!("outbox-{}", std::process::id()));
+    /// An open file holding `content`, already unlinked; `name` apart per test, which
+    /// run in threads of one process.
+    fn body_file(name: &str, content: &[u8]) -> OwnedFd {
+        let path = std::env::temp_dir().join(format!("outbox-{name}-{}", std::process::id()));
         let mut file = File::create(&path).unwrap();
         file.write_all(content).unwrap();
         let file = File::open(&path).unwrap();
@@ -201,7 +203,7 @@ mod tests {
         let mut outbox = Outbox::default();
         outbox.push_bytes(b"HEAD ");
         outbox.push_bytes(b"more ");
-        outbox.push_file(body_file(&content), 10, 150_010);
+        outbox.push_file(body_file("order", &content), 10, 150_010);
         outbox.push_bytes(b" next");
         assert_eq!(outbox.queued(), 10 + 150_000 + 5);
         let mut sink = Tight {
@@ -229,7 +231,7 @@ mod tests {
     #[test]
     fn a_file_shorter_than_its_range_is_an_error() {
         let mut outbox = Outbox::default();
-        outbox.push_file(body_file(b"short"), 0, 100);
+        outbox.push_file(body_file("short", b"short"), 0, 100);
         let mut sink = Tight {
             got: Vec::new(),
             room: 1 << 20,

@@ -22,9 +22,10 @@ use std::sync::Arc;
 use pyo3::exceptions::{PyConnectionResetError, PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+use pyo3::{PyTraverseError, PyVisit};
 use rustls::ServerConnection;
 
-use crate::outbox::Outbox;
+use crate::outbox::{Outbox, Sink};
 use crate::sink::{Socket, Tls};
 
 /// Plaintext handed to the protocol per readable event, at most.
@@ -72,6 +73,7 @@ struct Core {
     low: u64,
     writing_paused: bool,
     closing: bool,
+    notified: bool, // the TLS closure alert was queued
     write_eof: bool,
 }
 
@@ -164,11 +166,22 @@ impl Core {
         }
     }
 
-    /// Send what the socket takes; true once nothing waits.
+    /// Send what the socket takes; true once nothing waits. A closing TLS stream ends
+    /// with the closure alert, sent like the rest: it tells the client that what it got
+    /// is all there is (RFC 9112 §9.8), so it never goes after a failure or an abort.
     fn pump(&mut self) -> io::Result<bool> {
         let socket = Socket(self.raw());
         let drained = match self.tls.as_deref_mut() {
-            Some(session) => self.outbox.pump(&mut Tls { session, socket })?,
+            Some(session) => {
+                let mut sink = Tls { session, socket };
+                let mut drained = self.outbox.pump(&mut sink)?;
+                if drained && self.closing && !self.notified {
+                    self.notified = true;
+                    sink.session.send_close_notify();
+                    drained = Sink::flush(&mut sink)?;
+                }
+                drained
+            }
             None => {
                 let mut socket = socket;
                 self.outbox.pump(&mut socket)?
@@ -194,13 +207,8 @@ impl Core {
         None
     }
 
-    /// Close now: the TLS closure alert if it can go at once, then the socket.
+    /// Close the socket now, dropping whatever waits.
     fn shut(&mut self) {
-        let socket = self.raw();
-        if let Some(session) = self.tls.as_deref_mut() {
-            session.send_close_notify();
-            let _ = session.write_tls(&mut Socket(socket));
-        }
         if !self.closed() {
             // SAFETY: the descriptor is open; closing it is left to OwnedFd.
             unsafe { libc::shutdown(self.raw(), libc::SHUT_RDWR) };
@@ -275,6 +283,7 @@ impl Stream {
         Ok(())
     }
 
+    /// The end of the connection.
     fn finish(
         &mut self,
         py: Python<'_>,
@@ -325,6 +334,8 @@ fn deliver(slf: &Bound<'_, Stream>, notices: Vec<Notice>) -> PyResult<()> {
                 let event_loop = slf.borrow().event_loop.clone_ref(py);
                 // Later, as asyncio's transports do: never inside a write of the protocol's.
                 event_loop.call_method1(py, "call_soon", (lost, error))?;
+                // The protocol holds the stream: let both go.
+                slf.borrow_mut().protocol = None;
             }
         }
     }
@@ -333,6 +344,22 @@ fn deliver(slf: &Bound<'_, Stream>, notices: Vec<Notice>) -> PyResult<()> {
 
 #[pymethods]
 impl Stream {
+    // The Python objects a stream holds, for the garbage collector: the protocol holds
+    // the stream, and the loop its callbacks.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.event_loop)?;
+        visit.call(&self.protocol)?;
+        visit.call(&self.on_readable)?;
+        visit.call(&self.on_writable)?;
+        Ok(())
+    }
+
+    fn __clear__(&mut self) {
+        self.protocol = None;
+        self.on_readable = None;
+        self.on_writable = None;
+    }
+
     /// Take the connected socket `fd` over (the stream closes it); `tls`: the session's
     /// configuration, None for plain HTTP.
     #[new]
@@ -360,6 +387,7 @@ impl Stream {
                 low: DEFAULT_HIGH_WATER / 4,
                 writing_paused: false,
                 closing: false,
+                notified: false,
                 write_eof: false,
             },
             event_loop,
@@ -668,6 +696,7 @@ mod tests {
             low: DEFAULT_HIGH_WATER / 4,
             writing_paused: false,
             closing: false,
+            notified: false,
             write_eof: false,
         }
     }
@@ -719,6 +748,7 @@ mod tests {
         assert_eq!(request, b"GET / HTTP/1.1\r\n\r\n");
         server.outbox.push_bytes(b"HEAD\r\n");
         server.outbox.push_file(file, 100, 900_100);
+        server.closing = true; // the closure alert follows the body
         while !server.pump().unwrap() {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
