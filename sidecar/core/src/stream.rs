@@ -78,6 +78,21 @@ struct Core {
 }
 
 impl Core {
+    fn new(fd: OwnedFd, tls: Option<Box<ServerConnection>>) -> Self {
+        Self {
+            fd: Some(fd),
+            tls,
+            outbox: Outbox::default(),
+            read_buffer: Vec::new(),
+            high: DEFAULT_HIGH_WATER,
+            low: DEFAULT_HIGH_WATER / 4,
+            writing_paused: false,
+            closing: false,
+            notified: false,
+            write_eof: false,
+        }
+    }
+
     fn raw(&self) -> RawFd {
         use std::os::fd::AsRawFd;
         self.fd.as_ref().map_or(-1, AsRawFd::as_raw_fd)
@@ -237,15 +252,8 @@ impl Stream {
             return Ok(());
         }
         self.reading = on;
-        let fd = self.core.raw();
-        if on {
-            let callback = self.on_readable.as_ref().map(|c| c.clone_ref(py));
-            self.event_loop
-                .call_method1(py, "add_reader", (fd, callback))?;
-        } else {
-            self.event_loop.call_method1(py, "remove_reader", (fd,))?;
-        }
-        Ok(())
+        let callback = self.on_readable.as_ref().map(|c| c.clone_ref(py));
+        self.watch(py, ("add_reader", "remove_reader"), on, callback)
     }
 
     fn watch_writes(&mut self, py: Python<'_>, on: bool) -> PyResult<()> {
@@ -253,13 +261,23 @@ impl Stream {
             return Ok(());
         }
         self.writer_added = on;
+        let callback = self.on_writable.as_ref().map(|c| c.clone_ref(py));
+        self.watch(py, ("add_writer", "remove_writer"), on, callback)
+    }
+
+    /// Ask the loop to call `callback` when the socket is ready (`on`), or no more.
+    fn watch(
+        &self,
+        py: Python<'_>,
+        (add, remove): (&str, &str),
+        on: bool,
+        callback: Option<Py<PyAny>>,
+    ) -> PyResult<()> {
         let fd = self.core.raw();
         if on {
-            let callback = self.on_writable.as_ref().map(|c| c.clone_ref(py));
-            self.event_loop
-                .call_method1(py, "add_writer", (fd, callback))?;
+            self.event_loop.call_method1(py, add, (fd, callback))?;
         } else {
-            self.event_loop.call_method1(py, "remove_writer", (fd,))?;
+            self.event_loop.call_method1(py, remove, (fd,))?;
         }
         Ok(())
     }
@@ -378,18 +396,7 @@ impl Stream {
             None => None,
         };
         Ok(Self {
-            core: Core {
-                fd: Some(owned),
-                tls: session,
-                outbox: Outbox::default(),
-                read_buffer: Vec::new(),
-                high: DEFAULT_HIGH_WATER,
-                low: DEFAULT_HIGH_WATER / 4,
-                writing_paused: false,
-                closing: false,
-                notified: false,
-                write_eof: false,
-            },
+            core: Core::new(owned, session),
             event_loop,
             protocol: None,
             on_readable: None,
@@ -640,65 +647,16 @@ impl Stream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tls::tests::{CHAIN, KEY};
-    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-    use rustls::pki_types::{ServerName, UnixTime};
-    use rustls::{ClientConfig, ClientConnection, DigitallySignedStruct, SignatureScheme};
+    use crate::tls::tests::{CA, CHAIN, KEY};
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::{ClientConfig, ClientConnection, RootCertStore};
     use std::io::Write;
     use std::os::unix::net::UnixStream;
 
-    /// The test's client trusts any certificate: what it checks is the byte path.
-    #[derive(Debug)]
-    struct AnyCertificate;
-
-    impl ServerCertVerifier for AnyCertificate {
-        fn verify_server_cert(
-            &self,
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &[rustls::pki_types::CertificateDer<'_>],
-            _: &ServerName<'_>,
-            _: &[u8],
-            _: UnixTime,
-        ) -> Result<ServerCertVerified, rustls::Error> {
-            Ok(ServerCertVerified::assertion())
-        }
-        fn verify_tls12_signature(
-            &self,
-            _: &[u8],
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            Ok(HandshakeSignatureValid::assertion())
-        }
-        fn verify_tls13_signature(
-            &self,
-            _: &[u8],
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            Ok(HandshakeSignatureValid::assertion())
-        }
-        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-            rustls::crypto::ring::default_provider()
-                .signature_verification_algorithms
-                .supported_schemes()
-        }
-    }
-
     fn core(fd: OwnedFd) -> Core {
         let config = crate::tls::server_config(CHAIN, KEY).unwrap();
-        Core {
-            fd: Some(fd),
-            tls: Some(Box::new(ServerConnection::new(config).unwrap())),
-            outbox: Outbox::default(),
-            read_buffer: Vec::new(),
-            high: DEFAULT_HIGH_WATER,
-            low: DEFAULT_HIGH_WATER / 4,
-            writing_paused: false,
-            closing: false,
-            notified: false,
-            write_eof: false,
-        }
+        Core::new(fd, Some(Box::new(ServerConnection::new(config).unwrap())))
     }
 
     #[test]
@@ -712,14 +670,17 @@ mod tests {
         let file: OwnedFd = std::fs::File::open(&path).unwrap().into();
         std::fs::remove_file(&path).unwrap();
 
+        let mut roots = RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(CA).unwrap())
+            .unwrap();
         let client = std::thread::spawn(move || {
             let mut config = ClientConfig::builder_with_provider(Arc::new(
                 rustls::crypto::ring::default_provider(),
             ))
             .with_safe_default_protocol_versions()
             .unwrap()
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyCertificate))
+            .with_root_certificates(roots)
             .with_no_client_auth();
             config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
             let session = ClientConnection::new(Arc::new(config), "localhost".try_into().unwrap());

@@ -36,9 +36,11 @@ pub fn server_config(chain_pem: &[u8], key_pem: &[u8]) -> Result<Arc<ServerConfi
 pub mod tests {
     use super::*;
 
-    // An EC P-256 leaf for `localhost`, self-signed: a test fixture only.
+    // Test fixtures only: an EC P-256 leaf for `localhost` and its chain (the leaf, then
+    // the CA that signed it), its key, and that CA alone.
     pub const CHAIN: &[u8] = include_bytes!("testdata/localhost.crt");
     pub const KEY: &[u8] = include_bytes!("testdata/localhost.key");
+    pub const CA: &[u8] = include_bytes!("testdata/ca.crt");
 
     #[test]
     fn a_chain_and_key_make_a_config_that_offers_http_1() {
