@@ -16,7 +16,8 @@ pub trait Sink {
     /// Send what was accepted earlier and still waits; true once nothing waits.
     fn flush(&mut self) -> io::Result<bool>;
 
-    /// Accept up to `data.len()` bytes; `WouldBlock` when none can be taken now.
+    /// Accept up to `data.len()` bytes; `WouldBlock` when none can be taken now. What
+    /// is accepted may wait for `flush`, so that a head and its body leave together.
     fn send(&mut self, data: &[u8]) -> io::Result<usize>;
 
     /// Send bytes [pos, pos + len) of the file `fd`; how many were taken.
@@ -116,12 +117,13 @@ impl Outbox {
 
     /// Send as much as `sink` takes now; true once everything went out.
     pub fn pump<S: Sink>(&mut self, sink: &mut S) -> io::Result<bool> {
+        // What waited since the last time goes first.
+        if !sink.flush()? {
+            return Ok(false);
+        }
         loop {
-            if !sink.flush()? {
-                return Ok(false);
-            }
             let Some(front) = self.items.front_mut() else {
-                return Ok(true);
+                return sink.flush();
             };
             let (taken, done) = match front {
                 Item::Bytes { data, sent } => match sink.send(&data[*sent..]) {

@@ -8,7 +8,7 @@ use rustls::ServerConnection;
 use crate::outbox::Sink;
 
 /// Plaintext handed to the TLS session per send: four full records.
-const TLS_BATCH: usize = 64 * 1024;
+pub const TLS_BATCH: usize = 64 * 1024;
 
 /// A non-blocking socket, read and written without SIGPIPE.
 pub struct Socket(pub RawFd);
@@ -80,8 +80,23 @@ impl Sink for Socket {
 
 /// A socket under a server-side TLS session.
 pub struct Tls<'a> {
-    pub session: &'a mut ServerConnection,
-    pub socket: Socket,
+    session: &'a mut ServerConnection,
+    socket: Socket,
+    unsent: usize, // plaintext made into records since the last complete flush
+}
+
+impl<'a> Tls<'a> {
+    pub fn new(session: &'a mut ServerConnection, socket: Socket) -> Self {
+        Self {
+            session,
+            socket,
+            unsent: 0,
+        }
+    }
+
+    pub fn session(&mut self) -> &mut ServerConnection {
+        self.session
+    }
 }
 
 impl Sink for Tls<'_> {
@@ -94,20 +109,27 @@ impl Sink for Tls<'_> {
                 Err(e) => return Err(e),
             }
         }
+        self.unsent = 0;
         Ok(true)
     }
 
     fn send(&mut self, data: &[u8]) -> io::Result<usize> {
-        // Records are made only once the last ones left: the session never holds
-        // more than one batch of ciphertext.
-        if !Sink::flush(self)? {
+        // Records wait until a batch of them is made, then leave in one sendmsg (a
+        // head with its body); new ones are made only once those left, so the session
+        // never holds much more than one batch of ciphertext.
+        if self.unsent >= TLS_BATCH && !Sink::flush(self)? {
             return Err(io::ErrorKind::WouldBlock.into());
         }
-        let taken = self
-            .session
-            .writer()
-            .write(&data[..data.len().min(TLS_BATCH)])?;
-        Sink::flush(self)?;
+        let data = &data[..data.len().min(TLS_BATCH)];
+        let mut taken = self.session.writer().write(data)?;
+        if taken == 0 {
+            // The session's own limit on ciphertext waiting (64 KiB) is reached.
+            if !Sink::flush(self)? {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            taken = self.session.writer().write(data)?;
+        }
+        self.unsent += taken;
         Ok(taken)
     }
 }

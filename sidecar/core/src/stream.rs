@@ -26,7 +26,7 @@ use pyo3::{PyTraverseError, PyVisit};
 use rustls::ServerConnection;
 
 use crate::outbox::{Outbox, Sink};
-use crate::sink::{Socket, Tls};
+use crate::sink::{Socket, TLS_BATCH, Tls};
 
 /// Plaintext handed to the protocol per readable event, at most.
 const READ_SIZE: usize = 256 * 1024;
@@ -188,11 +188,11 @@ impl Core {
         let socket = Socket(self.raw());
         let drained = match self.tls.as_deref_mut() {
             Some(session) => {
-                let mut sink = Tls { session, socket };
+                let mut sink = Tls::new(session, socket);
                 let mut drained = self.outbox.pump(&mut sink)?;
                 if drained && self.closing && !self.notified {
                     self.notified = true;
-                    sink.session.send_close_notify();
+                    sink.session().send_close_notify();
                     drained = Sink::flush(&mut sink)?;
                 }
                 drained
@@ -233,7 +233,7 @@ impl Core {
     }
 }
 
-#[pyclass(module = "sidecar.core.native", unsendable)]
+#[pyclass(module = "sidecar.core.native")]
 pub struct Stream {
     core: Core,
     event_loop: Py<PyAny>,
@@ -389,10 +389,13 @@ impl Stream {
         // SAFETY: the caller hands the descriptor over (`socket.detach()`).
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };
         let session = match tls {
-            Some(config) => Some(Box::new(
-                ServerConnection::new(config.config.clone())
-                    .map_err(|e| PyValueError::new_err(e.to_string()))?,
-            )),
+            Some(config) => {
+                let mut session = ServerConnection::new(config.config.clone())
+                    .map_err(|e| PyValueError::new_err(e.to_string()))?;
+                // Room for a batch of records made while the last ones wait to leave.
+                session.set_buffer_limit(Some(4 * TLS_BATCH));
+                Some(Box::new(session))
+            }
             None => None,
         };
         Ok(Self {
