@@ -217,7 +217,8 @@ class Front:
             if first != _TLS_HANDSHAKE_RECORD:
                 tunnel = dataclasses.replace(connect.tunnel, tls=False)
                 stream = native.Stream(client.detach(), loop)
-                stream.start(Http1Connection(tunnel, self._router, self._balance.closed))
+                protocol = Http1Connection(tunnel, self._router, self._balance.closed)
+                stream.start(protocol, requests=True)
                 return True
             reason = hello.tunnel_reason(await _peek_alpn(client, self._hello_buffer))
         if reason is not None:
@@ -232,7 +233,8 @@ class Front:
         except BaseException:
             stream.abort()
             raise
-        stream.start(Http1Connection(connect.tunnel, self._router, self._balance.closed))
+        protocol = Http1Connection(connect.tunnel, self._router, self._balance.closed)
+        stream.start(protocol, requests=True)
         return True
 
     async def _tunnel(self, client: socket.socket, to: Tunnel, reason: str) -> bool:

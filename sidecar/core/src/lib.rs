@@ -4,6 +4,7 @@
 //! `TlsConfig` or plain) that moves every byte between the socket and the lean HTTP/1.1
 //! server, and sends stored body files to the client without Python touching them.
 
+pub mod http1;
 pub mod outbox;
 pub mod sink;
 pub mod stream;

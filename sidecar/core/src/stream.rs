@@ -25,6 +25,7 @@ use pyo3::types::PyBytes;
 use pyo3::{PyTraverseError, PyVisit};
 use rustls::ServerConnection;
 
+use crate::http1::{Event, Head, Parser};
 use crate::outbox::{Outbox, Sink};
 use crate::sink::{Socket, TLS_BATCH, Tls};
 
@@ -242,16 +243,22 @@ pub struct Stream {
     // the end, which breaks the cycle they make with the stream.
     on_readable: Option<Py<PyAny>>,
     on_writable: Option<Py<PyAny>>,
-    reading: bool,
+    /// Requests parsed for the protocol; None: bytes handed over as they come (a
+    /// relay after an upgrade, or a protocol of bytes).
+    parser: Option<Parser>,
+    paused: bool,       // the protocol asked for no more
+    reader_added: bool, // the loop watches for reads
+    eof: bool,          // the client ended its side
+    eof_told: bool,
     writer_added: bool,
 }
 
 impl Stream {
     fn watch_reads(&mut self, py: Python<'_>, on: bool) -> PyResult<()> {
-        if on == self.reading || self.core.closed() {
+        if on == self.reader_added || self.core.closed() {
             return Ok(());
         }
-        self.reading = on;
+        self.reader_added = on;
         let callback = self.on_readable.as_ref().map(|c| c.clone_ref(py));
         self.watch(py, ("add_reader", "remove_reader"), on, callback)
     }
@@ -320,6 +327,51 @@ impl Stream {
         notices.push(Notice::Lost(error));
         Ok(())
     }
+}
+
+/// Hand the protocol one parsed event of a request, with the stream no longer borrowed.
+fn tell_request(slf: &Bound<'_, Stream>, event: Event) -> PyResult<()> {
+    let py = slf.py();
+    let Some(protocol) = slf.borrow().protocol.as_ref().map(|p| p.clone_ref(py)) else {
+        return Ok(());
+    };
+    match event {
+        Event::Head(head) => {
+            let Head {
+                method,
+                target,
+                version,
+                fields,
+                hosts,
+                transfer_encoding,
+                keep_alive,
+                upgrade,
+                has_body,
+            } = *head;
+            let arguments = (
+                method,
+                PyBytes::new(py, &target),
+                version,
+                fields,
+                hosts,
+                transfer_encoding,
+                keep_alive,
+                upgrade,
+                has_body,
+            );
+            protocol.call_method1(py, "request_received", arguments)?;
+        }
+        Event::Body(data) => {
+            protocol.call_method1(py, "body_received", (PyBytes::new(py, &data),))?;
+        }
+        Event::End => {
+            protocol.call_method0(py, "message_complete")?;
+        }
+        Event::Refused(status, reason) => {
+            protocol.call_method1(py, "request_refused", (status, reason))?;
+        }
+    }
+    Ok(())
 }
 
 /// Tell the protocol, with the stream no longer borrowed.
@@ -404,7 +456,11 @@ impl Stream {
             protocol: None,
             on_readable: None,
             on_writable: None,
-            reading: false,
+            parser: None,
+            paused: true,
+            reader_added: false,
+            eof: false,
+            eof_told: false,
             writer_added: false,
         })
     }
@@ -423,56 +479,95 @@ impl Stream {
         self.core.tls.as_ref()?.alpn_protocol().map(<[u8]>::to_vec)
     }
 
-    /// Tell `protocol` it is connected, then feed it what arrives.
-    fn start(slf: &Bound<'_, Self>, protocol: Py<PyAny>) -> PyResult<()> {
+    /// Tell `protocol` it is connected, then feed it what arrives: with `requests`, the
+    /// requests parsed from it (`request_received`, `body_received`,
+    /// `message_complete`, `request_refused`), else its bytes (`data_received`).
+    #[pyo3(signature = (protocol, requests=false))]
+    fn start(slf: &Bound<'_, Self>, protocol: Py<PyAny>, requests: bool) -> PyResult<()> {
         let py = slf.py();
         {
             let mut stream = slf.borrow_mut();
             stream.protocol = Some(protocol.clone_ref(py));
             stream.on_readable = Some(slf.getattr("readable")?.unbind());
             stream.on_writable = Some(slf.getattr("writable")?.unbind());
+            stream.parser = requests.then(Parser::default);
         }
         protocol.call_method1(py, "connection_made", (slf,))?;
-        Self::resume_reading(slf)?;
         // Requests that came with the handshake's last flight are inside the session
-        // already: the socket will not say so.
-        let has_pending = slf.borrow().core.tls.is_some();
-        if has_pending && slf.borrow().reading {
-            let readable = slf.getattr("readable")?;
-            slf.borrow()
-                .event_loop
-                .call_method1(py, "call_soon", (readable,))?;
-        }
-        Ok(())
+        // already, which the socket does not say: resuming reads once at once.
+        Self::resume_reading(slf)
     }
 
-    /// The loop's reader callback.
+    /// The loop's reader callback: read what arrived, then hand over what it makes.
     fn readable(slf: &Bound<'_, Self>) -> PyResult<()> {
         let py = slf.py();
         let mut notices = Vec::new();
         {
             let mut stream = slf.borrow_mut();
-            if !stream.reading || stream.core.closed() {
+            if stream.paused || stream.core.closed() {
                 return Ok(());
             }
-            match stream.core.read() {
-                Ok((data, ended)) => {
-                    if !data.is_empty() {
-                        notices.push(Notice::Data(data));
+            if !stream.eof {
+                match stream.core.read() {
+                    Ok((data, ended)) => {
+                        match stream.parser.as_mut() {
+                            Some(parser) => parser.feed(&data),
+                            None if !data.is_empty() => notices.push(Notice::Data(data)),
+                            None => {}
+                        }
+                        if ended {
+                            stream.eof = true;
+                            stream.watch_reads(py, false)?;
+                        }
+                        // Reading may have made the session want to write (a key update).
+                        if stream.core.tls.as_ref().is_some_and(|s| s.wants_write()) {
+                            stream.flush(py, &mut notices)?;
+                        }
                     }
-                    if ended {
-                        stream.watch_reads(py, false)?;
-                        notices.push(Notice::Eof);
-                    }
-                    // Reading may have made the session want to write (a key update).
-                    if stream.core.tls.as_ref().is_some_and(|s| s.wants_write()) {
-                        stream.flush(py, &mut notices)?;
-                    }
+                    Err(e) => stream.finish(py, Some(e), &mut notices)?,
                 }
-                Err(e) => stream.finish(py, Some(e), &mut notices)?,
             }
         }
-        deliver(slf, notices)
+        deliver(slf, notices)?;
+        // Requests one at a time: the protocol may pause between two.
+        loop {
+            let event = {
+                let mut stream = slf.borrow_mut();
+                if stream.paused || stream.core.closed() {
+                    return Ok(());
+                }
+                match stream.parser.as_mut().and_then(Parser::event) {
+                    Some(event) => event,
+                    None => break,
+                }
+            };
+            let upgrade = matches!(&event, Event::Head(head) if head.upgrade);
+            tell_request(slf, event)?;
+            if upgrade {
+                // From here on the connection carries the new protocol's bytes: what
+                // came after the head first, as `data_received`, like all that follows.
+                let early = {
+                    let mut stream = slf.borrow_mut();
+                    let early = stream.parser.as_mut().map(Parser::take_rest);
+                    stream.parser = None;
+                    early.unwrap_or_default()
+                };
+                if !early.is_empty() {
+                    deliver(slf, vec![Notice::Data(early)])?;
+                }
+                break;
+            }
+        }
+        let eof_now = {
+            let mut stream = slf.borrow_mut();
+            let now = stream.eof && !stream.eof_told && !stream.core.closed();
+            stream.eof_told |= now;
+            now
+        };
+        if eof_now {
+            deliver(slf, vec![Notice::Eof])?;
+        }
+        Ok(())
     }
 
     /// The loop's writer callback.
@@ -526,33 +621,30 @@ impl Stream {
     }
 
     fn pause_reading(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.paused = true;
         self.watch_reads(py, false)
     }
 
     fn resume_reading(slf: &Bound<'_, Self>) -> PyResult<()> {
         let py = slf.py();
         let mut stream = slf.borrow_mut();
-        if stream.core.closing {
+        if stream.core.closing || stream.core.closed() || !stream.paused {
             return Ok(());
         }
-        stream.watch_reads(py, true)?;
-        // Plaintext decrypted earlier and not yet handed over makes the socket no
-        // more readable.
-        let buffered = stream.core.tls.as_mut().is_some_and(|s| {
-            s.process_new_packets()
-                .is_ok_and(|st| st.plaintext_bytes_to_read() > 0)
-        });
-        if buffered {
-            let readable = slf.getattr("readable")?;
-            stream
-                .event_loop
-                .call_method1(py, "call_soon", (readable,))?;
-        }
+        stream.paused = false;
+        let more_from_socket = !stream.eof;
+        stream.watch_reads(py, more_from_socket)?;
+        // What was read and not handed over yet (requests parsed ahead, the client's
+        // end) makes the socket no more readable.
+        let readable = stream.on_readable.as_ref().map(|c| c.clone_ref(py));
+        stream
+            .event_loop
+            .call_method1(py, "call_soon", (readable,))?;
         Ok(())
     }
 
     fn is_reading(&self) -> bool {
-        self.reading
+        !self.paused
     }
 
     /// Send what is queued, then TLS's closure alert, then close.
@@ -610,8 +702,11 @@ impl Stream {
         deliver(slf, notices)
     }
 
+    /// Hand the connection to another protocol (a relay after an upgrade), which gets
+    /// bytes: what was received after the upgrade's head first.
     fn set_protocol(&mut self, protocol: Py<PyAny>) {
         self.protocol = Some(protocol);
+        self.parser = None;
     }
 
     fn get_protocol(&self, py: Python<'_>) -> Option<Py<PyAny>> {
