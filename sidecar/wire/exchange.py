@@ -46,8 +46,9 @@ class Request:
 
 def asks_upgrade(headers: Headers) -> bool:
     """Does a request ask to switch protocols (a WebSocket)? RFC 9110 §7.8: an `Upgrade`
-    field, named in `Connection` (it is hop-by-hop), as llhttp decides for the lean front
-    end. Connection options are tokens: never quoted, so a plain split reads them."""
+    field, named in `Connection` (it is hop-by-hop), as the core's parser decides for
+    the lean front end. Connection options are tokens: never quoted, so a plain split
+    reads them."""
     if header(headers, "Upgrade") is None:
         return False
     options = header(headers, "Connection") or ""
