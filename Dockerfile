@@ -2,9 +2,10 @@
 # `burstbuffer-injector` (the webhook Deployment). The chart sets `command:`.
 # Build: docker build -t ghcr.io/burstbuffer/burstbuffer:0.1.0 .
 # BASE is any Debian-like image whose `python` is >= 3.12 with `venv` and apt, e.g.
-# one made without a registry by debootstrap + `docker import` (see docs/image.md).
+# one made without a registry by debootstrap + `docker import` (see docs/image.md), and
+# whose apt has a Rust toolchain >= 1.85 for the build stage (Debian 13, trixie, on).
 
-ARG BASE=python:3.12-slim-bookworm
+ARG BASE=python:3.12-slim-trixie
 
 FROM ${BASE} AS deps
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -25,6 +26,11 @@ RUN /opt/burstbuffer/bin/python -c 'import tomllib; print("\n".join(tomllib.load
 FROM deps AS builder
 ARG PIP_INDEX_URL
 ARG PIP_CA
+# The sidecar's Rust core (sidecar/core/, PyO3) is compiled here, with the crates its
+# Cargo.lock pins; the final stage copies the built module and no toolchain.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends cargo rustc gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 COPY README.md /src/
 COPY sidecar /src/sidecar
 COPY injector /src/injector
@@ -32,7 +38,8 @@ COPY certs /src/certs
 # The project alone, staged under /staging as it will lie in the venv: the final stage
 # copies the dependencies and the project as two layers, and only the small one changes
 # with the source.
-RUN /opt/burstbuffer/bin/pip install ${PIP_CA:+--cert /tmp/pip-ca.pem} --no-deps \
+RUN if [ -n "$PIP_CA" ]; then export CARGO_HTTP_CAINFO=/tmp/pip-ca.pem; fi \
+ && /opt/burstbuffer/bin/pip install ${PIP_CA:+--cert /tmp/pip-ca.pem} --no-deps \
       --root /staging /src
 
 FROM ${BASE}

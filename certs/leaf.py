@@ -5,9 +5,9 @@ already the one secret of the sidecar, a second key per host would add nothing b
 key generation on the first connection to each host. The CA key is EC P-256, so each
 handshake costs one cheap P-256 signature.
 
-`server_context()` gives the stdlib `ssl` context that serves one host. `ssl` loads
-certificates only from files, so key and chain go through an anonymous memory file
-that is closed once loaded: the key never touches a file system.
+`leaf_pem()` gives a host's chain and key in PEM, in memory only (the key never
+touches a file system); `ServerContexts` makes whatever serves TLS from them (the
+sidecar's Rust core takes PEM), once per host.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from __future__ import annotations
 import collections
 import datetime
 import ipaddress
-import os
-import ssl
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -31,6 +31,8 @@ MAX_CONTEXTS = 1024
 # sidecar process that made it, and clients reject leaves valid for longer than 398 days.
 LEAF_BACKDATE = datetime.timedelta(days=1)
 LEAF_VALIDITY = datetime.timedelta(days=365)
+
+Context = TypeVar("Context")
 
 
 def _subject_alternative_name(host: str) -> x509.GeneralName:
@@ -63,39 +65,33 @@ def leaf_certificate(ca: PodCA, host: str) -> x509.Certificate:
     )
 
 
-def server_context(ca: PodCA, host: str) -> ssl.SSLContext:
-    """A TLS server context presenting a leaf for `host`, HTTP/1.1 only."""
-    key_pem = ca.key.private_bytes(
+def leaf_pem(ca: PodCA, host: str) -> tuple[bytes, bytes]:
+    """The chain (a leaf for `host`, then the CA) and the key that serve `host`, in PEM."""
+    chain_pem = leaf_certificate(ca, host).public_bytes(serialization.Encoding.PEM) + ca.cert_pem
+    return chain_pem, key_pem(ca)
+
+
+def key_pem(ca: PodCA) -> bytes:
+    """The CA's key in PEM (PKCS #8): every leaf's key."""
+    return ca.key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-    chain_pem = leaf_certificate(ca, host).public_bytes(serialization.Encoding.PEM) + ca.cert_pem
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    # The fast path speaks HTTP/1.1; a client offering h2 falls back to it.
-    context.set_alpn_protocols(["http/1.1"])
-    memory_file = os.memfd_create("burstbuffer-leaf", os.MFD_CLOEXEC)
-    try:
-        os.write(memory_file, key_pem + chain_pem)
-        path = f"/proc/self/fd/{memory_file}"
-        context.load_cert_chain(certfile=path, keyfile=path)
-    finally:
-        os.close(memory_file)
-    return context
 
 
-class ServerContexts:
-    """`server_context()` per host, made on first use and kept (most recent first)."""
+class ServerContexts(Generic[Context]):
+    """`make(chain_pem, key_pem)` per host, made on first use and kept (most recent first)."""
 
-    def __init__(self, ca: PodCA) -> None:
+    def __init__(self, ca: PodCA, make: Callable[[bytes, bytes], Context]) -> None:
         self._ca = ca
-        self._contexts: collections.OrderedDict[str, ssl.SSLContext] = collections.OrderedDict()
+        self._make = make
+        self._contexts: collections.OrderedDict[str, Context] = collections.OrderedDict()
 
-    def get(self, host: str) -> ssl.SSLContext:
+    def get(self, host: str) -> Context:
         context = self._contexts.get(host)
         if context is None:
-            context = self._contexts[host] = server_context(self._ca, host)
+            context = self._contexts[host] = self._make(*leaf_pem(self._ca, host))
             if len(self._contexts) > MAX_CONTEXTS:
                 self._contexts.popitem(last=False)
         else:

@@ -22,6 +22,7 @@ and aborts through a real proxy so an upgrade that breaks them is seen.
 from __future__ import annotations
 
 import logging
+import os
 import time
 import weakref
 from collections.abc import Sequence
@@ -42,9 +43,10 @@ from mitmproxy.proxy.layers.http._events import (
 from mitmproxy.proxy.server import ConnectionHandler
 from OpenSSL import SSL
 
+from sidecar.buffer.fill import read_file
 from sidecar.metrics import Counters
 from sidecar.mitm.handoff import CountingWriter
-from sidecar.wire.exchange import ClientGone
+from sidecar.wire.exchange import BodyFile, ClientGone
 
 logger = logging.getLogger(__name__)
 
@@ -191,6 +193,14 @@ class ClientChannel:
         """Write body bytes, waiting while the client's socket buffer is full."""
         self.body_bytes += len(data)
         await self._write(data)
+
+    async def send_file(self, file: BodyFile) -> None:
+        """Write body bytes read from the file, then close it."""
+        try:
+            for chunk in read_file(file.fd, file.start, file.end):
+                await self.write(chunk)
+        finally:
+            os.close(file.fd)
 
     def finish(self) -> None:
         """Hand the exchange back to mitmproxy: it completes it without writing."""

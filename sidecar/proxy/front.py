@@ -1,9 +1,11 @@
 """The front end: accepts every client connection and decides who terminates it.
 
-- A CONNECT to an intercepted host on the proxy port: answered here, TLS with the
-  host's leaf certificate (or plain HTTP, when that is what the client tunnels), then
-  the lean HTTP/1.1 server (`sidecar.wire.server`). This is the path of every dataset
-  download through the proxy variables, kept free of mitmproxy's per-request machinery.
+- A CONNECT to an intercepted host on the proxy port: answered here, then the socket is
+  handed to the Rust core's stream (`sidecar.core.native.Stream`), which does TLS with
+  the host's leaf certificate (or plain HTTP, when that is what the client tunnels) and
+  moves every byte for the lean HTTP/1.1 server (`sidecar.wire.server`). This is the
+  path of every dataset download through the proxy variables, kept free of mitmproxy's
+  per-request machinery.
   A TLS client whose ALPN list offers no HTTP/1.x (gRPC, HTTP/2 only) could not
   speak to that server: its ClientHello, peeked, says so (`sidecar.wire.hello`), and it is
   tunnelled to the origin untouched (`sidecar.wire.tunnel`). So is a client that refused
@@ -24,10 +26,10 @@ import asyncio
 import dataclasses
 import logging
 import socket
-import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from sidecar.core import native
 from sidecar.proxy.router import Router
 from sidecar.settings import host_matches
 from sidecar.wire import hello, tls, tunnel
@@ -122,13 +124,13 @@ class Front:
         self,
         router: Router,
         intercept: Sequence[str],
-        tls_context: Callable[[str], ssl.SSLContext],
+        tls_config: Callable[[str], native.TlsConfig],
         to_mitmproxy: Callable[[int, socket.socket], asyncio.Future[None] | object],
         balance: Balance,
         tunnels: Tunnels,
         rejections: Rejections,
     ) -> None:
-        """`tls_context(host)`: the server context for an intercepted host;
+        """`tls_config(host)`: the TLS server side of an intercepted host;
         `to_mitmproxy(listener, sock)`: hands a connection of listener number
         `listener` to mitmproxy (a coroutine); `tunnels`: where tunnels are counted;
         `rejections`: the clients that refused the certificate, tunnelled."""
@@ -137,7 +139,7 @@ class Front:
         self._rejections = rejections
         self._hello_buffer = bytearray(HELLO_PEEK_LIMIT)
         self._intercept = intercept
-        self._tls_context = tls_context
+        self._tls_config = tls_config
         self._to_mitmproxy = to_mitmproxy
         self._balance = balance
         self._tasks: set[asyncio.Task[None]] = set()
@@ -146,7 +148,7 @@ class Front:
         """Accept forever on `sock`; `lean`: CONNECTs to intercepted hosts are ours."""
         loop = asyncio.get_running_loop()
         while True:
-            await _readable(sock)
+            await tls.ready(sock.fileno(), write=False)
             if not self._balance.eligible():
                 # Every worker is woken; the least busy one should take the connection.
                 await asyncio.sleep(ACCEPT_DELAY)
@@ -169,7 +171,7 @@ class Front:
                 lean_owns_it = await self._serve_tunnel(client, connect)
             else:
                 await self._to_mitmproxy(listener, client)  # type: ignore[misc]
-        except (ConnectionError, TimeoutError, OSError, ssl.SSLError) as e:
+        except (ConnectionError, TimeoutError, OSError) as e:
             logger.debug("client connection ended early: %s", e)
             client.close()
         finally:
@@ -194,7 +196,7 @@ class Front:
             if loop.time() > deadline:
                 raise TimeoutError("no request within the first-bytes timeout")
             if head is None:
-                await _readable(client)
+                await tls.ready(client.fileno(), write=False)
             else:
                 await asyncio.sleep(_PEEK_INTERVAL)
 
@@ -214,14 +216,15 @@ class Front:
         # for their sum.
         deadline = loop.time() + TLS_HANDSHAKE_TIMEOUT
         async with asyncio.timeout_at(deadline):
-            await _readable(client)
+            await tls.ready(client.fileno(), write=False)
             first = client.recv(1, socket.MSG_PEEK)
             if not first:
                 raise ConnectionResetError("closed inside the tunnel before its first byte")
             if first != _TLS_HANDSHAKE_RECORD:
                 tunnel = dataclasses.replace(connect.tunnel, tls=False)
+                stream = native.Stream(client.detach(), loop)
                 protocol = Http1Connection(tunnel, self._router, self._balance.closed)
-                await loop.connect_accepted_socket(lambda: protocol, client)
+                stream.start(protocol, requests=True)
                 return True
             client_hello, alpn = await _peek_hello(client, self._hello_buffer)
         host = connect.tunnel.host
@@ -230,18 +233,21 @@ class Front:
             reason = CLIENT_REJECTED_CA
         if reason is not None:
             return await self._tunnel(client, connect.tunnel, reason)
-        context = self._tls_context(host)
-        sock = context.wrap_socket(client, server_side=True, do_handshake_on_connect=False)
+        config = self._tls_config(host)
+        fd = client.fileno()
+        stream = native.Stream(client.detach(), loop, config)
         try:
-            await tls.handshake(sock, max(0.0, deadline - loop.time()))
+            async with asyncio.timeout_at(deadline):
+                while (step := stream.handshake()) != native.HANDSHAKE_DONE:
+                    await tls.ready(fd, write=step == native.WANTS_WRITE)
         except BaseException as e:
-            sock.close()
+            stream.abort()
             refusal = handshake_refusal(e)
             if refusal is not None and client_hello:
                 self._rejections.remember(host, client_hello, refusal)
             raise
         protocol = Http1Connection(connect.tunnel, self._router, self._balance.closed)
-        tls.TlsTransport(sock, protocol).start()
+        stream.start(protocol, requests=True)
         return True
 
     async def _tunnel(self, client: socket.socket, to: Tunnel, reason: str) -> bool:
@@ -292,18 +298,3 @@ async def _peek_hello(client: socket.socket, buffer: bytearray) -> tuple[bytes, 
             return b"", None
         # The socket stays readable while the rest is on its way: wait, then peek again.
         await asyncio.sleep(_PEEK_INTERVAL)
-
-
-async def _readable(sock: socket.socket) -> None:
-    loop = asyncio.get_running_loop()
-    ready: asyncio.Future[None] = loop.create_future()
-
-    def wake() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    loop.add_reader(sock.fileno(), wake)
-    try:
-        await ready
-    finally:
-        loop.remove_reader(sock.fileno())

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,7 +32,6 @@ from sidecar.buffer.fill import (
     Fills,
     StoredMeanwhile,
     UnsizedFill,
-    read_file,
 )
 from sidecar.buffer.keeper import BUFFER_UNAVAILABLE, UNSIZED, Buffer
 from sidecar.buffer.store import StoredObject, StoreError
@@ -49,7 +48,7 @@ from sidecar.proxy import upgrade
 from sidecar.settings import Settings, host_matches
 from sidecar.wire import conditionals, ranges
 from sidecar.wire.client import Interim, Response, UpstreamError
-from sidecar.wire.exchange import Body, Channel, ClientGone, Immediate, Request
+from sidecar.wire.exchange import Body, BodyFile, Channel, ClientGone, Immediate, Request
 from sidecar.wire.fields import Fields, Headers, header
 
 logger = logging.getLogger(__name__)
@@ -57,8 +56,6 @@ logger = logging.getLogger(__name__)
 # A Range reader whose range starts this far beyond what a running fill has written is
 # answered by its own ranged upstream request instead of waiting for the fill.
 RANGE_WAIT_WINDOW = 8 * 1024 * 1024  # bytes
-# Hits up to this size are read and written in one go (`hit_now`); larger ones stream.
-IMMEDIATE_LIMIT = 1024 * 1024  # bytes
 # Hosts remembered by whether they follow RFC 9111 freshness.
 REMEMBERED = 100_000
 # Representations remembered by stored body (their replayed fields are computed once per
@@ -322,9 +319,12 @@ class Router:
             self.metrics.counters.misses += 1
         else:
             self.metrics.counters.coalesced += 1
-        await self._send(
-            request, channel, representation, kind, lambda a, b: self.fills.read(fill, a, b)
-        )
+
+        async def follow(start: int, end: int) -> None:
+            async for chunk in self.fills.read(fill, start, end):
+                await channel.write(chunk)
+
+        await self._send(request, channel, representation, kind, follow)
 
     def _forget(self, key: str) -> None:
         """Drop an object whose body is gone, so that the next request fills it again."""
@@ -438,16 +438,24 @@ class Router:
             self.metrics.counters.coalesced += 1
         else:
             self.metrics.counters.hits += 1
+        handed_over = False
+
+        async def from_file(start: int, end: int) -> None:
+            nonlocal handed_over
+            handed_over = True
+            await channel.send_file(BodyFile(body, start, end))
+
         try:
             await self._send(
                 request,
                 channel,
                 self._representation(entry),
                 "coalesced" if joined else "hit",
-                lambda start, end: _file_chunks(body, start, end),
+                from_file,
             )
         finally:
-            os.close(body)
+            if not handed_over:
+                os.close(body)
 
     async def _send(
         self,
@@ -455,17 +463,17 @@ class Router:
         channel: Channel,
         representation: Representation,
         kind: str,
-        chunks: Callable[[int, int], AsyncIterator[bytes]],
+        write_body: Callable[[int, int], Awaitable[None]],
     ) -> None:
-        """Answer from a complete representation: 200, 206, 304, 416 or HEAD."""
+        """Answer from a complete representation: 200, 206, 304, 416 or HEAD;
+        `write_body(start, end)` writes those bytes of its body to `channel`."""
         started = time.monotonic()
         plan = answer(request, representation, time.time())
         await channel.start(plan.status, plan.headers)
         if plan.end > plan.start:
-            async for chunk in chunks(plan.start, plan.end):
-                await channel.write(chunk)
-                if kind == "hit":
-                    self.metrics.counters.bytes_from_buffer += len(chunk)
+            await write_body(plan.start, plan.end)
+            if kind == "hit":
+                self.metrics.counters.bytes_from_buffer += plan.end - plan.start
         channel.finish()
         if self.settings.access_log:
             _log_object(kind, request, plan.status, channel.body_bytes, started)
@@ -477,10 +485,10 @@ class Router:
         await upgrade.relay(request, client, early, self.upstream, self.metrics, on_close)
 
     def hit_now(self, request: Request) -> Immediate | None:
-        """The whole response to a request for a small stored object, read at once; None
-        for anything else (a miss, a large body, revalidation, buffer trouble), which
-        then takes `handle()`'s way. Data loaders' hits take this one: no task, no
-        awaits, one write."""
+        """The whole response to a request for a stored object, decided at once, its
+        body named by its open file (the front end sends it); None for anything else (a
+        miss, revalidation, buffer trouble), which then takes `handle()`'s way. Data
+        loaders' hits take this one: no task, no awaits, no body byte in Python."""
         started = time.monotonic()
         if not policy.request_may_hit(request.method, request.fields).cacheable:
             return None
@@ -502,25 +510,18 @@ class Router:
         if not policy.answers_preconditions(request.fields, representation.etag).cacheable:
             return None
         plan = answer(request, representation, time.time())
-        if plan.end - plan.start > IMMEDIATE_LIMIT:
-            return None
-        body = b""
+        body = None
         if plan.end > plan.start:
             try:
-                fd = self.buffer.open_body(entry)
+                body = BodyFile(self.buffer.open_body(entry), plan.start, plan.end)
             except StoreError:
                 return None
-            try:
-                body = b"".join(read_file(fd, plan.start, plan.end))
-            except (OSError, FillFailed):
-                return None
-            finally:
-                os.close(fd)
+        size = plan.end - plan.start
         counters = self.metrics.counters
         counters.hits += 1
-        counters.bytes_from_buffer += len(body)
+        counters.bytes_from_buffer += size
         if self.settings.access_log:
-            _log_object("hit", request, plan.status, len(body), started)
+            _log_object("hit", request, plan.status, size, started)
         return Immediate(plan.status, plan.headers, body)
 
     def _representation(self, entry: StoredObject) -> Representation:
@@ -658,11 +659,6 @@ def _interim_forwarder(request: Request, channel: Channel) -> Interim | None:
             await channel.interim(status, response_headers(headers))
 
     return forward
-
-
-async def _file_chunks(fd: int, start: int, end: int) -> AsyncIterator[bytes]:
-    for chunk in read_file(fd, start, end):
-        yield chunk
 
 
 def _log_object(kind: str, request: Request, status: int, size: int, started: float) -> None:

@@ -34,6 +34,7 @@ from sidecar.buffer.fill import Fills
 from sidecar.buffer.keeper import Buffer
 from sidecar.buffer.stagein import StageIn, StageInCounts, StageInError
 from sidecar.buffer.store import Index, StoreError
+from sidecar.core import native
 from sidecar.ipc import Message
 from sidecar.metrics import Metrics
 from sidecar.origins.parent import News, Parents
@@ -136,7 +137,7 @@ async def run(settings: Settings, inherited: Inherited) -> None:
     front = Front(
         router,
         settings.intercept,
-        ServerContexts(ca).get,
+        ServerContexts(ca, native.TlsConfig).get,
         to_mitmproxy,
         balance,
         tunnels,

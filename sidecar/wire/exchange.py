@@ -46,8 +46,9 @@ class Request:
 
 def asks_upgrade(headers: Headers) -> bool:
     """Does a request ask to switch protocols (a WebSocket)? RFC 9110 §7.8: an `Upgrade`
-    field, named in `Connection` (it is hop-by-hop), as llhttp decides for the lean front
-    end. Connection options are tokens: never quoted, so a plain split reads them."""
+    field, named in `Connection` (it is hop-by-hop), as the core's parser decides for
+    the lean front end. Connection options are tokens: never quoted, so a plain split
+    reads them."""
     if header(headers, "Upgrade") is None:
         return False
     options = header(headers, "Connection") or ""
@@ -79,6 +80,11 @@ class Channel(Protocol):
         """Write body bytes, waiting while the client is slow; ClientGone if it left."""
         ...
 
+    async def send_file(self, file: BodyFile) -> None:
+        """Write body bytes from a file, which the channel takes over (it closes the file,
+        whatever happens), waiting while the client is slow; ClientGone if it left."""
+        ...
+
     def finish(self) -> None:
         """The response is complete; the connection may carry the next request."""
         ...
@@ -97,19 +103,28 @@ Body = AsyncIterator[bytes]
 
 
 @dataclass(frozen=True)
+class BodyFile:
+    """Bytes [start, end) of an open body file: whoever is handed one closes `fd`."""
+
+    fd: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
 class Immediate:
-    """A whole response, body included (a small hit)."""
+    """A whole response, decided at once (a hit): its body from a file, or none."""
 
     status: int
     headers: list[tuple[str, str]]
-    body: bytes
+    body: BodyFile | None
 
 
 class Handler(Protocol):
     """What answers the requests a server parses (`sidecar.proxy.router.Router`)."""
 
     def hit_now(self, request: Request) -> Immediate | None:
-        """The whole response when it can be had at once (a small hit), else None."""
+        """The whole response when it can be decided at once (a hit), else None."""
         ...
 
     async def handle(self, request: Request, channel: Channel, body: Body | None = None) -> None:

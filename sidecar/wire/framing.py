@@ -1,10 +1,11 @@
 """RFC 9112's rules on which HTTP/1.x messages are refused, and after which a connection
 must close, whichever parser read them.
 
-Both front ends (the lean server with llhttp, mitmproxy with its own parser) and the
-client towards origins ask these pure functions, so that they refuse the same messages
-for the same reasons. llhttp accepts more than the RFC does (a request line without a
-version, `HTTP/2.0` in one, a status of 600); these are the checks it leaves to us.
+Both front ends (the lean server with the Rust core's parser, mitmproxy with its own)
+and the client towards origins (llhttp) ask these pure functions, so that they refuse
+the same messages for the same reasons. The parsers frame messages and hand over more
+than the RFC allows (a request line without a version, `HTTP/2.0` in one, a status of
+600); these are the checks they leave to us.
 """
 
 from __future__ import annotations
@@ -116,8 +117,7 @@ def llhttp_misframes(transfer_encoding: str | None) -> bool:
     `Transfer-Encoding` ends in chunked? A tab after the last coding (optional
     whitespace, RFC 9110 §5.6.3) makes it miss the chunked coding, and hand the chunks
     over undecoded (nodejs/llhttp#876, open in every llhttp httptools bundles; a space
-    is read right). A request with it llhttp refuses outright, unless told to be lenient
-    about it (`sidecar.wire.server` is, for that request alone)."""
+    is read right)."""
     if transfer_encoding is None:
         return False
     value = transfer_encoding.rstrip(" \t")

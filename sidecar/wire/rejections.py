@@ -87,6 +87,8 @@ def handshake_refusal(error: BaseException) -> str | None:
         return CLOSED_IN_HANDSHAKE
     if isinstance(error, ssl.SSLError):
         return alert_refusal(error.reason or "")
+    if isinstance(error, OSError):  # the core's (rustls) handshake names the alert it got
+        return alert_refusal(str(error))
     return None
 
 

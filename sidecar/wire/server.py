@@ -4,9 +4,10 @@ After the front end (`sidecar.proxy.front`) has answered a CONNECT to an interce
 and the TLS handshake with the host's leaf certificate is done, this protocol reads
 the requests in the tunnel and hands each one to its handler
 (`sidecar.wire.exchange.Handler`, which the router implements). It does the least a
-request needs: llhttp (through httptools) parses the head, one Python object per
-request, no per-request hooks or events. A hit of a small object is one call of the
-handler and one write into the TLS transport.
+request needs: its transport, the Rust core's stream (`sidecar.core.native.Stream`:
+the socket, TLS, every byte sent), parses each request and hands over its head (one
+call, one Python object per request), its body's bytes and its end; a hit is one call
+of the handler, which names the stored body's file, and the stream sends it.
 
 Requests are answered strictly in order (pipelined ones wait their turn). A request
 body (PUT, POST) is streamed to the origin as it arrives, with backpressure. An upgrade
@@ -14,9 +15,9 @@ request (a WebSocket) is relayed to the origin after the requests before it, and
 connection is then the handler's relay's. The connection closes when the client asks for
 it (`Connection: close`, HTTP/1.0), after a message whose framing RFC 9112 calls faulty
 (Transfer-Encoding in HTTP/1.0), after `IDLE_TIMEOUT` without a request, on a request
-refused (`sidecar.wire.framing`: a 400, 501 or 505; a malformed chunked body is answered at
-once and its upload cut off), and as soon as the client closes its side: nothing is
-left half-open.
+refused (by the core's parser, or `sidecar.wire.framing`: a 400, 431, 501 or 505; a
+malformed chunked body is answered at once and its upload cut off), and as soon as the
+client closes its side: nothing is left half-open.
 """
 
 from __future__ import annotations
@@ -25,27 +26,18 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, cast
 
-import httptools
-
-from sidecar.wire.exchange import ClientGone, Handler, Immediate, Request
-from sidecar.wire.framing import (
-    ChunkedDecoder,
-    ends_by_close,
-    faulty_framing,
-    llhttp_misframes,
-    request_head_error,
-)
+from sidecar.core import native
+from sidecar.wire.exchange import BodyFile, ClientGone, Handler, Immediate, Request
+from sidecar.wire.framing import ends_by_close, faulty_framing, request_head_error
 
 logger = logging.getLogger(__name__)
 
-# Request line and fields together; larger heads get 431 (nginx's default is 8 KiB a
-# line, mitmproxy's is unlimited; 64 KiB fits any signed URL and cookie).
-MAX_HEAD = 64 * 1024  # bytes
 # A kept-alive connection without a request for this long is closed; data loaders keep
 # their sessions for an epoch but reconnect transparently.
 IDLE_TIMEOUT = 120.0  # seconds
@@ -171,6 +163,11 @@ class _Response:
             data, self._head = self._head + data, None
         await self._connection.send(data)
 
+    async def send_file(self, file: BodyFile) -> None:
+        self.body_bytes += file.end - file.start
+        head, self._head = self._head or b"", None
+        await self._connection.send_file(head, file)
+
     def finish(self) -> None:
         if self._head is not None:
             self._connection.send_now(self._head)
@@ -219,8 +216,7 @@ class Http1Connection(asyncio.Protocol):
         self._tunnel = tunnel
         self._handler = handler
         self._on_close = on_close
-        self._parser = httptools.HttpRequestParser(self)
-        self._transport: asyncio.Transport | None = None
+        self._transport: native.Stream | None = None
         self._queue: collections.deque[_Pending] = collections.deque()
         self._current: tuple[_Pending, _Response] | None = None  # being answered
         self._answering = False
@@ -235,17 +231,8 @@ class Http1Connection(asyncio.Protocol):
         self._closed = False
         self._refused = False  # a refusal was sent ahead of its request's answer
         self._reading = True
-        # The request being parsed.
-        self._target = b""
-        self._fields: list[tuple[str, str]] = []
-        self._hosts: list[str] = []
-        self._transfer_encoding: str | None = None
-        self._head_size = 0
+        # The body of the request being received.
         self._body: _BodyStream | None = None
-        # A chunked body llhttp misframes (`llhttp_misframes`), decoded here, and what
-        # followed its end: the next requests, for a new parser.
-        self._dechunk: ChunkedDecoder | None = None
-        self._after: bytes | None = None
         # An upgrade request, from its head until the relay takes the connection over.
         self._upgrade: Request | None = None
         self._early = bytearray()  # what the client sent after it
@@ -254,37 +241,13 @@ class Http1Connection(asyncio.Protocol):
     # -- transport events ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)  # a stream: (TLS over) TCP
+        self._transport = cast(native.Stream, transport)
         self._transport.set_write_buffer_limits(high=WRITE_BUFFER)
         self._idle_timer = self._loop.call_later(IDLE_TIMEOUT, self._check_idle)
 
     def data_received(self, data: bytes) -> None:
-        if self._upgrade is not None:
-            self._early += data
-            return
-        try:
-            self._parser.feed_data(data)
-            while self._after is not None:
-                # The old parser takes whatever follows for body until the connection's
-                # end: the requests after a body decoded here go to a new one.
-                self._parser = httptools.HttpRequestParser(self)
-                data, self._after = self._after, None
-                self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade as e:
-            if self._upgrade is not None:
-                self._early += data[int(e.args[0]) :]
-                self._start_upgrade()
-                return
-            self._refuse(
-                BadRequest(
-                    HTTPStatus.NOT_IMPLEMENTED,
-                    "protocol upgrades are not supported on intercepted hosts",
-                )
-            )
-        except httptools.HttpParserError as e:
-            # A refusal of ours, raised in a callback, reaches us as the parser's error.
-            cause = e.__context__ if isinstance(e.__context__, BadRequest) else None
-            self._refuse(cause or BadRequest(HTTPStatus.BAD_REQUEST, f"malformed request: {e}"))
+        # Bytes, not requests, come only after an upgrade request's head.
+        self._early += data
 
     def eof_received(self) -> bool:
         # The client closed its side; a TLS transport cannot stay half-open, so close.
@@ -305,68 +268,41 @@ class Http1Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._writable.set()
 
-    # -- parser callbacks (httptools) -----------------------------------------------------
+    # -- requests, as the core's stream parses them --------------------------------------
 
-    def on_message_begin(self) -> None:
-        self._target = b""
-        self._fields = []
-        self._hosts = []
-        self._transfer_encoding = None
-        self._head_size = 0
-        self._body = None
-        self._dechunk = None
-
-    def on_url(self, url: bytes) -> None:
-        self._grow_head(len(url))
-        self._target += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._grow_head(len(name) + len(value) + 4)
-        field = (name.decode("latin-1"), value.decode("latin-1"))
-        self._fields.append(field)
-        # The fields the request's framing and origin depend on, noted as they pass: the
-        # length tells most others apart without lowering their names.
-        if len(name) == 4 and name.lower() == b"host":
-            self._hosts.append(field[1])
-        elif len(name) == 17 and name.lower() == b"transfer-encoding":
-            te = self._transfer_encoding
-            self._transfer_encoding = field[1] if te is None else f"{te}, {field[1]}"
-
-    def on_headers_complete(self) -> None:
+    def request_received(
+        self,
+        method: str,
+        target: bytes,
+        version: str,
+        fields: list[tuple[str, str]],
+        hosts: list[str],
+        transfer_encoding: str | None,
+        keep_alive: bool,
+        upgrade: bool,
+        has_body: bool,
+    ) -> None:
+        """A request head: `version` as its line gave it (`0.9` for none), `hosts` the
+        values of its Host lines, `transfer_encoding` that field's lines joined."""
         self._idle_since = None
-        method = self._parser.get_method().decode("ascii")
-        if method == "CONNECT":
-            # A tunnel inside the tunnel, to an origin server: RFC 9110 §9.3.6 is for
-            # proxies, and an origin "SHOULD respond with the 501" to a method it lacks.
-            raise BadRequest(HTTPStatus.NOT_IMPLEMENTED, "CONNECT inside a tunnel")
-        number = self._parser.get_http_version()
-        target = origin_form_target(self._target)
-        refusal = request_head_error(
-            number, self._hosts, self._target.decode("ascii"), self._transfer_encoding
-        )
-        if refusal is not None:
-            raise BadRequest(*refusal)
-        if llhttp_misframes(self._transfer_encoding):
-            # A tab after `chunked` is optional whitespace (RFC 9110 §5.6.3), yet llhttp
-            # refuses the request once this returns; let it read the body undecoded, as
-            # it does a response's, and decode it here.
-            self._dechunk = ChunkedDecoder()
-            self._parser.set_dangerous_leniencies(lenient_transfer_encoding=True)
-        close = not self._parser.should_keep_alive() or faulty_framing(
-            number, self._transfer_encoding
-        )
-        # The tunnel, not the request's Host or target, names the origin.
-        request = Request(method, self._tunnel.url(target), tuple(self._fields), "HTTP/" + number)
-        if self._parser.should_upgrade():
-            self._upgrade = request  # relayed once the parser stops after its head
+        self._body = None
+        try:
+            request = self._request(method, target, version, fields, hosts, transfer_encoding)
+        except BadRequest as e:
+            self._refuse(e)
             return
-        if method not in ("GET", "HEAD") and _has_body(self._fields):
+        close = not keep_alive or faulty_framing(version, transfer_encoding)
+        if upgrade:
+            self._upgrade = request  # relayed after the requests before it
+            self._start_upgrade()
+            return
+        if method not in ("GET", "HEAD") and has_body:
             self._body = _BodyStream(self._pause_reading, self._resume_reading)
-            if _expects_continue(self._fields) and self._transport is not None:
+            if _expects_continue(fields) and self._transport is not None:
                 # We forward the body anyway; the origin's answer follows it.
                 self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        elif not self._answering and not self._queue:
-            # Nothing ahead of it: a small hit is answered right here.
+        elif not self._answering and not self._queue and self._writable.is_set():
+            # Nothing ahead of it, and the client keeps up: a hit is answered right here.
             immediate = self._handler.hit_now(request)
             if immediate is not None:
                 self._answer_now(immediate, close)
@@ -381,25 +317,39 @@ class Http1Connection(asyncio.Protocol):
             if not task.done():
                 self._worker = task
 
-    def on_body(self, body: bytes) -> None:
-        decoder = self._dechunk
-        if decoder is not None:
-            try:
-                body, after = decoder.feed(body)
-            except ValueError as e:
-                raise BadRequest(HTTPStatus.BAD_REQUEST, f"malformed chunked body: {e}") from e
-        if self._body is not None and body:
-            self._body.feed(bytes(body))
-        # A GET or HEAD with a body (allowed, meaningless): dropped.
-        if decoder is not None and decoder.done:
-            self._dechunk = None
-            self._after = after
-            self.on_message_complete()
+    def _request(
+        self,
+        method: str,
+        target: bytes,
+        version: str,
+        fields: list[tuple[str, str]],
+        hosts: list[str],
+        transfer_encoding: str | None,
+    ) -> Request:
+        if method == "CONNECT":
+            # A tunnel inside the tunnel, to an origin server: RFC 9110 §9.3.6 is for
+            # proxies, and an origin "SHOULD respond with the 501" to a method it lacks.
+            raise BadRequest(HTTPStatus.NOT_IMPLEMENTED, "CONNECT inside a tunnel")
+        path = origin_form_target(target)
+        refusal = request_head_error(version, hosts, target.decode("ascii"), transfer_encoding)
+        if refusal is not None:
+            raise BadRequest(*refusal)
+        # The tunnel, not the request's Host or target, names the origin.
+        return Request(method, self._tunnel.url(path), tuple(fields), "HTTP/" + version)
 
-    def on_message_complete(self) -> None:
+    def body_received(self, data: bytes) -> None:
+        # A GET or HEAD with a body (allowed, meaningless): dropped.
+        if self._body is not None:
+            self._body.feed(data)
+
+    def message_complete(self) -> None:
         if self._body is not None:
             self._body.feed(_CLOSE)
             self._body = None
+
+    def request_refused(self, status: int, reason: str) -> None:
+        """A request the stream could not read (a 400 or 431); it reads no more."""
+        self._refuse(BadRequest(HTTPStatus(status), f"malformed request: {reason}"))
 
     # -- answering ----------------------------------------------------------------------
 
@@ -425,7 +375,13 @@ class Http1Connection(asyncio.Protocol):
 
     def _answer_now(self, immediate: Immediate, close: bool) -> None:
         head = response_head(immediate.status, immediate.headers, close)
-        self.send_now(head + immediate.body)
+        body = immediate.body
+        if body is None:
+            self.send_now(head)
+        elif self._transport is None or self._transport.is_closing():
+            os.close(body.fd)
+        else:
+            self._transport.send_file(head, body.fd, body.start, body.end)
         self._idle_since = self._loop.time()
         if close:
             self._close()
@@ -435,6 +391,18 @@ class Http1Connection(asyncio.Protocol):
         if self._closed or self._transport is None or self._transport.is_closing():
             raise ClientGone("the client closed the connection")
         self._transport.write(data)
+        if not self._writable.is_set():
+            await self._writable.wait()
+            if self._closed:
+                raise ClientGone("the client closed the connection")
+
+    async def send_file(self, head: bytes, file: BodyFile) -> None:
+        """Write `head`, then the file's bytes (the stream sends them from the file and
+        closes it), waiting while the client's buffer is full."""
+        if self._closed or self._transport is None or self._transport.is_closing():
+            os.close(file.fd)
+            raise ClientGone("the client closed the connection")
+        self._transport.send_file(head, file.fd, file.start, file.end)
         if not self._writable.is_set():
             await self._writable.wait()
             if self._closed:
@@ -452,14 +420,6 @@ class Http1Connection(asyncio.Protocol):
             self._transport.abort()
 
     # -- internals ----------------------------------------------------------------------
-
-    def _grow_head(self, size: int) -> None:
-        self._head_size += size
-        if self._head_size > MAX_HEAD:
-            raise BadRequest(
-                HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
-                f"the request head is larger than {MAX_HEAD // 1024} KiB",
-            )
 
     def _refuse(self, error: BadRequest) -> None:
         """Answer a request we cannot parse (after the ones before it) and close.
@@ -559,11 +519,3 @@ class Http1Connection(asyncio.Protocol):
 
 def _expects_continue(fields: list[tuple[str, str]]) -> bool:
     return any(k.lower() == "expect" and v.lower() == "100-continue" for k, v in fields)
-
-
-def _has_body(fields: list[tuple[str, str]]) -> bool:
-    """RFC 9112 §6.3: a request has a body only if it says how it is framed."""
-    return any(
-        (k.lower() == "content-length" and v.strip() != "0") or k.lower() == "transfer-encoding"
-        for k, v in fields
-    )

@@ -1,11 +1,12 @@
 """A TLS connection driven by the event loop, on a non-blocking `ssl.SSLSocket`.
 
-The transport of the lean front end's client connections and of the connections to
-origins (`sidecar.wire.client`). asyncio's own TLS transport encrypts into a memory
-BIO, copies the records out and hands them to a socket transport: for a 110 KiB hit
-that costs three times the CPU of `SSLSocket.send`, which encrypts straight into
-the socket (measured: 228 µs against 74 µs per write). Here OpenSSL talks to the
-socket itself; the event loop only says when the socket is readable or writable.
+The transport of the connections to origins (`sidecar.wire.client`); the lean front
+end's client connections are the Rust core's (`sidecar.core.native.Stream`). asyncio's
+own TLS transport encrypts into a memory BIO, copies the records out and hands them to
+a socket transport: for 110 KiB that costs three times the CPU of `SSLSocket.send`,
+which encrypts straight into the socket (measured: 228 µs against 74 µs per write).
+Here OpenSSL talks to the socket itself; the event loop only says when the socket is
+readable or writable.
 
 It offers the slice of `asyncio.Transport` that its protocols use (write with flow
 control, pause/resume reading, close, abort, set_protocol) and calls the protocol's
@@ -40,19 +41,20 @@ _DEFAULT_HIGH_WATER = 256 * 1024  # bytes of plaintext waiting to be encrypted a
 async def handshake(sock: ssl.SSLSocket, timeout: float) -> None:
     """Complete a TLS handshake (either side, as the socket was wrapped) on a
     non-blocking SSLSocket; the client side verifies the peer here."""
-    loop = asyncio.get_running_loop()
     async with asyncio.timeout(timeout):
         while True:
             try:
                 sock.do_handshake()
                 return
             except ssl.SSLWantReadError:
-                await _ready(loop, sock.fileno(), write=False)
+                await ready(sock.fileno(), write=False)
             except ssl.SSLWantWriteError:
-                await _ready(loop, sock.fileno(), write=True)
+                await ready(sock.fileno(), write=True)
 
 
-async def _ready(loop: asyncio.AbstractEventLoop, fd: int, write: bool) -> None:
+async def ready(fd: int, write: bool) -> None:
+    """Wait until the socket `fd` is readable (or writable, with `write`)."""
+    loop = asyncio.get_running_loop()
     future: asyncio.Future[None] = loop.create_future()
 
     def wake() -> None:

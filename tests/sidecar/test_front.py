@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import ssl
 
 import pytest
+import trustme
 
+from sidecar.core import native
 from sidecar.proxy import front
 
 # Shortened for the test; the sidecar's is 30 s.
@@ -22,6 +23,10 @@ DEADLINE = 1.0  # seconds
 def test_first_byte_hello_and_handshake_share_one_deadline(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    leaf = trustme.CA().issue_cert("origin.test")
+    config = native.TlsConfig(
+        b"".join(pem.bytes() for pem in leaf.cert_chain_pems), leaf.private_key_pem.bytes()
+    )
     monkeypatch.setattr(front, "TLS_HANDSHAKE_TIMEOUT", DEADLINE)
     head = b"CONNECT origin.test:443 HTTP/1.1\r\nHost: origin.test:443\r\n\r\n"
     connect = front.parse_connect(head)
@@ -31,7 +36,7 @@ def test_first_byte_hello_and_handshake_share_one_deadline(
     serving = front.Front(
         router=None,  # type: ignore[arg-type]
         intercept=["origin.test"],
-        tls_context=lambda host: ssl.create_default_context(ssl.Purpose.CLIENT_AUTH),
+        tls_config=lambda host: config,
         to_mitmproxy=lambda listener, sock: None,
         balance=front.Balance([0], 0),
         tunnels=None,  # type: ignore[arg-type]

@@ -1,0 +1,246 @@
+//! What waits to go to one client, in order: bytes, and ranges of stored body files.
+//!
+//! A response head is bytes; a stored body is a range of a file, read only as the
+//! socket takes it, so a multi-GB object costs one chunk of memory, never its size. The
+//! outbox knows nothing of TLS: it hands plaintext to a `Sink`, which encrypts or not.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+/// Bytes read from a body file per step: a few TLS records, one pread.
+pub const FILE_CHUNK: usize = 64 * 1024;
+
+/// Where plaintext goes: a plain socket, or a TLS session over one.
+pub trait Sink {
+    /// Send what was accepted earlier and still waits; true once nothing waits.
+    fn flush(&mut self) -> io::Result<bool>;
+
+    /// Accept up to `data.len()` bytes; `WouldBlock` when none can be taken now. What
+    /// is accepted may wait for `flush`, so that a head and its body leave together.
+    fn send(&mut self, data: &[u8]) -> io::Result<usize>;
+
+    /// Send bytes [pos, pos + len) of the file `fd`; how many were taken.
+    fn send_file(
+        &mut self,
+        fd: RawFd,
+        pos: u64,
+        len: usize,
+        scratch: &mut Vec<u8>,
+    ) -> io::Result<usize> {
+        scratch.resize(len, 0);
+        let read = pread_some(fd, &mut scratch[..len], pos)?;
+        // A partial send leaves the rest to be read again: cheaper than keeping it.
+        self.send(&scratch[..read])
+    }
+}
+
+/// One pread; a file that ends before `pos + buf.len()` is an error: its index row
+/// recorded a longer body, and the client must see a cut, never a short success.
+pub fn pread_some(fd: RawFd, buf: &mut [u8], pos: u64) -> io::Result<usize> {
+    loop {
+        // SAFETY: `buf` is valid for `buf.len()` bytes of writes.
+        let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), pos as libc::off_t) };
+        if n > 0 {
+            return Ok(n as usize);
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "a body file is shorter than recorded",
+            ));
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+enum Item {
+    Bytes { data: Vec<u8>, sent: usize },
+    File { fd: OwnedFd, pos: u64, end: u64 },
+}
+
+/// The queue of one connection's output.
+#[derive(Default)]
+pub struct Outbox {
+    items: VecDeque<Item>,
+    queued: u64,
+    scratch: Vec<u8>,
+}
+
+impl Outbox {
+    /// Bytes waiting, those of queued file ranges included.
+    pub fn queued(&self) -> u64 {
+        self.queued
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    pub fn push_bytes(&mut self, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
+        self.queued += data.len() as u64;
+        // Small writes after bytes still waiting join them: one record, one syscall.
+        if let Some(Item::Bytes { data: last, .. }) = self.items.back_mut() {
+            last.extend_from_slice(data);
+            return;
+        }
+        self.items.push_back(Item::Bytes {
+            data: data.to_vec(),
+            sent: 0,
+        });
+    }
+
+    /// Queue bytes [start, end) of `fd`, which the outbox owns from now on (closed
+    /// once sent, or when the outbox is dropped).
+    pub fn push_file(&mut self, fd: OwnedFd, start: u64, end: u64) {
+        if end > start {
+            self.queued += end - start;
+            self.items.push_back(Item::File {
+                fd,
+                pos: start,
+                end,
+            });
+        }
+    }
+
+    /// Drop everything queued (an aborted connection).
+    pub fn clear(&mut self) {
+        self.items.clear();
+        self.queued = 0;
+    }
+
+    /// Send as much as `sink` takes now; true once everything went out.
+    pub fn pump<S: Sink>(&mut self, sink: &mut S) -> io::Result<bool> {
+        // What waited since the last time goes first.
+        if !sink.flush()? {
+            return Ok(false);
+        }
+        loop {
+            let Some(front) = self.items.front_mut() else {
+                return sink.flush();
+            };
+            let (taken, done) = match front {
+                Item::Bytes { data, sent } => match sink.send(&data[*sent..]) {
+                    Ok(n) => {
+                        *sent += n;
+                        (n, *sent == data.len())
+                    }
+                    Err(e) => return would_block(e),
+                },
+                Item::File { fd, pos, end } => {
+                    let len = (*end - *pos).min(FILE_CHUNK as u64) as usize;
+                    match sink.send_file(fd.as_raw_fd(), *pos, len, &mut self.scratch) {
+                        Ok(n) => {
+                            *pos += n as u64;
+                            (n, *pos == *end)
+                        }
+                        Err(e) => return would_block(e),
+                    }
+                }
+            };
+            self.queued -= taken as u64;
+            if done {
+                self.items.pop_front();
+            }
+        }
+    }
+}
+
+fn would_block(e: io::Error) -> io::Result<bool> {
+    if e.kind() == io::ErrorKind::WouldBlock {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs::File;
+    use std::io::Write;
+
+    /// Takes at most `room` bytes per call, then blocks until `room` is given again.
+    struct Tight {
+        got: Vec<u8>,
+        room: usize,
+        left: usize,
+    }
+
+    impl Sink for Tight {
+        fn flush(&mut self) -> io::Result<bool> {
+            Ok(true)
+        }
+        fn send(&mut self, data: &[u8]) -> io::Result<usize> {
+            if self.left == 0 {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let n = data.len().min(self.room).min(self.left);
+            self.left -= n;
+            self.got.extend_from_slice(&data[..n]);
+            Ok(n)
+        }
+    }
+
+    /// An open file holding `content`, already unlinked; `name` apart per test, which
+    /// run in threads of one process.
+    fn body_file(name: &str, content: &[u8]) -> OwnedFd {
+        let path = std::env::temp_dir().join(format!("outbox-{name}-{}", std::process::id()));
+        let mut file = File::create(&path).unwrap();
+        file.write_all(content).unwrap();
+        let file = File::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        file.into()
+    }
+
+    #[test]
+    fn bytes_and_file_ranges_leave_in_order_whatever_the_socket_takes() {
+        let content: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        let mut outbox = Outbox::default();
+        outbox.push_bytes(b"HEAD ");
+        outbox.push_bytes(b"more ");
+        outbox.push_file(body_file("order", &content), 10, 150_010);
+        outbox.push_bytes(b" next");
+        assert_eq!(outbox.queued(), 10 + 150_000 + 5);
+        let mut sink = Tight {
+            got: Vec::new(),
+            room: 7_777,
+            left: 0,
+        };
+        let mut rounds = 0;
+        loop {
+            sink.left = 20_000;
+            if outbox.pump(&mut sink).unwrap() {
+                break;
+            }
+            rounds += 1;
+        }
+        let mut wanted = b"HEAD more ".to_vec();
+        wanted.extend_from_slice(&content[10..150_010]);
+        wanted.extend_from_slice(b" next");
+        assert_eq!(sink.got, wanted);
+        assert!(rounds > 5, "the sink blocked along the way");
+        assert_eq!(outbox.queued(), 0);
+        assert!(outbox.is_empty());
+    }
+
+    #[test]
+    fn a_file_shorter_than_its_range_is_an_error() {
+        let mut outbox = Outbox::default();
+        outbox.push_file(body_file("short", b"short"), 0, 100);
+        let mut sink = Tight {
+            got: Vec::new(),
+            room: 1 << 20,
+            left: 1 << 20,
+        };
+        let error = outbox.pump(&mut sink).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof);
+        assert_eq!(sink.got, b"short");
+    }
+}

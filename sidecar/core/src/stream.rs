@@ -1,0 +1,858 @@
+//! One client connection of the lean front end, driven by the asyncio event loop.
+//!
+//! The stream owns the socket and, for an intercepted https tunnel, the TLS session
+//! (rustls): it reads and decrypts, hands the plaintext to its protocol (an
+//! `asyncio.Protocol`, the lean HTTP/1.1 server), and sends what the protocol writes,
+//! stored body files included, which never pass through Python. It offers the slice of
+//! `asyncio.Transport` its protocols use and calls them as any transport does.
+//!
+//! The loop says when the socket is readable or writable (`add_reader`, `add_writer`
+//! with the stream's own methods): every byte moves inside that one call, on the loop's
+//! thread. A thread of our own would have to take the GIL back for each request the
+//! protocol decides, and wait for it while the loop runs Python.
+//!
+//! Python is never called while the stream is borrowed: the calls that move bytes
+//! return what the protocol must hear (`Notice`), and it is told afterwards, so that it
+//! may write from inside `data_received`.
+
+use std::io::{self, Read};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+
+use pyo3::exceptions::{PyConnectionResetError, PyOSError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use pyo3::{PyTraverseError, PyVisit};
+use rustls::ServerConnection;
+
+use crate::http1::{Event, Head, Parser};
+use crate::outbox::{Outbox, Sink};
+use crate::sink::{Socket, TLS_BATCH, Tls};
+
+/// Plaintext handed to the protocol per readable event, at most.
+const READ_SIZE: usize = 256 * 1024;
+/// Bytes waiting to be sent before the protocol is told to pause (asyncio's default
+/// is 64 KiB; a stored body file is counted whole).
+const DEFAULT_HIGH_WATER: u64 = 256 * 1024;
+
+/// What a handshake step waits for.
+pub const HANDSHAKE_DONE: u8 = 0;
+pub const WANTS_READ: u8 = 1;
+pub const WANTS_WRITE: u8 = 2;
+
+/// A server-side TLS configuration: the leaf chain and key for one intercepted host.
+#[pyclass(module = "sidecar.core.native", frozen)]
+pub struct TlsConfig {
+    config: Arc<rustls::ServerConfig>,
+}
+
+#[pymethods]
+impl TlsConfig {
+    #[new]
+    fn new(chain_pem: &[u8], key_pem: &[u8]) -> PyResult<Self> {
+        let config =
+            crate::tls::server_config(chain_pem, key_pem).map_err(PyValueError::new_err)?;
+        Ok(Self { config })
+    }
+}
+
+enum Notice {
+    Data(Vec<u8>),
+    Eof,
+    PauseWriting,
+    ResumeWriting,
+    Lost(Option<io::Error>),
+}
+
+/// The stream's state apart from Python objects: everything `Notice`s are made from.
+struct Core {
+    fd: Option<OwnedFd>,
+    tls: Option<Box<ServerConnection>>,
+    outbox: Outbox,
+    read_buffer: Vec<u8>,
+    high: u64,
+    low: u64,
+    writing_paused: bool,
+    closing: bool,
+    notified: bool, // the TLS closure alert was queued
+    write_eof: bool,
+}
+
+impl Core {
+    fn new(fd: OwnedFd, tls: Option<Box<ServerConnection>>) -> Self {
+        Self {
+            fd: Some(fd),
+            tls,
+            outbox: Outbox::default(),
+            read_buffer: Vec::new(),
+            high: DEFAULT_HIGH_WATER,
+            low: DEFAULT_HIGH_WATER / 4,
+            writing_paused: false,
+            closing: false,
+            notified: false,
+            write_eof: false,
+        }
+    }
+
+    fn raw(&self) -> RawFd {
+        use std::os::fd::AsRawFd;
+        self.fd.as_ref().map_or(-1, AsRawFd::as_raw_fd)
+    }
+
+    fn closed(&self) -> bool {
+        self.fd.is_none()
+    }
+
+    /// One step of the TLS handshake; what it waits for next.
+    fn handshake(&mut self) -> io::Result<u8> {
+        let socket = self.raw();
+        let Some(session) = self.tls.as_deref_mut() else {
+            return Ok(HANDSHAKE_DONE);
+        };
+        loop {
+            while session.wants_write() {
+                match session.write_tls(&mut Socket(socket)) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(WANTS_WRITE),
+                    Err(e) => return Err(e),
+                }
+            }
+            if !session.is_handshaking() {
+                return Ok(HANDSHAKE_DONE);
+            }
+            match session.read_tls(&mut Socket(socket)) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::ConnectionReset,
+                        "closed during the TLS handshake",
+                    ));
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(WANTS_READ),
+                Err(e) => return Err(e),
+            }
+            if let Err(e) = session.process_new_packets() {
+                // The alert goes out if it can; the handshake has failed either way.
+                let _ = session.write_tls(&mut Socket(socket));
+                return Err(handshake_error(e));
+            }
+        }
+    }
+
+    /// Read what has arrived: plaintext for the protocol, and whether the client ended.
+    fn read(&mut self) -> io::Result<(Vec<u8>, bool)> {
+        let socket = self.raw();
+        let mut plain = Vec::new();
+        let Some(session) = self.tls.as_deref_mut() else {
+            self.read_buffer.resize(READ_SIZE, 0);
+            return match Socket(socket).read(&mut self.read_buffer) {
+                Ok(0) => Ok((plain, true)),
+                Ok(n) => Ok((self.read_buffer[..n].to_vec(), false)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok((plain, false)),
+                Err(e) => Err(e),
+            };
+        };
+        loop {
+            let mut blocked = false;
+            let mut tcp_ended = false;
+            match session.read_tls(&mut Socket(socket)) {
+                Ok(0) => tcp_ended = true,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => blocked = true,
+                Err(e) => return Err(e),
+            }
+            let state = session.process_new_packets().map_err(|e| {
+                let _ = session.write_tls(&mut Socket(socket));
+                io::Error::new(io::ErrorKind::InvalidData, e)
+            })?;
+            let available = state.plaintext_bytes_to_read();
+            let closure_alert = state.peer_has_closed();
+            if available > 0 {
+                let start = plain.len();
+                plain.resize(start + available, 0);
+                session.reader().read_exact(&mut plain[start..])?;
+            }
+            // A TCP end without TLS's closure alert: the client is gone all the same.
+            if closure_alert || tcp_ended {
+                return Ok((plain, true));
+            }
+            if blocked || plain.len() >= READ_SIZE {
+                return Ok((plain, false));
+            }
+        }
+    }
+
+    /// Send what the socket takes; true once nothing waits. A closing TLS stream ends
+    /// with the closure alert, sent like the rest: it tells the client that what it got
+    /// is all there is (RFC 9112 §9.8), so it never goes after a failure or an abort.
+    fn pump(&mut self) -> io::Result<bool> {
+        let socket = Socket(self.raw());
+        let drained = match self.tls.as_deref_mut() {
+            Some(session) => {
+                let mut sink = Tls::new(session, socket);
+                let mut drained = self.outbox.pump(&mut sink)?;
+                if drained && self.closing && !self.notified {
+                    self.notified = true;
+                    sink.session().send_close_notify();
+                    drained = Sink::flush(&mut sink)?;
+                }
+                drained
+            }
+            None => {
+                let mut socket = socket;
+                self.outbox.pump(&mut socket)?
+            }
+        };
+        if drained && self.write_eof && self.tls.is_none() {
+            // SAFETY: the descriptor is open.
+            unsafe { libc::shutdown(self.raw(), libc::SHUT_WR) };
+        }
+        Ok(drained)
+    }
+
+    fn water_notice(&mut self) -> Option<Notice> {
+        let queued = self.outbox.queued();
+        if !self.writing_paused && queued > self.high {
+            self.writing_paused = true;
+            return Some(Notice::PauseWriting);
+        }
+        if self.writing_paused && queued <= self.low {
+            self.writing_paused = false;
+            return Some(Notice::ResumeWriting);
+        }
+        None
+    }
+
+    /// Close the socket now, dropping whatever waits.
+    fn shut(&mut self) {
+        if !self.closed() {
+            // SAFETY: the descriptor is open; closing it is left to OwnedFd.
+            unsafe { libc::shutdown(self.raw(), libc::SHUT_RDWR) };
+        }
+        self.fd = None;
+        self.outbox.clear();
+    }
+}
+
+#[pyclass(module = "sidecar.core.native")]
+pub struct Stream {
+    core: Core,
+    event_loop: Py<PyAny>,
+    protocol: Option<Py<PyAny>>,
+    // The stream's own `readable` and `writable`, as the loop calls them; dropped at
+    // the end, which breaks the cycle they make with the stream.
+    on_readable: Option<Py<PyAny>>,
+    on_writable: Option<Py<PyAny>>,
+    /// Requests parsed for the protocol; None: bytes handed over as they come (a
+    /// relay after an upgrade, or a protocol of bytes).
+    parser: Option<Parser>,
+    paused: bool,       // the protocol asked for no more
+    reader_added: bool, // the loop watches for reads
+    eof: bool,          // the client ended its side
+    eof_told: bool,
+    writer_added: bool,
+}
+
+impl Stream {
+    fn watch_reads(&mut self, py: Python<'_>, on: bool) -> PyResult<()> {
+        if on == self.reader_added || self.core.closed() {
+            return Ok(());
+        }
+        self.reader_added = on;
+        let callback = self.on_readable.as_ref().map(|c| c.clone_ref(py));
+        self.watch(py, ("add_reader", "remove_reader"), on, callback)
+    }
+
+    fn watch_writes(&mut self, py: Python<'_>, on: bool) -> PyResult<()> {
+        if on == self.writer_added || self.core.closed() {
+            return Ok(());
+        }
+        self.writer_added = on;
+        let callback = self.on_writable.as_ref().map(|c| c.clone_ref(py));
+        self.watch(py, ("add_writer", "remove_writer"), on, callback)
+    }
+
+    /// Ask the loop to call `callback` when the socket is ready (`on`), or no more.
+    fn watch(
+        &self,
+        py: Python<'_>,
+        (add, remove): (&str, &str),
+        on: bool,
+        callback: Option<Py<PyAny>>,
+    ) -> PyResult<()> {
+        let fd = self.core.raw();
+        if on {
+            self.event_loop.call_method1(py, add, (fd, callback))?;
+        } else {
+            self.event_loop.call_method1(py, remove, (fd,))?;
+        }
+        Ok(())
+    }
+
+    /// Send what waits, watch for writability while some is left, close once a
+    /// closing stream has sent everything; what the protocol must hear.
+    fn flush(&mut self, py: Python<'_>, notices: &mut Vec<Notice>) -> PyResult<()> {
+        if self.core.closed() {
+            return Ok(());
+        }
+        match self.core.pump() {
+            Ok(drained) => {
+                self.watch_writes(py, !drained)?;
+                notices.extend(self.core.water_notice());
+                if drained && self.core.closing {
+                    self.finish(py, None, notices)?;
+                }
+            }
+            Err(e) => self.finish(py, Some(e), notices)?,
+        }
+        Ok(())
+    }
+
+    /// The end of the connection.
+    fn finish(
+        &mut self,
+        py: Python<'_>,
+        error: Option<io::Error>,
+        notices: &mut Vec<Notice>,
+    ) -> PyResult<()> {
+        if self.core.closed() {
+            return Ok(());
+        }
+        self.watch_reads(py, false)?;
+        self.watch_writes(py, false)?;
+        self.core.closing = true;
+        self.core.shut();
+        self.on_readable = None;
+        self.on_writable = None;
+        notices.push(Notice::Lost(error));
+        Ok(())
+    }
+}
+
+/// Hand the protocol one parsed event of a request, with the stream no longer borrowed.
+fn tell_request(slf: &Bound<'_, Stream>, event: Event) -> PyResult<()> {
+    let py = slf.py();
+    let Some(protocol) = slf.borrow().protocol.as_ref().map(|p| p.clone_ref(py)) else {
+        return Ok(());
+    };
+    match event {
+        Event::Head(head) => {
+            let Head {
+                method,
+                target,
+                version,
+                fields,
+                hosts,
+                transfer_encoding,
+                keep_alive,
+                upgrade,
+                has_body,
+            } = *head;
+            let arguments = (
+                method,
+                PyBytes::new(py, &target),
+                version,
+                fields,
+                hosts,
+                transfer_encoding,
+                keep_alive,
+                upgrade,
+                has_body,
+            );
+            protocol.call_method1(py, "request_received", arguments)?;
+        }
+        Event::Body(data) => {
+            protocol.call_method1(py, "body_received", (PyBytes::new(py, &data),))?;
+        }
+        Event::End => {
+            protocol.call_method0(py, "message_complete")?;
+        }
+        Event::Refused(status, reason) => {
+            protocol.call_method1(py, "request_refused", (status, reason))?;
+        }
+    }
+    Ok(())
+}
+
+/// Tell the protocol, with the stream no longer borrowed.
+fn deliver(slf: &Bound<'_, Stream>, notices: Vec<Notice>) -> PyResult<()> {
+    let py = slf.py();
+    for notice in notices {
+        let protocol = match slf.borrow().protocol.as_ref() {
+            Some(protocol) => protocol.clone_ref(py),
+            None => return Ok(()),
+        };
+        match notice {
+            Notice::Data(data) => {
+                protocol.call_method1(py, "data_received", (PyBytes::new(py, &data),))?;
+            }
+            Notice::Eof => {
+                let keep_open = protocol.call_method0(py, "eof_received")?;
+                if !keep_open.is_truthy(py)? {
+                    Stream::close(slf)?;
+                }
+            }
+            Notice::PauseWriting => {
+                protocol.call_method0(py, "pause_writing")?;
+            }
+            Notice::ResumeWriting => {
+                protocol.call_method0(py, "resume_writing")?;
+            }
+            Notice::Lost(error) => {
+                let error = error.map(|e| PyErr::from(e).into_value(py));
+                let lost = protocol.getattr(py, "connection_lost")?;
+                let event_loop = slf.borrow().event_loop.clone_ref(py);
+                // Later, as asyncio's transports do: never inside a write of the protocol's.
+                event_loop.call_method1(py, "call_soon", (lost, error))?;
+                // The protocol holds the stream: let both go.
+                slf.borrow_mut().protocol = None;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[pymethods]
+impl Stream {
+    // The Python objects a stream holds, for the garbage collector: the protocol holds
+    // the stream, and the loop its callbacks.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.event_loop)?;
+        visit.call(&self.protocol)?;
+        visit.call(&self.on_readable)?;
+        visit.call(&self.on_writable)?;
+        Ok(())
+    }
+
+    fn __clear__(&mut self) {
+        self.protocol = None;
+        self.on_readable = None;
+        self.on_writable = None;
+    }
+
+    /// Take the connected socket `fd` over (the stream closes it); `tls`: the session's
+    /// configuration, None for plain HTTP.
+    #[new]
+    #[pyo3(signature = (fd, event_loop, tls=None))]
+    fn new(fd: RawFd, event_loop: Py<PyAny>, tls: Option<PyRef<'_, TlsConfig>>) -> PyResult<Self> {
+        if fd < 0 {
+            return Err(PyValueError::new_err("not a socket"));
+        }
+        // SAFETY: the caller hands the descriptor over (`socket.detach()`).
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        let session = match tls {
+            Some(config) => {
+                let mut session = ServerConnection::new(config.config.clone())
+                    .map_err(|e| PyValueError::new_err(e.to_string()))?;
+                // Room for a batch of records made while the last ones wait to leave.
+                session.set_buffer_limit(Some(4 * TLS_BATCH));
+                Some(Box::new(session))
+            }
+            None => None,
+        };
+        Ok(Self {
+            core: Core::new(owned, session),
+            event_loop,
+            protocol: None,
+            on_readable: None,
+            on_writable: None,
+            parser: None,
+            paused: true,
+            reader_added: false,
+            eof: false,
+            eof_told: false,
+            writer_added: false,
+        })
+    }
+
+    /// One step of the TLS handshake: 0 once done, 1 to call again when the socket is
+    /// readable, 2 when writable. OSError when it fails.
+    fn handshake(&mut self) -> PyResult<u8> {
+        if self.core.closed() {
+            return Err(PyConnectionResetError::new_err("the stream is closed"));
+        }
+        Ok(self.core.handshake()?)
+    }
+
+    /// The application protocol the handshake chose, if any.
+    fn alpn(&self) -> Option<Vec<u8>> {
+        self.core.tls.as_ref()?.alpn_protocol().map(<[u8]>::to_vec)
+    }
+
+    /// Tell `protocol` it is connected, then feed it what arrives: with `requests`, the
+    /// requests parsed from it (`request_received`, `body_received`,
+    /// `message_complete`, `request_refused`), else its bytes (`data_received`).
+    #[pyo3(signature = (protocol, requests=false))]
+    fn start(slf: &Bound<'_, Self>, protocol: Py<PyAny>, requests: bool) -> PyResult<()> {
+        let py = slf.py();
+        {
+            let mut stream = slf.borrow_mut();
+            stream.protocol = Some(protocol.clone_ref(py));
+            stream.on_readable = Some(slf.getattr("readable")?.unbind());
+            stream.on_writable = Some(slf.getattr("writable")?.unbind());
+            stream.parser = requests.then(Parser::default);
+        }
+        protocol.call_method1(py, "connection_made", (slf,))?;
+        // Requests that came with the handshake's last flight are inside the session
+        // already, which the socket does not say: resuming reads once at once.
+        Self::resume_reading(slf)
+    }
+
+    /// The loop's reader callback: read what arrived, then hand over what it makes.
+    fn readable(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
+        let mut notices = Vec::new();
+        {
+            let mut stream = slf.borrow_mut();
+            if stream.paused || stream.core.closed() {
+                return Ok(());
+            }
+            if !stream.eof {
+                match stream.core.read() {
+                    Ok((data, ended)) => {
+                        match stream.parser.as_mut() {
+                            Some(parser) => parser.feed(&data),
+                            None if !data.is_empty() => notices.push(Notice::Data(data)),
+                            None => {}
+                        }
+                        if ended {
+                            stream.eof = true;
+                            stream.watch_reads(py, false)?;
+                        }
+                        // Reading may have made the session want to write (a key update).
+                        if stream.core.tls.as_ref().is_some_and(|s| s.wants_write()) {
+                            stream.flush(py, &mut notices)?;
+                        }
+                    }
+                    Err(e) => stream.finish(py, Some(e), &mut notices)?,
+                }
+            }
+        }
+        deliver(slf, notices)?;
+        // Requests one at a time: the protocol may pause between two.
+        loop {
+            let event = {
+                let mut stream = slf.borrow_mut();
+                if stream.paused || stream.core.closed() {
+                    return Ok(());
+                }
+                match stream.parser.as_mut().and_then(Parser::event) {
+                    Some(event) => event,
+                    None => break,
+                }
+            };
+            let upgrade = matches!(&event, Event::Head(head) if head.upgrade);
+            tell_request(slf, event)?;
+            if upgrade {
+                // From here on the connection carries the new protocol's bytes: what
+                // came after the head first, as `data_received`, like all that follows.
+                let early = {
+                    let mut stream = slf.borrow_mut();
+                    let early = stream.parser.as_mut().map(Parser::take_rest);
+                    stream.parser = None;
+                    early.unwrap_or_default()
+                };
+                if !early.is_empty() {
+                    deliver(slf, vec![Notice::Data(early)])?;
+                }
+                break;
+            }
+        }
+        let eof_now = {
+            let mut stream = slf.borrow_mut();
+            let now = stream.eof && !stream.eof_told && !stream.core.closed();
+            stream.eof_told |= now;
+            now
+        };
+        if eof_now {
+            deliver(slf, vec![Notice::Eof])?;
+        }
+        Ok(())
+    }
+
+    /// The loop's writer callback.
+    fn writable(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let mut notices = Vec::new();
+        slf.borrow_mut().flush(slf.py(), &mut notices)?;
+        deliver(slf, notices)
+    }
+
+    fn write(slf: &Bound<'_, Self>, data: &[u8]) -> PyResult<()> {
+        let mut notices = Vec::new();
+        {
+            let mut stream = slf.borrow_mut();
+            if stream.core.closing || stream.core.closed() || data.is_empty() {
+                return Ok(());
+            }
+            stream.core.outbox.push_bytes(data);
+            let py = slf.py();
+            stream.flush(py, &mut notices)?;
+        }
+        deliver(slf, notices)
+    }
+
+    /// Send `head`, then bytes [start, end) of the file `fd`, which the stream takes
+    /// over (it closes it once sent, or with the connection). The file is read as the
+    /// client takes it, in chunks: its bytes never reach Python.
+    fn send_file(
+        slf: &Bound<'_, Self>,
+        head: &[u8],
+        fd: RawFd,
+        start: u64,
+        end: u64,
+    ) -> PyResult<()> {
+        if fd < 0 || end < start {
+            return Err(PyValueError::new_err("not a file range"));
+        }
+        // SAFETY: the caller hands the descriptor over.
+        let file = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut notices = Vec::new();
+        {
+            let mut stream = slf.borrow_mut();
+            if stream.core.closing || stream.core.closed() {
+                return Ok(());
+            }
+            stream.core.outbox.push_bytes(head);
+            stream.core.outbox.push_file(file, start, end);
+            let py = slf.py();
+            stream.flush(py, &mut notices)?;
+        }
+        deliver(slf, notices)
+    }
+
+    fn pause_reading(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.paused = true;
+        self.watch_reads(py, false)
+    }
+
+    fn resume_reading(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
+        let mut stream = slf.borrow_mut();
+        if stream.core.closing || stream.core.closed() || !stream.paused {
+            return Ok(());
+        }
+        stream.paused = false;
+        let more_from_socket = !stream.eof;
+        stream.watch_reads(py, more_from_socket)?;
+        // What was read and not handed over yet (requests parsed ahead, the client's
+        // end) makes the socket no more readable.
+        let readable = stream.on_readable.as_ref().map(|c| c.clone_ref(py));
+        stream
+            .event_loop
+            .call_method1(py, "call_soon", (readable,))?;
+        Ok(())
+    }
+
+    fn is_reading(&self) -> bool {
+        !self.paused
+    }
+
+    /// Send what is queued, then TLS's closure alert, then close.
+    fn close(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
+        let mut notices = Vec::new();
+        {
+            let mut stream = slf.borrow_mut();
+            if stream.core.closing || stream.core.closed() {
+                return Ok(());
+            }
+            stream.core.closing = true;
+            stream.watch_reads(py, false)?;
+            stream.flush(py, &mut notices)?;
+        }
+        deliver(slf, notices)
+    }
+
+    /// Close at once, dropping what is queued: the client sees a cut connection.
+    fn abort(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
+        let mut notices = Vec::new();
+        {
+            let mut stream = slf.borrow_mut();
+            stream.core.outbox.clear();
+            stream.finish(py, None, &mut notices)?;
+        }
+        deliver(slf, notices)
+    }
+
+    fn is_closing(&self) -> bool {
+        self.core.closing || self.core.closed()
+    }
+
+    fn can_write_eof(&self) -> bool {
+        // A TLS connection cannot stay half-open.
+        self.core.tls.is_none()
+    }
+
+    /// Close the sending side once what is queued went out (plain TCP only).
+    fn write_eof(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let mut notices = Vec::new();
+        {
+            let mut stream = slf.borrow_mut();
+            if stream.core.tls.is_some() {
+                return Err(PyOSError::new_err("a TLS stream cannot be half-closed"));
+            }
+            if stream.core.closed() || stream.core.write_eof {
+                return Ok(());
+            }
+            stream.core.write_eof = true;
+            let py = slf.py();
+            stream.flush(py, &mut notices)?;
+        }
+        deliver(slf, notices)
+    }
+
+    /// Hand the connection to another protocol (a relay after an upgrade), which gets
+    /// bytes: what was received after the upgrade's head first.
+    fn set_protocol(&mut self, protocol: Py<PyAny>) {
+        self.protocol = Some(protocol);
+        self.parser = None;
+    }
+
+    fn get_protocol(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.protocol.as_ref().map(|p| p.clone_ref(py))
+    }
+
+    #[pyo3(signature = (high=None, low=None))]
+    fn set_write_buffer_limits(&mut self, high: Option<u64>, low: Option<u64>) {
+        self.core.high = high.unwrap_or(DEFAULT_HIGH_WATER);
+        self.core.low = low.unwrap_or(self.core.high / 4);
+    }
+
+    fn get_write_buffer_size(&self) -> u64 {
+        self.core.outbox.queued()
+    }
+
+    #[pyo3(signature = (name, default=None))]
+    fn get_extra_info(&self, py: Python<'_>, name: &str, default: Option<Py<PyAny>>) -> Py<PyAny> {
+        match name {
+            "fileno" if !self.core.closed() => self
+                .core
+                .raw()
+                .into_pyobject(py)
+                .unwrap()
+                .into_any()
+                .unbind(),
+            _ => default.unwrap_or_else(|| py.None()),
+        }
+    }
+
+    fn fileno(&self) -> RawFd {
+        self.core.raw()
+    }
+}
+
+/// A failed handshake as an OSError whose message says what the client did: an alert it
+/// sent is named as the TLS specification spells it ("the client sent alert unknown ca"),
+/// which is how the wire layer tells a client that refused our certificate.
+fn handshake_error(error: rustls::Error) -> io::Error {
+    let message = match &error {
+        rustls::Error::AlertReceived(alert) => {
+            format!("the client sent alert {}", alert_name(&format!("{alert:?}")))
+        }
+        other => other.to_string(),
+    };
+    io::Error::new(io::ErrorKind::InvalidData, message)
+}
+
+/// `UnknownCA` -> `unknown ca`: words at each lower-to-upper case step, in lower case.
+fn alert_name(variant: &str) -> String {
+    let mut name = String::with_capacity(variant.len() + 4);
+    let mut previous_lower = false;
+    for c in variant.chars() {
+        if c.is_uppercase() && previous_lower {
+            name.push(' ');
+        }
+        previous_lower = c.is_lowercase();
+        name.extend(c.to_lowercase());
+    }
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn alerts_are_named_as_the_specification_spells_them() {
+        use super::alert_name;
+        assert_eq!(alert_name("UnknownCA"), "unknown ca");
+        assert_eq!(alert_name("BadCertificate"), "bad certificate");
+        assert_eq!(alert_name("CertificateUnknown"), "certificate unknown");
+        let error = super::handshake_error(rustls::Error::AlertReceived(
+            rustls::AlertDescription::UnknownCA,
+        ));
+        assert_eq!(error.to_string(), "the client sent alert unknown ca");
+    }
+
+    use super::*;
+    use crate::tls::tests::{CA, CHAIN, KEY};
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::{ClientConfig, ClientConnection, RootCertStore};
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+
+    fn core(fd: OwnedFd) -> Core {
+        let config = crate::tls::server_config(CHAIN, KEY).unwrap();
+        Core::new(fd, Some(Box::new(ServerConnection::new(config).unwrap())))
+    }
+
+    #[test]
+    fn a_request_in_and_a_stored_body_out_over_tls() {
+        let (server_side, client_side) = UnixStream::pair().unwrap();
+        server_side.set_nonblocking(true).unwrap();
+        let mut server = core(server_side.into());
+        let body: Vec<u8> = (0..1_000_000u32).map(|i| (i % 253) as u8).collect();
+        let path = std::env::temp_dir().join(format!("stream-{}", std::process::id()));
+        std::fs::write(&path, &body).unwrap();
+        let file: OwnedFd = std::fs::File::open(&path).unwrap().into();
+        std::fs::remove_file(&path).unwrap();
+
+        let mut roots = RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(CA).unwrap())
+            .unwrap();
+        let client = std::thread::spawn(move || {
+            let mut config = ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+            config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+            let session = ClientConnection::new(Arc::new(config), "localhost".try_into().unwrap());
+            let mut tls = rustls::StreamOwned::new(session.unwrap(), client_side);
+            tls.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+            let mut received = Vec::new();
+            tls.read_to_end(&mut received).unwrap();
+            received
+        });
+
+        // Driven as the event loop would, polling instead of waiting for readiness.
+        while server.handshake().unwrap() != HANDSHAKE_DONE {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(
+            server.tls.as_ref().unwrap().alpn_protocol(),
+            Some(&b"http/1.1"[..])
+        );
+        let mut request = Vec::new();
+        while !request.ends_with(b"\r\n\r\n") {
+            let (data, ended) = server.read().unwrap();
+            assert!(!ended);
+            request.extend_from_slice(&data);
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(request, b"GET / HTTP/1.1\r\n\r\n");
+        server.outbox.push_bytes(b"HEAD\r\n");
+        server.outbox.push_file(file, 100, 900_100);
+        server.closing = true; // the closure alert follows the body
+        while !server.pump().unwrap() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        server.shut();
+        let received = client.join().unwrap();
+        assert_eq!(&received[..6], b"HEAD\r\n");
+        assert_eq!(&received[6..], &body[100..900_100]);
+    }
+}

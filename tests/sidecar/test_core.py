@@ -1,0 +1,220 @@
+"""The Rust core's stream (`sidecar.core.native.Stream`) through Python, on real sockets.
+
+A stored body goes from its file to a TLS client whatever pace the client reads at, with
+the protocol told to pause and resume; a file shorter than the range it was sent for
+cuts the connection, so the client never takes a part for the whole; a plain stream
+half-closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import ssl
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import trustme
+
+from sidecar.core import native
+from sidecar.wire import tls
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n"
+SIZE = 32 * 1024 * 1024 + 123  # bytes: more than loopback sockets hold (some MiB)
+
+
+class Recorder(asyncio.Protocol):
+    """A protocol that answers its first bytes with `answer(stream)` and notes the rest."""
+
+    def __init__(self, answer: Callable[[native.Stream], None]) -> None:
+        self.answer = answer
+        self.events: list[str] = []
+        self.lost: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
+        self.stream: native.Stream | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.stream = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.events.append("data")
+        assert self.stream is not None
+        if self.events.count("data") == 1:
+            self.answer(self.stream)
+
+    def eof_received(self) -> bool:
+        self.events.append("eof")
+        return False
+
+    def pause_writing(self) -> None:
+        self.events.append("pause")
+
+    def resume_writing(self) -> None:
+        self.events.append("resume")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost.set_result(exc)
+
+
+@pytest.fixture(scope="module")
+def issuer() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture(scope="module")
+def leaf(issuer: trustme.CA) -> trustme.LeafCert:
+    return issuer.issue_cert("origin.test")
+
+
+def _body(tmp_path: Path, size: int) -> tuple[bytes, Path]:
+    content = os.urandom(size)
+    path = tmp_path / "body"
+    path.write_bytes(content)
+    return content, path
+
+
+def _serve(
+    leaf: trustme.LeafCert | None, answer: Callable[[native.Stream], None]
+) -> tuple[socket.socket, Callable[[], asyncio.Future[Recorder]]]:
+    """A listening socket, and how to serve its first connection with a stream."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+
+    async def accept() -> Recorder:
+        loop = asyncio.get_running_loop()
+        await tls.ready(listener.fileno(), write=False)
+        client, _ = listener.accept()
+        client.setblocking(False)
+        config = None
+        if leaf is not None:
+            chain = b"".join(pem.bytes() for pem in leaf.cert_chain_pems)
+            config = native.TlsConfig(chain, leaf.private_key_pem.bytes())
+        fd = client.fileno()
+        stream = native.Stream(client.detach(), loop, config)
+        while (step := stream.handshake()) != native.HANDSHAKE_DONE:
+            await tls.ready(fd, write=step == native.WANTS_WRITE)
+        protocol = Recorder(answer)
+        stream.start(protocol)
+        return protocol
+
+    return listener, lambda: asyncio.ensure_future(accept())
+
+
+def _tls_client(
+    port: int, issuer: trustme.CA, read: Callable[[ssl.SSLSocket], bytes]
+) -> tuple[threading.Thread, list[bytes | BaseException]]:
+    """A client thread that sends a request and reads with `read`; what it got, or its
+    error."""
+    context = ssl.create_default_context()
+    issuer.configure_trust(context)
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    got: list[bytes | BaseException] = []
+
+    def run() -> None:
+        try:
+            with socket.create_connection(("127.0.0.1", port)) as raw:
+                # A TCP end without TLS's closure alert is an error, as it is to curl.
+                with context.wrap_socket(
+                    raw, server_hostname="origin.test", suppress_ragged_eofs=False
+                ) as client:
+                    assert client.selected_alpn_protocol() == "http/1.1"
+                    client.sendall(b"GET / HTTP/1.1\r\nHost: origin.test\r\n\r\n")
+                    got.append(read(client))
+        except BaseException as e:  # handed to the test
+            got.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, got
+
+
+def _read_slowly_then_all(client: ssl.SSLSocket) -> bytes:
+    received = bytearray(client.recv(1024))
+    threading.Event().wait(0.3)  # the server's buffers fill meanwhile
+    while chunk := client.recv(1 << 20):
+        received += chunk
+    return bytes(received)
+
+
+async def _exchange(
+    leaf: trustme.LeafCert, issuer: trustme.CA, answer: Callable[[native.Stream], None]
+) -> tuple[Recorder, bytes | BaseException]:
+    listener, accept = _serve(leaf, answer)
+    with listener:
+        serving = accept()
+        thread, got = _tls_client(listener.getsockname()[1], issuer, _read_slowly_then_all)
+        protocol = await asyncio.wait_for(serving, 10)
+        await asyncio.wait_for(asyncio.shield(protocol.lost), 20)
+        await asyncio.to_thread(thread.join, 10)
+    return protocol, got[0]
+
+
+def test_a_stored_body_reaches_a_slow_tls_client_whole_and_the_protocol_is_paused(
+    tmp_path: Path, leaf: trustme.LeafCert, issuer: trustme.CA
+) -> None:
+    content, path = _body(tmp_path, SIZE)
+    start, end = 77, SIZE
+
+    def answer(stream: native.Stream) -> None:
+        stream.send_file(HEAD % (end - start), os.open(path, os.O_RDONLY), start, end)
+        stream.close()  # once everything went out
+
+    protocol, received = asyncio.run(_exchange(leaf, issuer, answer))
+    assert isinstance(received, bytes), received
+    head = HEAD % (end - start)
+    assert received[: len(head)] == head
+    assert received[len(head) :] == content[start:end]
+    assert protocol.events[:3] == ["data", "pause", "resume"], protocol.events
+    assert protocol.lost.result() is None
+
+
+def test_a_body_file_shorter_than_its_range_cuts_the_connection(
+    tmp_path: Path, leaf: trustme.LeafCert, issuer: trustme.CA
+) -> None:
+    content, path = _body(tmp_path, SIZE)
+
+    def answer(stream: native.Stream) -> None:
+        stream.send_file(HEAD % (SIZE + 1000), os.open(path, os.O_RDONLY), 0, SIZE + 1000)
+        stream.close()
+
+    protocol, received = asyncio.run(_exchange(leaf, issuer, answer))
+    # No closure alert: the client sees the end as an error, never as the body's end.
+    assert isinstance(received, ssl.SSLEOFError), received
+    assert isinstance(protocol.lost.result(), OSError)
+    assert "shorter than recorded" in str(protocol.lost.result())
+
+
+def test_a_plain_stream_half_closes_and_still_reads(tmp_path: Path) -> None:
+    def answer(stream: native.Stream) -> None:
+        if not stream.can_write_eof():
+            return
+        stream.write(b"bye")
+        stream.write_eof()
+
+    async def main() -> tuple[Recorder, bytes]:
+        listener, accept = _serve(None, answer)
+        with listener:
+            serving = accept()
+            client = socket.create_connection(listener.getsockname())
+            protocol = await asyncio.wait_for(serving, 10)
+
+            def talk() -> bytes:
+                with client:
+                    client.sendall(b"hello")
+                    received = b""
+                    while chunk := client.recv(1024):
+                        received += chunk
+                    client.sendall(b"more")  # the server's side only is closed
+                    client.shutdown(socket.SHUT_WR)
+                    client.recv(1)
+                return received
+
+            received = await asyncio.to_thread(talk)
+            await asyncio.wait_for(asyncio.shield(protocol.lost), 10)
+        return protocol, received
+
+    protocol, received = asyncio.run(main())
+    assert received == b"bye"
+    assert protocol.events == ["data", "data", "eof"], protocol.events
