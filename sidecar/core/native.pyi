@@ -7,6 +7,19 @@ HANDSHAKE_DONE: int
 WANTS_READ: int
 WANTS_WRITE: int
 
+class CertificateRejected(OSError):
+    """The origin's certificate failed verification: the handshake was refused."""
+
+class Truncated(OSError):
+    """The origin closed the connection without TLS's closure alert (RFC 9112 §9.8)."""
+
+class ClientTls:
+    """The client side of TLS towards origins: certificates are verified against the
+    roots in `roots_pem` (and only those), and `alpn` is offered; ValueError if it holds
+    no certificate rustls can read."""
+
+    def __init__(self, roots_pem: bytes, alpn: list[bytes] = ...) -> None: ...
+
 class TlsConfig:
     """The server side of TLS for one intercepted host: its leaf chain (leaf first) and
     key, in PEM; ValueError if they cannot be read."""
@@ -14,16 +27,21 @@ class TlsConfig:
     def __init__(self, chain_pem: bytes, key_pem: bytes) -> None: ...
 
 class Stream:
-    """A client connection of the lean front end: the socket `fd` (taken over), under a
-    TLS session when `tls` is given, driven by `event_loop`; the slice of
+    """A connection: the socket `fd` (taken over), driven by `event_loop`, under the
+    server side of TLS when `tls` is given (a client of the lean front end), or plain
+    until `secure` starts the client side (towards an origin); the slice of
     `asyncio.Transport` its protocols use."""
 
     def __init__(
         self, fd: int, event_loop: asyncio.AbstractEventLoop, tls: TlsConfig | None = None
     ) -> None: ...
+    def secure(self, config: ClientTls, server_name: str) -> None:
+        """Start the client side of TLS towards `server_name` (a DNS name or an IP
+        address the certificate must name) on a plain stream with nothing queued."""
     def handshake(self) -> int:
         """One TLS handshake step: HANDSHAKE_DONE, WANTS_READ or WANTS_WRITE; OSError
-        when it fails."""
+        when it fails, CertificateRejected when the origin's certificate does not
+        verify."""
     def alpn(self) -> bytes | None: ...
     def start(self, protocol: asyncio.Protocol, requests: bool = False) -> None:
         """`protocol.connection_made(self)`, then read: with `requests`, the HTTP/1.1

@@ -38,7 +38,6 @@ import asyncio
 import collections
 import logging
 import socket
-import ssl
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -50,6 +49,7 @@ from urllib.parse import parse_qsl, urlsplit
 from sidecar.cache import policy
 from sidecar.metrics import Metrics
 from sidecar.origins import rendezvous
+from sidecar.wire import tls
 from sidecar.wire.client import Pool, Response, UpstreamError, parent_route
 from sidecar.wire.fields import Headers, cache_directives, header
 
@@ -182,7 +182,7 @@ class Parents:
         the connections (a body that stalls past its read timeout is broken off);
         `tell`: how what this worker learns reaches the others (see `learn`)."""
         self._urls = list(urls)
-        self._ssl = ssl.create_default_context(cafile=str(trust_file))
+        self._ssl = tls.client_config(trust_file)
         self._first_byte_timeout = first_byte_timeout
         self._pool = pool
         self._metrics = metrics

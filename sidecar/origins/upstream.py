@@ -17,13 +17,13 @@ import contextvars
 import dataclasses
 import logging
 import re
-import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from sidecar.origins.parent import Parents
+from sidecar.wire import tls
 from sidecar.wire.client import (
     Interim,
     Pool,
@@ -133,8 +133,7 @@ class Upstream:
         """`trust_file`: what origin certificates are verified against; `proxy`: the
         `--upstream-proxy`; `pool`: the connections (shared with the parent tier);
         `parents`: the shared tier misses go through, if any."""
-        self._ssl = ssl.create_default_context(cafile=str(trust_file))
-        self._ssl.set_alpn_protocols(["http/1.1"])
+        self._ssl = tls.client_config(trust_file, [b"http/1.1"])
         self._proxy = proxy
         self._pool = pool
         self._parents = parents

@@ -234,12 +234,10 @@ class Front:
         if reason is not None:
             return await self._tunnel(client, connect.tunnel, reason)
         config = self._tls_config(host)
-        fd = client.fileno()
         stream = native.Stream(client.detach(), loop, config)
         try:
             async with asyncio.timeout_at(deadline):
-                while (step := stream.handshake()) != native.HANDSHAKE_DONE:
-                    await tls.ready(fd, write=step == native.WANTS_WRITE)
+                await tls.handshake(stream)
         except BaseException as e:
             stream.abort()
             refusal = handshake_refusal(e)

@@ -17,7 +17,10 @@ itself, with llhttp (through httptools, as the front end parses requests):
 - A request can be sent in absolute form on a plain or TLS connection (to a parent
   cache), or through a proxy's CONNECT tunnel (`--upstream-proxy`).
 
-Origin certificates are always verified with the context the caller gives. A kept-alive
+Every connection is a stream of the Rust core (`sidecar.core.native.Stream`): TLS to an
+origin or a parent, and inside a proxy's tunnel, is rustls's client side, started by
+`secure` after the TCP connect or the CONNECT (`sidecar.wire.tls`). Origin certificates
+are always verified, with the configuration the caller gives. A kept-alive
 connection that the origin closed just as it was reused is retried once on a new one;
 requests that could not be sent twice (a body, a method that is not idempotent) always
 get a new connection. Anything else that fails is an `UpstreamError`.
@@ -30,7 +33,6 @@ import base64
 import collections
 import logging
 import socket
-import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +41,7 @@ from urllib.parse import SplitResult, unquote, urlsplit
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from sidecar.core import native
 from sidecar.wire import tls
 from sidecar.wire.framing import (
     ChunkedDecoder,
@@ -96,7 +99,7 @@ class Route:
 
     host: str  # the first hop's name (a TLS first hop is verified against it)
     port: int
-    context: ssl.SSLContext | None  # TLS: on the first hop, or inside the tunnel
+    context: native.ClientTls | None  # TLS: on the first hop, or inside the tunnel
     address: str | None = None  # where `host` is reached, when pinned to one address
     tunnel: str | None = None  # CONNECT to this authority through the first hop, then TLS
     absolute_form: bool = False  # the first hop is a proxy: the request line has the URL
@@ -131,13 +134,13 @@ def _unbracket(host: str) -> str:
     return host[1:-1] if host.startswith("[") else host
 
 
-def direct_route(url: SplitResult, context: ssl.SSLContext) -> Route:
+def direct_route(url: SplitResult, context: native.ClientTls) -> Route:
     """Straight to the URL's origin."""
     tls = context if url.scheme == "https" else None
     return Route(url.hostname or "", _port(url), tls)
 
 
-def proxied_route(url: SplitResult, proxy: str, context: ssl.SSLContext) -> Route:
+def proxied_route(url: SplitResult, proxy: str, context: native.ClientTls) -> Route:
     """Through an HTTP proxy (`http://[user:password@]host:port`): a CONNECT tunnel for
     https, an absolute-form request for http."""
     hop = urlsplit(proxy)
@@ -158,7 +161,7 @@ def proxied_route(url: SplitResult, proxy: str, context: ssl.SSLContext) -> Rout
     )
 
 
-def parent_route(parent: str, address: str | None, context: ssl.SSLContext) -> Route:
+def parent_route(parent: str, address: str | None, context: native.ClientTls) -> Route:
     """To a parent cache (`http://` or `https://`), which gets the whole URL and fetches
     the origin itself; `address`: the one member of a multi-address name to use."""
     hop = urlsplit(parent)
@@ -580,7 +583,7 @@ class _Connection(asyncio.Protocol):
         head_done = self._head is not None and self._head.done() and not self._head.exception()
         # Many servers end a body delimited by the connection's end without TLS's
         # close_notify; a reset is a break, not an end.
-        clean = exc is None or isinstance(exc, ssl.SSLError)
+        clean = exc is None or isinstance(exc, native.Truncated)
         if head_done and clean and _ends_at_close(self._head_fields()):
             self.complete = True  # a body delimited by the end of the connection
             self.unconfirmed = exc is not None
@@ -708,13 +711,9 @@ class Pool:
         return None
 
     async def _connect(self, route: Route) -> _Connection:
-        loop = asyncio.get_running_loop()
         target = f"{route.host}:{route.port}"
-        connection: _Connection | None = None
-
-        def protocol() -> _Connection:
-            return _Connection(self, route, self._read_timeout)
-
+        connection = _Connection(self, route, self._read_timeout)
+        stream: native.Stream | None = None
         limit = min(CONNECT_TIMEOUT, self._read_timeout)
         try:
             async with asyncio.timeout(limit):
@@ -722,47 +721,41 @@ class Pool:
                 last: OSError | None = None
                 for address in addresses:
                     try:
+                        stream = await _open(address, route.port)
                         if route.context is not None and route.tunnel is None:
-                            connection = protocol()
-                            await _connect_tls(address, route, connection)
-                        else:
-                            _, connection = await loop.create_connection(
-                                protocol, address, route.port
-                            )
+                            stream.secure(route.context, route.host)
+                            await tls.handshake(stream)
                         break
-                    except ssl.SSLCertVerificationError:
+                    except native.CertificateRejected:
                         raise
                     except OSError as e:
-                        connection = None
-                        last = e
-                if connection is None:
+                        _abandon(stream)
+                        stream, last = None, e
+                if stream is None:
                     raise last or OSError(f"{route.host} resolves to no address")
+                stream.start(connection)
                 self._all.add(connection)
                 if route.tunnel is not None:
                     await connection.tunnel(route.tunnel, route.proxy_authorization)
                 if route.tunnel is not None and route.context is not None:
-                    assert connection.transport is not None
-                    connection.transport = await loop.start_tls(  # type: ignore[assignment]
-                        connection.transport,
-                        connection,
-                        route.context,
-                        server_hostname=route.tls_host,
-                    )
-        except ssl.SSLCertVerificationError as e:
-            _abandon(connection)
-            raise UpstreamError(
-                f"origin certificate rejected ({route.tls_host}): {e.verify_message}"
-            ) from e
+                    # Inside the proxy's tunnel, the origin's own TLS.
+                    stream.pause_reading()
+                    stream.secure(route.context, route.tls_host)
+                    await tls.handshake(stream)
+                    stream.resume_reading()
+        except native.CertificateRejected as e:
+            _abandon(stream)
+            raise UpstreamError(f"origin certificate rejected ({route.tls_host}): {e}") from e
         except TimeoutError:
-            _abandon(connection)
+            _abandon(stream)
             raise UpstreamError(f"cannot connect to {target} within {limit:g}s") from None
-        except (OSError, ssl.SSLError) as e:
-            _abandon(connection)
+        except (OSError, ValueError) as e:  # ValueError: a name TLS cannot verify
+            _abandon(stream)
             # The name may have moved: resolve it again next time.
             self._resolved.pop(_unbracket(route.address or route.host), None)
             raise UpstreamError(f"cannot connect to {target}: {e}") from e
         except BaseException:
-            _abandon(connection)
+            _abandon(stream)
             raise
         return connection
 
@@ -785,40 +778,23 @@ class Pool:
         return addresses
 
 
-async def _connect_tls(address: str, route: Route, connection: _Connection) -> None:
-    """Connect to `address` and verify the origin as `route.host`, on the lean TLS
-    transport (`sidecar.wire.tls`): OpenSSL writes into the socket itself, where asyncio's
-    TLS transport encrypts into memory and copies the records out, in Python, for every
-    request and every body chunk."""
+async def _open(address: str, port: int) -> native.Stream:
+    """A TCP connection to `address`, as a plain stream of the core."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        await asyncio.get_running_loop().sock_connect(sock, (address, route.port))
-        assert route.context is not None
-        # An end without the closure alert is an error, not an end: it may cut a body
-        # delimited by the connection's end (`Response.whole`).
-        secure = route.context.wrap_socket(
-            sock,
-            server_hostname=route.host,
-            do_handshake_on_connect=False,
-            suppress_ragged_eofs=False,
-        )
+        await asyncio.get_running_loop().sock_connect(sock, (address, port))
     except BaseException:
         sock.close()
         raise
-    try:
-        await tls.handshake(secure, CONNECT_TIMEOUT)
-    except BaseException:
-        secure.close()
-        raise
-    tls.TlsTransport(secure, connection).start()
+    return native.Stream(sock.detach(), asyncio.get_running_loop())
 
 
-def _abandon(connection: _Connection | None) -> None:
-    if connection is not None:
-        connection._close()
+def _abandon(stream: native.Stream | None) -> None:
+    if stream is not None:
+        stream.abort()
 
 
 def is_ip(host: str) -> bool:

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 import trustme
 
+from sidecar.core import native
 from sidecar.wire.client import (
     Pool,
     Response,
@@ -68,17 +69,15 @@ class Origin:
         return f"https://{HOST}:{self.port}{path}"
 
 
-def client_context(ca: trustme.CA) -> ssl.SSLContext:
-    context = ssl.create_default_context()
-    ca.configure_trust(context)
-    return context
+def client_context(ca: trustme.CA) -> native.ClientTls:
+    return native.ClientTls(ca.cert_pem.bytes())
 
 
 async def loopback(host: str) -> list[str]:
     return ["127.0.0.1"]  # every test name is this machine
 
 
-def route(origin: Origin, context: ssl.SSLContext) -> Route:
+def route(origin: Origin, context: native.ClientTls) -> Route:
     return direct_route(urlsplit(origin.url()), context)
 
 

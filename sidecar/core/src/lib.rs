@@ -1,8 +1,9 @@
 //! The sidecar's byte path, under the decisions of its Python packages.
 //!
-//! `sidecar.core.native` to Python: a client connection's stream (`Stream`, TLS by
-//! `TlsConfig` or plain) that moves every byte between the socket and the lean HTTP/1.1
-//! server, and sends stored body files to the client without Python touching them.
+//! `sidecar.core.native` to Python: a connection's stream (`Stream`: plain, the server
+//! side of TLS by `TlsConfig` for the lean front end's clients, or the client side by
+//! `ClientTls` towards origins) that moves every byte between the socket and its
+//! protocol, and sends stored body files to a client without Python touching them.
 
 pub mod http1;
 pub mod outbox;
@@ -16,6 +17,9 @@ use pyo3::prelude::*;
 fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<stream::Stream>()?;
     module.add_class::<stream::TlsConfig>()?;
+    module.add_class::<stream::ClientTls>()?;
+    module.add("CertificateRejected", module.py().get_type::<stream::CertificateRejected>())?;
+    module.add("Truncated", module.py().get_type::<stream::Truncated>())?;
     module.add("HANDSHAKE_DONE", stream::HANDSHAKE_DONE)?;
     module.add("WANTS_READ", stream::WANTS_READ)?;
     module.add("WANTS_WRITE", stream::WANTS_WRITE)?;

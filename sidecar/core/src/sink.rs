@@ -1,9 +1,9 @@
-//! A client's socket as the outbox sees it: plain, or under a TLS session.
+//! A socket as the outbox sees it: plain, or under a TLS session.
 
 use std::io::{self, Read, Write};
 use std::os::fd::RawFd;
 
-use rustls::ServerConnection;
+use rustls::Connection;
 
 use crate::outbox::Sink;
 
@@ -78,15 +78,15 @@ impl Sink for Socket {
     }
 }
 
-/// A socket under a server-side TLS session.
+/// A socket under a TLS session (either side).
 pub struct Tls<'a> {
-    session: &'a mut ServerConnection,
+    session: &'a mut Connection,
     socket: Socket,
     unsent: usize, // plaintext made into records since the last complete flush
 }
 
 impl<'a> Tls<'a> {
-    pub fn new(session: &'a mut ServerConnection, socket: Socket) -> Self {
+    pub fn new(session: &'a mut Connection, socket: Socket) -> Self {
         Self {
             session,
             socket,
@@ -94,7 +94,7 @@ impl<'a> Tls<'a> {
         }
     }
 
-    pub fn session(&mut self) -> &mut ServerConnection {
+    pub fn session(&mut self) -> &mut Connection {
         self.session
     }
 }

@@ -1,9 +1,12 @@
-//! One client connection of the lean front end, driven by the asyncio event loop.
+//! One connection, driven by the asyncio event loop: a client connection of the lean
+//! front end, or a connection to an origin, a parent or a proxy.
 //!
-//! The stream owns the socket and, for an intercepted https tunnel, the TLS session
-//! (rustls): it reads and decrypts, hands the plaintext to its protocol (an
-//! `asyncio.Protocol`, the lean HTTP/1.1 server), and sends what the protocol writes,
-//! stored body files included, which never pass through Python. It offers the slice of
+//! The stream owns the socket and its TLS session (rustls) if it has one: the server
+//! side for an intercepted https tunnel, the client side towards an origin (started by
+//! `secure`, after a proxy's CONNECT if there is one). It reads and decrypts, hands the
+//! plaintext to its protocol (an `asyncio.Protocol`: the lean HTTP/1.1 server, the
+//! client's connection, a relay), and sends what the protocol writes, stored body files
+//! included, which never pass through Python. It offers the slice of
 //! `asyncio.Transport` its protocols use and calls them as any transport does.
 //!
 //! The loop says when the socket is readable or writable (`add_reader`, `add_writer`
@@ -22,8 +25,9 @@ use std::sync::Arc;
 use pyo3::exceptions::{PyConnectionResetError, PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use pyo3::{PyTraverseError, PyVisit};
-use rustls::ServerConnection;
+use pyo3::{PyTraverseError, PyVisit, create_exception};
+use rustls::{ClientConnection, Connection, ServerConnection};
+use rustls_pki_types::ServerName;
 
 use crate::http1::{Event, Head, Parser};
 use crate::outbox::{Outbox, Sink};
@@ -39,6 +43,63 @@ const DEFAULT_HIGH_WATER: u64 = 256 * 1024;
 pub const HANDSHAKE_DONE: u8 = 0;
 pub const WANTS_READ: u8 = 1;
 pub const WANTS_WRITE: u8 = 2;
+
+create_exception!(
+    sidecar.core.native,
+    CertificateRejected,
+    PyOSError,
+    "The origin's certificate failed verification: the handshake was refused."
+);
+create_exception!(
+    sidecar.core.native,
+    Truncated,
+    PyOSError,
+    "The origin closed the connection without TLS's closure alert: what came before \
+     may have been cut (RFC 9112 §9.8)."
+);
+
+/// Why an io::Error of the stream is one of the exceptions above.
+#[derive(Debug)]
+enum Marked {
+    Rejected(String),
+    Truncated,
+}
+
+impl std::fmt::Display for Marked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Rejected(why) => f.write_str(why),
+            Self::Truncated => f.write_str("the origin closed without TLS's closure alert"),
+        }
+    }
+}
+
+impl std::error::Error for Marked {}
+
+/// An io::Error of the stream as Python sees it.
+fn py_error(error: io::Error) -> PyErr {
+    match error.get_ref().and_then(|e| e.downcast_ref::<Marked>()) {
+        Some(marked @ Marked::Rejected(_)) => CertificateRejected::new_err(marked.to_string()),
+        Some(marked @ Marked::Truncated) => Truncated::new_err(marked.to_string()),
+        None => PyErr::from(error),
+    }
+}
+
+/// A client-side TLS configuration: the roots certificates are verified against.
+#[pyclass(module = "sidecar.core.native", frozen)]
+pub struct ClientTls {
+    config: Arc<rustls::ClientConfig>,
+}
+
+#[pymethods]
+impl ClientTls {
+    #[new]
+    #[pyo3(signature = (roots_pem, alpn=Vec::new()))]
+    fn new(roots_pem: &[u8], alpn: Vec<Vec<u8>>) -> PyResult<Self> {
+        let config = crate::tls::client_config(roots_pem, &alpn).map_err(PyValueError::new_err)?;
+        Ok(Self { config })
+    }
+}
 
 /// A server-side TLS configuration: the leaf chain and key for one intercepted host.
 #[pyclass(module = "sidecar.core.native", frozen)]
@@ -67,7 +128,7 @@ enum Notice {
 /// The stream's state apart from Python objects: everything `Notice`s are made from.
 struct Core {
     fd: Option<OwnedFd>,
-    tls: Option<Box<ServerConnection>>,
+    tls: Option<Box<Connection>>,
     outbox: Outbox,
     read_buffer: Vec<u8>,
     high: u64,
@@ -76,10 +137,11 @@ struct Core {
     closing: bool,
     notified: bool, // the TLS closure alert was queued
     write_eof: bool,
+    truncated: bool, // an origin ended the TCP connection without the closure alert
 }
 
 impl Core {
-    fn new(fd: OwnedFd, tls: Option<Box<ServerConnection>>) -> Self {
+    fn new(fd: OwnedFd, tls: Option<Box<Connection>>) -> Self {
         Self {
             fd: Some(fd),
             tls,
@@ -91,6 +153,7 @@ impl Core {
             closing: false,
             notified: false,
             write_eof: false,
+            truncated: false,
         }
     }
 
@@ -134,7 +197,7 @@ impl Core {
             if let Err(e) = session.process_new_packets() {
                 // The alert goes out if it can; the handshake has failed either way.
                 let _ = session.write_tls(&mut Socket(socket));
-                return Err(handshake_error(e));
+                return Err(handshake_error(e, is_client(session)));
             }
         }
     }
@@ -172,8 +235,10 @@ impl Core {
                 plain.resize(start + available, 0);
                 session.reader().read_exact(&mut plain[start..])?;
             }
-            // A TCP end without TLS's closure alert: the client is gone all the same.
+            // A TCP end without TLS's closure alert: a client is gone all the same; an
+            // origin may have cut a body that only the connection's end delimits.
             if closure_alert || tcp_ended {
+                self.truncated = !closure_alert && is_client(session);
                 return Ok((plain, true));
             }
             if blocked || plain.len() >= READ_SIZE {
@@ -399,7 +464,7 @@ fn deliver(slf: &Bound<'_, Stream>, notices: Vec<Notice>) -> PyResult<()> {
                 protocol.call_method0(py, "resume_writing")?;
             }
             Notice::Lost(error) => {
-                let error = error.map(|e| PyErr::from(e).into_value(py));
+                let error = error.map(|e| py_error(e).into_value(py));
                 let lost = protocol.getattr(py, "connection_lost")?;
                 let event_loop = slf.borrow().event_loop.clone_ref(py);
                 // Later, as asyncio's transports do: never inside a write of the protocol's.
@@ -430,8 +495,9 @@ impl Stream {
         self.on_writable = None;
     }
 
-    /// Take the connected socket `fd` over (the stream closes it); `tls`: the session's
-    /// configuration, None for plain HTTP.
+    /// Take the connected socket `fd` over (the stream closes it); `tls`: the server
+    /// side's configuration (a client of the front end), None for plain bytes (which
+    /// `secure` may put under the client side of TLS).
     #[new]
     #[pyo3(signature = (fd, event_loop, tls=None))]
     fn new(fd: RawFd, event_loop: Py<PyAny>, tls: Option<PyRef<'_, TlsConfig>>) -> PyResult<Self> {
@@ -442,11 +508,9 @@ impl Stream {
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };
         let session = match tls {
             Some(config) => {
-                let mut session = ServerConnection::new(config.config.clone())
+                let session = ServerConnection::new(config.config.clone())
                     .map_err(|e| PyValueError::new_err(e.to_string()))?;
-                // Room for a batch of records made while the last ones wait to leave.
-                session.set_buffer_limit(Some(4 * TLS_BATCH));
-                Some(Box::new(session))
+                Some(session_of(session.into()))
             }
             None => None,
         };
@@ -465,13 +529,29 @@ impl Stream {
         })
     }
 
+    /// Start the client side of TLS towards `server_name` (a DNS name or an IP
+    /// address, which the certificate must name), on a plain stream that has nothing
+    /// queued; `handshake` then completes it.
+    fn secure(&mut self, config: PyRef<'_, ClientTls>, server_name: &str) -> PyResult<()> {
+        if self.core.tls.is_some() || self.core.closed() || self.core.outbox.queued() > 0 {
+            return Err(PyValueError::new_err("only an open plain stream can be secured"));
+        }
+        let name = ServerName::try_from(server_name.to_owned())
+            .map_err(|_| PyValueError::new_err(format!("not a server name: {server_name:?}")))?;
+        let session = ClientConnection::new(config.config.clone(), name)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        self.core.tls = Some(session_of(session.into()));
+        Ok(())
+    }
+
     /// One step of the TLS handshake: 0 once done, 1 to call again when the socket is
-    /// readable, 2 when writable. OSError when it fails.
+    /// readable, 2 when writable. OSError when it fails (CertificateRejected when the
+    /// origin's certificate does not verify).
     fn handshake(&mut self) -> PyResult<u8> {
         if self.core.closed() {
             return Err(PyConnectionResetError::new_err("the stream is closed"));
         }
-        Ok(self.core.handshake()?)
+        self.core.handshake().map_err(py_error)
     }
 
     /// The application protocol the handshake chose, if any.
@@ -515,7 +595,10 @@ impl Stream {
                             None if !data.is_empty() => notices.push(Notice::Data(data)),
                             None => {}
                         }
-                        if ended {
+                        if ended && stream.core.truncated {
+                            let cut = io::Error::new(io::ErrorKind::UnexpectedEof, Marked::Truncated);
+                            stream.finish(py, Some(cut), &mut notices)?;
+                        } else if ended {
                             stream.eof = true;
                             stream.watch_reads(py, false)?;
                         }
@@ -742,13 +825,28 @@ impl Stream {
     }
 }
 
-/// A failed handshake as an OSError whose message says what the client did: an alert it
+/// A session with room for a batch of records made while the last ones wait to leave.
+fn session_of(mut session: Connection) -> Box<Connection> {
+    session.set_buffer_limit(Some(4 * TLS_BATCH));
+    Box::new(session)
+}
+
+fn is_client(session: &Connection) -> bool {
+    matches!(session, Connection::Client(_))
+}
+
+/// A failed handshake as an OSError whose message says what the peer did: an alert it
 /// sent is named as the TLS specification spells it ("the client sent alert unknown ca"),
-/// which is how the wire layer tells a client that refused our certificate.
-fn handshake_error(error: rustls::Error) -> io::Error {
+/// which is how the wire layer tells a client that refused our certificate. A client
+/// session's verification failure is marked: the caller must not try another address.
+fn handshake_error(error: rustls::Error, client: bool) -> io::Error {
+    let peer = if client { "origin" } else { "client" };
     let message = match &error {
         rustls::Error::AlertReceived(alert) => {
-            format!("the client sent alert {}", alert_name(&format!("{alert:?}")))
+            format!("the {peer} sent alert {}", alert_name(&format!("{alert:?}")))
+        }
+        rustls::Error::InvalidCertificate(why) if client => {
+            return io::Error::new(io::ErrorKind::InvalidData, Marked::Rejected(why.to_string()));
         }
         other => other.to_string(),
     };
@@ -777,9 +875,10 @@ mod tests {
         assert_eq!(alert_name("UnknownCA"), "unknown ca");
         assert_eq!(alert_name("BadCertificate"), "bad certificate");
         assert_eq!(alert_name("CertificateUnknown"), "certificate unknown");
-        let error = super::handshake_error(rustls::Error::AlertReceived(
-            rustls::AlertDescription::UnknownCA,
-        ));
+        let error = super::handshake_error(
+            rustls::Error::AlertReceived(rustls::AlertDescription::UnknownCA),
+            false,
+        );
         assert_eq!(error.to_string(), "the client sent alert unknown ca");
     }
 
@@ -793,7 +892,7 @@ mod tests {
 
     fn core(fd: OwnedFd) -> Core {
         let config = crate::tls::server_config(CHAIN, KEY).unwrap();
-        Core::new(fd, Some(Box::new(ServerConnection::new(config).unwrap())))
+        Core::new(fd, Some(session_of(ServerConnection::new(config).unwrap().into())))
     }
 
     #[test]
@@ -854,5 +953,60 @@ mod tests {
         let received = client.join().unwrap();
         assert_eq!(&received[..6], b"HEAD\r\n");
         assert_eq!(&received[6..], &body[100..900_100]);
+    }
+
+    /// A client session to a rustls server in a thread that sends `reply`, then its
+    /// closure alert (`notify`) or only the TCP end; what the stream reads, and whether
+    /// it saw the end as a cut.
+    fn from_origin(name: &str, reply: &'static [u8], notify: bool) -> io::Result<(Vec<u8>, bool)> {
+        let (near, far) = UnixStream::pair().unwrap();
+        near.set_nonblocking(true).unwrap();
+        let origin = std::thread::spawn(move || {
+            let config = crate::tls::server_config(CHAIN, KEY).unwrap();
+            let mut tls = rustls::StreamOwned::new(ServerConnection::new(config).unwrap(), far);
+            if tls.write_all(reply).is_err() {
+                return; // the client refused the certificate
+            }
+            if notify {
+                tls.conn.send_close_notify();
+                let _ = tls.flush();
+            }
+        });
+        let config = crate::tls::client_config(CA, &[]).unwrap();
+        let session = ClientConnection::new(config, name.to_owned().try_into().unwrap());
+        let mut client = Core::new(near.into(), Some(session_of(session.unwrap().into())));
+        let outcome = (|| {
+            while client.handshake()? != HANDSHAKE_DONE {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            let mut received = Vec::new();
+            loop {
+                let (data, ended) = client.read()?;
+                received.extend_from_slice(&data);
+                if ended {
+                    return Ok((received, client.truncated));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        })();
+        drop(client);
+        origin.join().unwrap();
+        outcome
+    }
+
+    #[test]
+    fn an_origin_is_verified_and_its_end_told_from_a_cut() {
+        let reply = b"HTTP/1.1 200 OK\r\n\r\nbody";
+        assert_eq!(from_origin("localhost", reply, true).unwrap(), (reply.to_vec(), false));
+        assert_eq!(from_origin("localhost", reply, false).unwrap(), (reply.to_vec(), true));
+    }
+
+    #[test]
+    fn an_origin_certificate_for_another_name_is_rejected() {
+        let error = from_origin("elsewhere.test", b"", true).unwrap_err();
+        assert!(matches!(
+            error.get_ref().and_then(|e| e.downcast_ref::<Marked>()),
+            Some(Marked::Rejected(why)) if why.contains("elsewhere.test")
+        ), "{error}");
     }
 }
