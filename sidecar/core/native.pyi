@@ -43,14 +43,22 @@ class Stream:
         when it fails, CertificateRejected when the origin's certificate does not
         verify."""
     def alpn(self) -> bytes | None: ...
-    def start(self, protocol: asyncio.Protocol, requests: bool = False) -> None:
+    def start(
+        self, protocol: asyncio.Protocol, requests: bool = False, responses: bool = False
+    ) -> None:
         """`protocol.connection_made(self)`, then read: with `requests`, the HTTP/1.1
         requests parsed from the bytes are handed over, each as
         `protocol.request_received(method, target, version, fields, hosts,
         transfer_encoding, keep_alive, upgrade, has_body)`, `body_received(data)` and
         `message_complete()`, or `request_refused(status, reason)` (then nothing more);
-        bytes that are not requests (after an upgrade's head, or without `requests`) as
-        `data_received(data)`."""
+        with `responses`, the responses to the requests `expect_response` announces, as
+        `protocol.response_received(version, status, reason, fields, transfer_encoding,
+        keep_alive, until_close)`, `body_received(data)` and `message_complete()`, or
+        `response_refused(reason)`, and `unasked_received()` for bytes past the last
+        response (then nothing more); bytes that are not messages (after an upgrade's
+        head, or without either) as `data_received(data)`."""
+    def expect_response(self, method: str) -> None:
+        """A request with `method` is about to be sent: its response is parsed next."""
     def readable(self) -> None: ...
     def writable(self) -> None: ...
     def write(self, data: bytes) -> None: ...

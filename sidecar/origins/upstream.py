@@ -12,7 +12,6 @@ cache stores bytes as sent.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import dataclasses
 import logging
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from sidecar.core import native
 from sidecar.origins.parent import Parents
 from sidecar.wire import tls
 from sidecar.wire.client import (
@@ -174,7 +174,7 @@ class Upstream:
             return proxied_route(parts, self._proxy, self._ssl)
         return direct_route(parts, self._ssl)
 
-    async def connect(self, url: str, raw: bool = False) -> asyncio.Transport:
+    async def connect(self, url: str, raw: bool = False) -> native.Stream:
         """A connection of the caller's own to the origin of `url`, never through a
         parent: TLS verified as for every request, or, `raw`, the bare TCP connection
         that a client's own TLS goes through (a tunnel). UpstreamError if it fails."""

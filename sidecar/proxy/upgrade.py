@@ -56,7 +56,6 @@ async def relay(
         return
     answer = _Answer(client)
     origin.set_protocol(answer)
-    answer.connection_made(origin)
     fields = [(k, v) for k, v in request.headers if k.lower() not in _NOT_FORWARDED]
     head = request_head(
         upstream.route(request.url), request.method, urlsplit(request.url), fields, False

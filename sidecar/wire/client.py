@@ -1,7 +1,8 @@
 """The sidecar's HTTP/1.1 client: pooled connections to origins, parents and a proxy.
 
 A cache has to know exactly where each response ends, so the client frames responses
-itself, with llhttp (through httptools, as the front end parses requests):
+itself: the Rust core's stream parses them (`sidecar/core/src/http1.rs`, as it parses the
+front end's requests) and hands each head over in one call, then its body and its end:
 
 - A body longer than its `Content-Length` is cut at `Content-Length`, as Squid, nginx,
   Varnish and Traffic Server do: the response says `overlong`, the caller relays what
@@ -12,8 +13,7 @@ itself, with llhttp (through httptools, as the front end parses requests):
 - A status outside 100-599, or a 1xx that announces a body, is an `UpstreamError` and
   the connection is closed (`sidecar.wire.framing`), as it is after a response whose framing
   RFC 9112 calls faulty (Transfer-Encoding in HTTP/1.0; its `version` tells the cache
-  rules not to store it). A chunked body llhttp would leave coded (a tab after
-  `chunked`) is decoded here.
+  rules not to store it), and after one the core cannot read (a 502 to the client).
 - A request can be sent in absolute form on a plain or TLS connection (to a parent
   cache), or through a proxy's CONNECT tunnel (`--upstream-proxy`).
 
@@ -38,17 +38,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
-import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from sidecar.core import native
 from sidecar.wire import tls
-from sidecar.wire.framing import (
-    ChunkedDecoder,
-    faulty_framing,
-    llhttp_misframes,
-    response_head_error,
-)
+from sidecar.wire.framing import faulty_framing, response_head_error
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +60,6 @@ MAX_IDLE = 32
 BODY_BUFFER = 1024 * 1024  # bytes
 # Closing waits this long for the connections' TLS shutdowns.
 CLOSE_TIMEOUT = 1.0  # seconds
-# Status line and fields together; a larger response head is refused.
-MAX_HEAD = 64 * 1024  # bytes
 # What a name resolved to is used for new connections this long; at most this many
 # names are remembered.
 DNS_TTL = 60.0  # seconds
@@ -87,10 +79,6 @@ class UpstreamError(Exception):
 
 class _Stale(UpstreamError):
     """A reused connection was closed by the origin before any byte of the response."""
-
-
-class _Excess(Exception):
-    """Bytes after the end of the response (raised inside the parser to stop it)."""
 
 
 @dataclass(frozen=True)
@@ -277,7 +265,7 @@ class _Connection(asyncio.Protocol):
         self.route = route
         self._read_timeout = read_timeout
         self._loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
+        self.transport: native.Stream | None = None
         self._lost = False
         self._can_write = asyncio.Event()
         self._can_write.set()
@@ -288,53 +276,31 @@ class _Connection(asyncio.Protocol):
 
     def _clear(self) -> None:
         """No exchange in progress."""
-        self._parser: httptools.HttpResponseParser | None = None
+        self._asked = False  # a request was sent and its response is read
         self._method = ""
         self._interim: Interim | None = None
         self._interims: list[asyncio.Task[None]] = []
         self._head: asyncio.Future[Response] | None = None
         self._response: Response | None = None
-        self._reason = bytearray()
-        self._fields: list[tuple[str, str]] = []
+        self._version = ""
         self._transfer_encoding: str | None = None
-        self._dechunk: ChunkedDecoder | None = None
-        self._head_size = 0
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
-        self._received = False  # any byte of the response arrived
+        self._received = False  # any part of the response arrived
         self.complete = False  # the final response has ended
         self.unconfirmed = False  # ... with the connection, without TLS's closure alert
         self.overlong = False
         self._keep_alive = False
+        self._until_close = False
         self._sending: asyncio.Task[None] | None = None
 
-    # asyncio.Protocol
+    # asyncio.Protocol, and the responses the stream parses
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        if self._parser is None:
-            # The origin speaks out of turn: whatever it meant, the connection is not
-            # in a state anyone can use.
-            self._close()
-            return
-        self._received = True
-        if self.complete:
-            self._excess()
-            return
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserError as e:
-            if self.complete:
-                self._excess()
-            else:
-                cause = e.__context__ if isinstance(e.__context__, UpstreamError) else None
-                self._fail(cause or UpstreamError(f"malformed response from the origin: {e}"))
-        self._wake()
 
     def eof_received(self) -> bool:
         self._ended(None)
@@ -355,76 +321,68 @@ class _Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._can_write.set()
 
-    # httptools callbacks
-
-    def on_message_begin(self) -> None:
-        if self.complete:
-            raise _Excess()
-        self._reason.clear()
-        self._fields = []
-        self._transfer_encoding = None
-        self._head_size = 0
-
-    def on_status(self, status: bytes) -> None:
-        self._reason += status
-        self._count_head(len(status))
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._count_head(len(name) + len(value))
-        field = (name.decode("latin-1"), value.decode("latin-1"))
-        self._fields.append(field)
-        if len(name) == 17 and name.lower() == b"transfer-encoding":
-            self._transfer_encoding = field[1]
-
-    def on_headers_complete(self) -> None:
-        assert self._parser is not None and self._head is not None
-        status = self._parser.get_status_code()
-        refusal = response_head_error(status, self._fields)
+    def response_received(
+        self,
+        version: str,
+        status: int,
+        reason: str,
+        fields: list[tuple[str, str]],
+        transfer_encoding: str | None,
+        keep_alive: bool,
+        until_close: bool,
+    ) -> None:
+        """`until_close`: the connection's end delimits the body (RFC 9112 §6.3)."""
+        assert self._head is not None
+        self._received = True
+        refusal = response_head_error(status, fields)
         if refusal is not None:
-            raise UpstreamError(refusal)
+            self._fail(UpstreamError(refusal))
+            self._close()
+            return
         if status < 200:
             # 100 answers an Expect the front end already answered itself.
             if status != 100 and self._interim is not None:
-                task = self._loop.create_task(self._interim(status, self._fields))
+                task = self._loop.create_task(self._interim(status, fields))
                 self._interims.append(task)
             return
-        headers: CIMultiDict[str] = CIMultiDict(self._fields)
-        reason = self._reason.decode("latin-1")
+        self._version = version
+        self._transfer_encoding = transfer_encoding
+        self._keep_alive = keep_alive
+        self._until_close = until_close
         if not self._head.done():
-            version = self._parser.get_http_version()
-            self._response = Response(self, version, status, reason, headers)
+            self._response = Response(self, version, status, reason, CIMultiDict(fields))
             self._head.set_result(self._response)
-        if self._method in ("HEAD", "CONNECT"):
-            # No body, whatever the fields say (RFC 9110 §9.3.2, §9.3.6).
-            self._message_done()
-        elif status not in (204, 304) and llhttp_misframes(self._transfer_encoding):
-            # llhttp hands this chunked body over still coded, as if it ended with the
-            # connection: decoded here instead.
-            self._dechunk = ChunkedDecoder()
 
-    def on_body(self, body: bytes) -> None:
-        if self.complete:
-            raise _Excess()
-        after = b""
-        if self._dechunk is not None:
-            try:
-                body, after = self._dechunk.feed(body)
-            except ValueError as e:
-                raise UpstreamError(f"malformed chunked body from the origin: {e}") from None
-            if self._dechunk.done:
-                self._message_done()
+    def body_received(self, body: bytes) -> None:
         self._chunks.append(body)
         self._buffered += len(body)
         if self._buffered >= BODY_BUFFER and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
-        if after:
-            raise _Excess()
+        self._wake()
 
-    def on_message_complete(self) -> None:
-        assert self._parser is not None
+    def message_complete(self) -> None:
         if self._head is not None and self._head.done():
-            self._message_done()
+            self.complete = True
+            self._keep_alive = (
+                self._keep_alive
+                and self._method != "CONNECT"
+                and not faulty_framing(self._version, self._transfer_encoding)
+            )
+        self._wake()
+
+    def response_refused(self, reason: str) -> None:
+        self._fail(UpstreamError(f"malformed response from the origin: {reason}"))
+        self._close()
+
+    def unasked_received(self) -> None:
+        """The origin sent more after its response (it ended before those bytes), or
+        spoke while nothing was asked: whatever it meant, the connection is not in a
+        state anyone can use, and a response it ends is not to be trusted."""
+        if self._asked and self.complete:
+            self._excess()
+        else:
+            self._close()
 
     # The exchange
 
@@ -442,7 +400,8 @@ class _Connection(asyncio.Protocol):
             self._idle_timer = None
         if self._lost or self.transport is None:
             raise _Stale("the origin closed a kept-alive connection")
-        self._parser = httptools.HttpResponseParser(self)
+        self.transport.expect_response(method)
+        self._asked = True
         self._method = method
         self._interim = interim
         self._head = self._loop.create_future()
@@ -555,20 +514,6 @@ class _Connection(asyncio.Protocol):
 
     # Internals
 
-    def _count_head(self, size: int) -> None:
-        self._head_size += size
-        if self._head_size > MAX_HEAD:
-            raise UpstreamError(f"the origin's response head is larger than {MAX_HEAD} bytes")
-
-    def _message_done(self) -> None:
-        assert self._parser is not None
-        self.complete = True
-        self._keep_alive = (
-            self._method != "CONNECT"
-            and self._parser.should_keep_alive()
-            and not faulty_framing(self._parser.get_http_version(), self._transfer_encoding)
-        )
-
     def _excess(self) -> None:
         # The caller, who knows the URL, says so in the log.
         self.overlong = True
@@ -578,13 +523,13 @@ class _Connection(asyncio.Protocol):
 
     def _ended(self, exc: Exception | None) -> None:
         """The origin closed its side (or the connection was lost)."""
-        if self._parser is None or self.complete:
+        if not self._asked or self.complete:
             return
         head_done = self._head is not None and self._head.done() and not self._head.exception()
         # Many servers end a body delimited by the connection's end without TLS's
         # close_notify; a reset is a break, not an end.
         clean = exc is None or isinstance(exc, native.Truncated)
-        if head_done and clean and _ends_at_close(self._head_fields()):
+        if head_done and clean and self._until_close:
             self.complete = True  # a body delimited by the end of the connection
             self.unconfirmed = exc is not None
         elif not self._received and self.used:
@@ -594,10 +539,6 @@ class _Connection(asyncio.Protocol):
         else:
             self._fail(UpstreamError(f"the origin closed the connection{_because(exc)}"))
         self._wake()
-
-    def _head_fields(self) -> CIMultiDictProxy[str]:
-        assert self._head is not None
-        return self._head.result().headers
 
     def _fail(self, error: BaseException) -> None:
         if self._error is None:
@@ -613,14 +554,6 @@ class _Connection(asyncio.Protocol):
     def _close(self) -> None:
         if self.transport is not None:
             self.transport.close()
-
-
-def _ends_at_close(headers: CIMultiDictProxy[str]) -> bool:
-    """A body framed neither by Content-Length nor by chunked coding (RFC 9112 §6.3)."""
-    return (
-        "Content-Length" not in headers
-        and "chunked" not in headers.get("Transfer-Encoding", "").lower()
-    )
 
 
 def _because(exc: Exception | None) -> str:
@@ -664,7 +597,7 @@ class Pool:
         connection = await self._connect(route)
         return await connection.exchange(method, parts, fields, body, interim)
 
-    async def open(self, route: Route) -> asyncio.Transport:
+    async def open(self, route: Route) -> native.Stream:
         """A new connection on `route`, handed over to the caller (a tunnel, a protocol
         upgrade), who must give its transport a protocol before the next await; the
         pool forgets it. A route without a TLS context is bare TCP (through the proxy's
@@ -733,7 +666,7 @@ class Pool:
                         stream, last = None, e
                 if stream is None:
                     raise last or OSError(f"{route.host} resolves to no address")
-                stream.start(connection)
+                stream.start(connection, responses=True)
                 self._all.add(connection)
                 if route.tunnel is not None:
                     await connection.tunnel(route.tunnel, route.proxy_authorization)

@@ -2,10 +2,10 @@
 must close, whichever parser read them.
 
 Both front ends (the lean server with the Rust core's parser, mitmproxy with its own)
-and the client towards origins (llhttp) ask these pure functions, so that they refuse
-the same messages for the same reasons. The parsers frame messages and hand over more
-than the RFC allows (a request line without a version, `HTTP/2.0` in one, a status of
-600); these are the checks they leave to us.
+and the client towards origins (the core's parser again) ask these pure functions, so
+that they refuse the same messages for the same reasons. The parsers frame messages and
+hand over more than the RFC allows (a request line without a version, `HTTP/2.0` in
+one, a status of 600); these are the checks they leave to us.
 """
 
 from __future__ import annotations
@@ -110,76 +110,3 @@ def response_head_error(status: int, fields: Sequence[tuple[str, str]]) -> str |
     ):
         return f"the origin sent a {status} interim response with a body"
     return None
-
-
-def llhttp_misframes(transfer_encoding: str | None) -> bool:
-    """Does llhttp frame this response's body by the connection's end, though its
-    `Transfer-Encoding` ends in chunked? A tab after the last coding (optional
-    whitespace, RFC 9110 §5.6.3) makes it miss the chunked coding, and hand the chunks
-    over undecoded (nodejs/llhttp#876, open in every llhttp httptools bundles; a space
-    is read right)."""
-    if transfer_encoding is None:
-        return False
-    value = transfer_encoding.rstrip(" \t")
-    return "\t" in transfer_encoding[len(value) :] and value.lower().endswith("chunked")
-
-
-class ChunkedDecoder:
-    """The chunked coding (RFC 9112 §7.1) decoded as it arrives, for the bodies llhttp
-    leaves coded (`llhttp_misframes`)."""
-
-    MAX_LINE = 4096  # bytes of a chunk-size line or a trailer line
-    MAX_SIZE_DIGITS = 16  # hex digits of a chunk size: up to 2**64 - 1
-
-    def __init__(self) -> None:
-        self._state = "size"  # size, data, data-end, trailer
-        self._line = bytearray()
-        self._left = 0  # of the current chunk's data
-        self.done = False
-
-    def feed(self, data: bytes) -> tuple[bytes, bytes]:
-        """The body bytes in `data`, and what came after the chunked body's end (empty
-        until then). ValueError on a framing error."""
-        body = bytearray()
-        i = 0
-        while i < len(data) and not self.done:
-            if self._state == "data":
-                take = min(self._left, len(data) - i)
-                body += data[i : i + take]
-                i += take
-                self._left -= take
-                if not self._left:
-                    self._state = "data-end"
-                continue
-            end = data.find(b"\n", i)
-            self._line += data[i : len(data) if end < 0 else end + 1]
-            if len(self._line) > self.MAX_LINE:
-                raise ValueError("a chunk line is too long")
-            if end < 0:
-                break
-            i = end + 1
-            line = bytes(self._line)
-            self._line.clear()
-            # chunk = chunk-size [ chunk-ext ] CRLF chunk-data CRLF
-            if not line.endswith(b"\r\n"):
-                raise ValueError("a chunk line does not end with CRLF")
-            self._line_done(line[:-2])
-        return bytes(body), data[i:] if self.done else b""
-
-    def _line_done(self, line: bytes) -> None:
-        if self._state == "data-end":
-            if line:
-                raise ValueError("data past a chunk's size")
-            self._state = "size"
-        elif self._state == "size":
-            # chunk-ext = *( BWS ";" BWS chunk-ext-name [ BWS "=" BWS chunk-ext-val ] )
-            digits = line.split(b";", 1)[0].rstrip(b" \t")
-            if not 0 < len(digits) <= self.MAX_SIZE_DIGITS or digits.strip(_HEX):
-                raise ValueError(f"invalid chunk size {digits[:20]!r}")
-            self._left = int(digits, 16)
-            self._state = "data" if self._left else "trailer"
-        elif not line:
-            self.done = True  # the empty line after the trailer section
-
-
-_HEX = b"0123456789abcdefABCDEF"

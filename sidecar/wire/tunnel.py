@@ -74,7 +74,8 @@ class Relay(asyncio.Protocol):
         self._eof = False
         self._closed = False
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+    def connection_made(self, transport: Any) -> None:
+        # An asyncio transport, or a stream of the core: the same slice of one.
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:

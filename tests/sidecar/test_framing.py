@@ -6,12 +6,7 @@ from http import HTTPStatus
 
 import pytest
 
-from sidecar.wire.framing import (
-    ChunkedDecoder,
-    ends_by_close,
-    llhttp_misframes,
-    request_head_error,
-)
+from sidecar.wire.framing import ends_by_close, request_head_error
 
 HOST = ["origin.test"]
 
@@ -41,33 +36,6 @@ def test_request_heads(
 ) -> None:
     refusal = request_head_error(version, hosts, target, te)
     assert (refusal[0] if refusal else None) == status, refusal
-
-
-def test_only_a_tab_after_the_last_coding_misframes() -> None:
-    assert llhttp_misframes("chunked\t") and llhttp_misframes("gzip, chunked \t")
-    assert not llhttp_misframes("chunked ") and not llhttp_misframes("chunked")
-    assert not llhttp_misframes("chunked, gzip\t") and not llhttp_misframes(None)
-
-
-def test_the_chunked_decoder_reads_any_split_and_stops_at_the_body_s_end() -> None:
-    coded = b"5;name=value\r\nhello\r\n1\r\n!\r\n0\r\nTrailer: t\r\n\r\nnext"
-    decoder = ChunkedDecoder()
-    body, after = bytearray(), bytearray()
-    for i in range(len(coded)):
-        data, rest = decoder.feed(coded[i : i + 1])
-        body += data
-        after += rest
-    assert decoder.done and body == b"hello!" and after == b"next"
-
-
-@pytest.mark.parametrize(
-    "coded",
-    [b"zz\r\n", b"5\nhello", b"5\r\nhello, more\r\n", b"1" * 17 + b"\r\n", b"\r\n"],
-    ids=["not hex", "bare LF", "past its size", "too many digits", "no size"],
-)
-def test_the_chunked_decoder_refuses_framing_errors(coded: bytes) -> None:
-    with pytest.raises(ValueError):
-        ChunkedDecoder().feed(coded)
 
 
 @pytest.mark.parametrize(

@@ -343,7 +343,7 @@ def test_chunked_followed_by_a_tab_is_decoded_across_reads(ca: trustme.CA) -> No
         (b"", "closed the connection"),
         (
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\t\r\n\r\nzz\r\nhello\r\n",
-            "malformed chunked body",
+            "malformed response from the origin: invalid chunk size",
         ),
     ],
     ids=["short-body", "bad-status-line", "huge-head", "upgrade", "no-answer", "tab-bad-chunk"],

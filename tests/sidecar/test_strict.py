@@ -400,7 +400,7 @@ RESPONSES = [
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\t\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
         200,
         b"hello",
-        True,
+        False,
         True,
     ),
     (

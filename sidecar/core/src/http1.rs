@@ -1,13 +1,16 @@
-//! HTTP/1.1 requests as a client sends them (RFC 9112), read from a buffer, sans I/O.
+//! HTTP/1.1 messages (RFC 9112), read from a buffer, sans I/O: the requests a client
+//! sends the lean front end, and the responses an origin sends the sidecar's client.
 //!
-//! The parser frames messages and refuses what cannot be read; what may be served is
-//! decided in Python (`sidecar.wire.framing.request_head_error`: versions, Host, the
-//! transfer codings), which gets each head with the fields its rules read. As strict
-//! as llhttp, which parsed these requests before: a field line with whitespace before
-//! its colon, an obsolete line folding, a control character or a bare CR, a
-//! Content-Length that is not one number, both Content-Length and Transfer-Encoding,
-//! a method llhttp does not know, a head over `MAX_HEAD`, a malformed chunk: refused.
-//! Lines may end with a bare LF (RFC 9112 §2.2 allows it), except a chunked body's.
+//! The parser frames messages and refuses what cannot be read; what may be served or
+//! relayed is decided in Python (`sidecar.wire.framing`: versions, Host, the transfer
+//! codings of a request; the status of a response), which gets each head with the
+//! fields its rules read. As strict as llhttp, which parsed both before: a field line
+//! with whitespace before its colon, an obsolete line folding, a control character or a
+//! bare CR, a Content-Length that is not one number, both Content-Length and
+//! Transfer-Encoding, a method llhttp does not know, a head over `MAX_HEAD`, a malformed
+//! chunk: refused. Lines may end with a bare LF (RFC 9112 §2.2 allows it), except a
+//! chunked body's. Where llhttp misread a response (a tab after `chunked` made it frame
+//! the body by the connection's end), this one follows the RFC.
 
 /// Request line and fields together; a larger head is refused with 431 (nginx's default
 /// is 8 KiB a line; 64 KiB fits any signed URL and cookie).
@@ -75,13 +78,35 @@ pub struct Head {
     pub has_body: bool,
 }
 
+/// A response head, with what its framing depends on read out.
+#[derive(Debug, PartialEq)]
+pub struct ResponseHead {
+    /// `1.1` or `1.0`.
+    pub version: String,
+    pub status: u16,
+    pub reason: String,
+    /// Names as sent, values without surrounding whitespace, both Latin-1.
+    pub fields: Vec<(String, String)>,
+    /// The Transfer-Encoding lines joined by ", ".
+    pub transfer_encoding: Option<String>,
+    /// The connection may carry another exchange after this one, as far as the framing
+    /// and the fields say.
+    pub keep_alive: bool,
+    /// The connection's end delimits the body (RFC 9112 §6.3).
+    pub until_close: bool,
+}
+
 #[derive(Debug, PartialEq)]
 pub enum Event {
     Head(Box<Head>),
+    Response(Box<ResponseHead>),
     Body(Vec<u8>),
     End,
     /// The status to answer and why; nothing more is read.
     Refused(u16, String),
+    /// An origin sent bytes while no response was expected (after the last one ended:
+    /// more than it announced); nothing more is read.
+    Unasked,
 }
 
 #[derive(Debug, PartialEq)]
@@ -92,6 +117,10 @@ enum State {
     ChunkData(u64),
     ChunkDataEnd,
     Trailer,
+    /// A response body that the connection's end delimits: every byte is the body's.
+    UntilClose,
+    /// Responses: no request is waiting for one.
+    Idle,
     /// After an upgrade head, or a message that closes the connection: nothing more.
     Stopped,
     /// The message's end is to be reported next, then `after` is the state.
@@ -100,21 +129,25 @@ enum State {
     },
 }
 
-/// The parser of one connection's requests, and what it has not read yet.
+/// The parser of one connection's requests (or responses), and what it has not read yet.
 pub struct Parser {
     buffer: Vec<u8>,
     start: usize,
     state: State,
     keep_alive: bool,
+    /// Responses: the method of the request the next response answers.
+    asked: Option<String>,
 }
 
 impl Default for Parser {
+    /// A parser of requests.
     fn default() -> Self {
         Self {
             buffer: Vec::new(),
             start: 0,
             state: State::Head,
             keep_alive: true,
+            asked: None,
         }
     }
 }
@@ -144,6 +177,34 @@ fn has_token(value: &str, token: &str) -> bool {
 }
 
 impl Parser {
+    /// A parser of the responses to the requests `expect` announces.
+    pub fn responses() -> Self {
+        Self {
+            state: State::Idle,
+            asked: Some(String::new()),
+            ..Self::default()
+        }
+    }
+
+    /// A request with `method` was sent: its response is read next (a response to HEAD
+    /// has no body, nor has a 2xx to CONNECT).
+    pub fn expect(&mut self, method: &str) {
+        self.asked = Some(method.to_string());
+        if self.state == State::Idle {
+            self.state = State::Head;
+        }
+    }
+
+    /// Does it read responses (else requests)?
+    pub fn reads_responses(&self) -> bool {
+        self.asked.is_some()
+    }
+
+    /// The status a refusal answers: 400 to a client, 502 for what an origin sent.
+    fn refusal(&self, why: &str) -> Event {
+        refuse(if self.reads_responses() { 502 } else { 400 }, why)
+    }
+
     /// Bytes received, in order.
     pub fn feed(&mut self, data: &[u8]) {
         if self.state == State::Stopped {
@@ -176,7 +237,19 @@ impl Parser {
     /// The next event the buffered bytes make, or None until more arrive.
     pub fn event(&mut self) -> Option<Event> {
         match std::mem::replace(&mut self.state, State::Stopped) {
+            State::Head if self.reads_responses() => self.response_head(),
             State::Head => self.head(),
+            State::Idle if self.pending().is_empty() => {
+                self.state = State::Idle;
+                None
+            }
+            State::Idle => Some(Event::Unasked),
+            State::UntilClose => {
+                self.state = State::UntilClose;
+                let body = self.pending().to_vec();
+                self.start += body.len();
+                (!body.is_empty()).then_some(Event::Body(body))
+            }
             State::Ending { after } => {
                 self.state = *after;
                 Some(Event::End)
@@ -218,9 +291,13 @@ impl Parser {
         }
     }
 
-    /// After a message: the next request, or nothing if this one closes the connection.
+    /// After a message: the next request, or nothing if this one closes the connection;
+    /// for responses, waiting for the next request to be sent (Python decides whether
+    /// the connection carries one).
     fn ending(&self) -> State {
-        let after = if self.keep_alive {
+        let after = if self.reads_responses() {
+            State::Idle
+        } else if self.keep_alive {
             State::Head
         } else {
             State::Stopped
@@ -235,16 +312,16 @@ impl Parser {
         let pending = self.pending();
         let Some(end) = pending.iter().position(|&b| b == b'\n') else {
             if pending.len() > MAX_CHUNK_LINE {
-                return Some(refuse(400, "a chunk line is too long"));
+                return Some(self.refusal("a chunk line is too long"));
             }
             self.state = state;
             return None;
         };
         if end > MAX_CHUNK_LINE {
-            return Some(refuse(400, "a chunk line is too long"));
+            return Some(self.refusal("a chunk line is too long"));
         }
         let Some(line) = pending[..end].strip_suffix(b"\r") else {
-            return Some(refuse(400, "a chunk line does not end with CRLF"));
+            return Some(self.refusal("a chunk line does not end with CRLF"));
         };
         let line = line.to_vec();
         self.start += end + 1;
@@ -253,7 +330,7 @@ impl Parser {
                 self.state = State::ChunkSize;
                 self.event()
             }
-            State::ChunkDataEnd => Some(refuse(400, "data past a chunk's size")),
+            State::ChunkDataEnd => Some(self.refusal("data past a chunk's size")),
             State::ChunkSize => {
                 // chunk = chunk-size [ chunk-ext ] CRLF chunk-data CRLF
                 let digits = line.split(|&b| b == b';').next().unwrap_or_default();
@@ -262,7 +339,7 @@ impl Parser {
                     || digits.len() > MAX_SIZE_DIGITS
                     || !digits.iter().all(u8::is_ascii_hexdigit)
                 {
-                    return Some(refuse(400, "invalid chunk size"));
+                    return Some(self.refusal("invalid chunk size"));
                 }
                 let size = u64::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok()?;
                 self.state = if size == 0 {
@@ -327,6 +404,60 @@ impl Parser {
     }
 }
 
+impl Parser {
+    fn response_head(&mut self) -> Option<Event> {
+        const TOO_LARGE: &str = "the origin's response head is larger than 64 KiB";
+        let pending = self.pending();
+        let end = match find_head_end(pending) {
+            Some(end) if end <= MAX_HEAD => end,
+            Some(_) => return Some(self.refusal(TOO_LARGE)),
+            None if pending.len() > MAX_HEAD => return Some(self.refusal(TOO_LARGE)),
+            None => {
+                self.state = State::Head;
+                return None;
+            }
+        };
+        let head = pending[..end].to_vec();
+        self.start += end;
+        let head = match parse_response(&head) {
+            Ok(head) => head,
+            Err(why) => return Some(self.refusal(why)),
+        };
+        let asked = self.asked.as_deref().unwrap_or_default();
+        let status = head.status;
+        self.state = if status < 200 {
+            // Interim: the final response follows (a 1xx has no body, RFC 9110 §15.2).
+            State::Head
+        } else if asked == "HEAD" || status == 204 || status == 304 {
+            self.ending()
+        } else if asked == "CONNECT" && status < 300 {
+            // The tunnel's bytes follow, read once a request is sent inside it.
+            self.ending()
+        } else if let Some(codings) = &head.transfer_encoding {
+            // RFC 9112 §6.3: chunked last, or the connection's end delimits the body.
+            let last = codings.rsplit(',').next().unwrap_or_default();
+            if last.trim_matches([' ', '\t']).eq_ignore_ascii_case("chunked") {
+                State::ChunkSize
+            } else {
+                State::UntilClose
+            }
+        } else {
+            match content_length(&head.fields) {
+                Some(0) => self.ending(),
+                Some(length) => State::Length(length),
+                None => State::UntilClose,
+            }
+        };
+        let until_close = self.state == State::UntilClose;
+        let head = ResponseHead {
+            keep_alive: head.keep_alive && !until_close,
+            until_close,
+            ..head
+        };
+        Some(Event::Response(Box::new(head)))
+    }
+}
+
 /// The length of the head (its empty line included), once it is all there.
 fn find_head_end(data: &[u8]) -> Option<usize> {
     let mut at = 0;
@@ -379,25 +510,137 @@ fn parse_head(head: &[u8]) -> Result<Head, Event> {
         }
         Some(_) => return Err(refuse(400, "an invalid HTTP version")),
     };
+    let fields = parse_fields(lines).map_err(|why| refuse(400, why))?;
+    frame(method, target.to_vec(), version, fields)
+}
+
+/// The field lines of a head (RFC 9110 §5, RFC 9112 §5), or why they cannot be read.
+fn parse_fields<'a>(
+    lines: impl Iterator<Item = &'a [u8]>,
+) -> Result<Vec<(String, String)>, &'static str> {
     let mut fields = Vec::new();
     for line in lines.filter(|line| !line.is_empty()) {
         if line[0] == b' ' || line[0] == b'\t' {
-            return Err(refuse(400, "an obsolete line folding"));
+            return Err("an obsolete line folding");
         }
         let Some(colon) = line.iter().position(|&b| b == b':') else {
-            return Err(refuse(400, "a field line without a colon"));
+            return Err("a field line without a colon");
         };
         let (name, value) = (&line[..colon], &line[colon + 1..]);
         if name.is_empty() || !name.iter().all(|&b| is_tchar(b)) {
-            return Err(refuse(400, "an invalid field name"));
+            return Err("an invalid field name");
         }
         let value = value.trim_ascii();
         if !value.iter().all(|&b| is_field_char(b)) {
-            return Err(refuse(400, "an invalid character in a field value"));
+            return Err("an invalid character in a field value");
         }
         fields.push((latin1(name), latin1(value)));
     }
-    frame(method, target.to_vec(), version, fields)
+    Ok(fields)
+}
+
+/// The framing fields of a message: its Transfer-Encoding lines joined, its
+/// Connection's tokens, and whether its Content-Length is one valid number (if any);
+/// or why they cannot frame it.
+struct Framing {
+    transfer_encoding: Option<String>,
+    connection: String,
+    hosts: Vec<String>,
+    upgrade_field: bool,
+}
+
+fn framing(fields: &[(String, String)]) -> Result<Framing, &'static str> {
+    let mut framing = Framing {
+        transfer_encoding: None,
+        connection: String::new(),
+        hosts: Vec::new(),
+        upgrade_field: false,
+    };
+    let mut lengths = 0;
+    for (name, value) in fields {
+        match name.to_ascii_lowercase().as_str() {
+            "host" => framing.hosts.push(value.clone()),
+            "transfer-encoding" => {
+                framing.transfer_encoding = Some(match framing.transfer_encoding {
+                    Some(before) => format!("{before}, {value}"),
+                    None => value.clone(),
+                });
+            }
+            "content-length" => {
+                lengths += 1;
+                if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err("an invalid Content-Length");
+                }
+                if value.parse::<u64>().is_err() {
+                    return Err("a Content-Length too large");
+                }
+            }
+            "connection" => {
+                framing.connection.push_str(value);
+                framing.connection.push(',');
+            }
+            "upgrade" => framing.upgrade_field = true,
+            _ => {}
+        }
+    }
+    if lengths > 1 {
+        return Err("more than one Content-Length");
+    }
+    // RFC 9112 §6.1: a message with both "ought to be handled as an error".
+    if lengths == 1 && framing.transfer_encoding.is_some() {
+        return Err("both Content-Length and Transfer-Encoding");
+    }
+    Ok(framing)
+}
+
+fn keeps_alive(version: &str, connection: &str) -> bool {
+    if version == "1.0" {
+        has_token(connection, "keep-alive")
+    } else {
+        !has_token(connection, "close")
+    }
+}
+
+/// A response head: `HTTP/1.x SP 3DIGIT [SP reason-phrase]` and its fields.
+fn parse_response(head: &[u8]) -> Result<ResponseHead, &'static str> {
+    let mut lines = head
+        .split(|&b| b == b'\n')
+        .map(|line| line.strip_suffix(b"\r").unwrap_or(line));
+    let status_line = lines.next().unwrap_or_default();
+    let (version, rest) = match status_line {
+        [b'H', b'T', b'T', b'P', b'/', b'1', b'.', minor @ (b'0' | b'1'), rest @ ..] => {
+            (format!("1.{}", *minor as char), rest)
+        }
+        _ => return Err("the status line has no HTTP/1.x version"),
+    };
+    let (digits, reason) = match rest {
+        [b' ', a, b, c, reason @ ..] if [a, b, c].iter().all(|d| d.is_ascii_digit()) => {
+            let reason = match reason {
+                [] => &[][..],
+                [b' ', reason @ ..] => reason,
+                _ => return Err("an invalid status code"),
+            };
+            ([*a, *b, *c], reason)
+        }
+        _ => return Err("an invalid status code"),
+    };
+    if !reason.iter().all(|&b| is_field_char(b)) {
+        return Err("an invalid character in the reason phrase");
+    }
+    let status = digits
+        .iter()
+        .fold(0u16, |n, &d| n * 10 + u16::from(d - b'0'));
+    let fields = parse_fields(lines)?;
+    let framing = framing(&fields)?;
+    Ok(ResponseHead {
+        keep_alive: keeps_alive(&version, &framing.connection),
+        until_close: false, // framed by the parser, which knows the request
+        version,
+        status,
+        reason: latin1(reason),
+        fields,
+        transfer_encoding: framing.transfer_encoding,
+    })
 }
 
 fn frame(
@@ -406,49 +649,13 @@ fn frame(
     version: String,
     fields: Vec<(String, String)>,
 ) -> Result<Head, Event> {
-    let mut hosts = Vec::new();
-    let mut transfer_encoding: Option<String> = None;
-    let mut lengths = 0;
-    let mut connection = String::new();
-    let mut upgrade_field = false;
-    for (name, value) in &fields {
-        match name.to_ascii_lowercase().as_str() {
-            "host" => hosts.push(value.clone()),
-            "transfer-encoding" => {
-                transfer_encoding = Some(match transfer_encoding {
-                    Some(before) => format!("{before}, {value}"),
-                    None => value.clone(),
-                });
-            }
-            "content-length" => {
-                lengths += 1;
-                if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(refuse(400, "an invalid Content-Length"));
-                }
-                if value.parse::<u64>().is_err() {
-                    return Err(refuse(400, "a Content-Length too large"));
-                }
-            }
-            "connection" => {
-                connection.push_str(value);
-                connection.push(',');
-            }
-            "upgrade" => upgrade_field = true,
-            _ => {}
-        }
-    }
-    if lengths > 1 {
-        return Err(refuse(400, "more than one Content-Length"));
-    }
-    // RFC 9112 §6.1: a request with both "ought to be handled as an error".
-    if lengths == 1 && transfer_encoding.is_some() {
-        return Err(refuse(400, "both Content-Length and Transfer-Encoding"));
-    }
-    let keep_alive = if version == "1.0" {
-        has_token(&connection, "keep-alive")
-    } else {
-        !has_token(&connection, "close")
-    };
+    let Framing {
+        transfer_encoding,
+        connection,
+        hosts,
+        upgrade_field,
+    } = framing(&fields).map_err(|why| refuse(400, why))?;
+    let keep_alive = keeps_alive(&version, &connection);
     let upgrade = upgrade_field && has_token(&connection, "upgrade") && method != "CONNECT";
     let has_body = transfer_encoding.is_some() || content_length(&fields).is_some_and(|n| n > 0);
     Ok(Head {
@@ -598,5 +805,108 @@ mod tests {
         assert_eq!(got.len(), 2);
         assert!(!head(&got[0]).keep_alive);
         assert_eq!(got[1], Event::End);
+    }
+
+    /// The events of responses to requests with `methods`, each expected as soon as the
+    /// one before ended.
+    fn responses(methods: &[&str], data: &[u8]) -> Vec<Event> {
+        let mut parser = Parser::responses();
+        let mut methods = methods.iter();
+        parser.expect(methods.next().unwrap());
+        parser.feed(data);
+        let mut got = Vec::new();
+        while let Some(event) = parser.event() {
+            let ended = event == Event::End;
+            got.push(event);
+            if ended && let Some(method) = methods.next() {
+                parser.expect(method);
+            }
+        }
+        got
+    }
+
+    fn response(event: &Event) -> &ResponseHead {
+        match event {
+            Event::Response(head) => head,
+            other => panic!("not a response: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn responses_are_framed_by_the_request_their_status_and_their_fields() {
+        let got = responses(
+            &["GET", "HEAD", "GET", "GET"],
+            b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>\r\n\r\n\
+              HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello\
+              HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n\
+              HTTP/1.1 304 Not Modified\r\n\r\n\
+              HTTP/1.1 200\r\nTransfer-Encoding: gzip, chunked\t\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+        );
+        assert_eq!(got.len(), 11, "{got:?}");
+        assert_eq!(response(&got[0]).status, 103);
+        let ok = response(&got[1]);
+        assert_eq!((ok.status, ok.reason.as_str(), ok.version.as_str()), (200, "OK", "1.1"));
+        assert!(ok.keep_alive);
+        assert_eq!(got[2], Event::Body(b"hello".to_vec()));
+        assert_eq!(got[3], Event::End);
+        // No body after a response to HEAD, nor after a 304, whatever the fields say.
+        assert_eq!((response(&got[4]).status, &got[5]), (200, &Event::End));
+        assert_eq!((response(&got[6]).status, &got[7]), (304, &Event::End));
+        // A tab after the last coding is optional whitespace: chunked all the same.
+        assert_eq!(response(&got[8]).reason, "");
+        assert_eq!(got[9], Event::Body(b"abc".to_vec()));
+        assert_eq!(got[10], Event::End);
+    }
+
+    #[test]
+    fn a_body_without_a_length_ends_with_the_connection() {
+        for data in [
+            &b"HTTP/1.0 200 OK\r\n\r\nto the end"[..],
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\nto the end",
+        ] {
+            let got = responses(&["GET"], data);
+            assert!(!response(&got[0]).keep_alive && response(&got[0]).until_close);
+            assert_eq!(got[1..], [Event::Body(b"to the end".to_vec())]);
+        }
+    }
+
+    #[test]
+    fn what_an_origin_sends_past_its_response_is_unasked() {
+        let got = responses(&["GET"], b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhiFORGED");
+        assert_eq!(got[1..], [Event::Body(b"hi".to_vec()), Event::End, Event::Unasked]);
+        let mut parser = Parser::responses();
+        parser.feed(b"HTTP/1.1 200 OK\r\n\r\n");
+        assert_eq!(parser.event(), Some(Event::Unasked)); // nothing was asked
+        // A tunnel's answer: what follows is the tunnel's, read once a request is sent.
+        let got = responses(&["CONNECT"], b"HTTP/1.1 200 Connection established\r\n\r\n");
+        assert_eq!(got[1..], [Event::End]);
+    }
+
+    #[test]
+    fn what_llhttp_refused_in_a_response_is_a_502() {
+        for data in [
+            &b"HTTP/2.0 200 OK\r\n\r\n"[..],
+            b"HTTP/1.1 20 OK\r\n\r\n",
+            b"HTTP/1.1 2000 OK\r\n\r\n",
+            b"HTTP/1.1 200OK\r\n\r\n",
+            b"HTTP/1.1 200 O\x00K\r\n\r\n",
+            b"ICY 200 OK\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 0x5\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nX : y\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n",
+        ] {
+            let got = responses(&["GET"], data);
+            assert!(
+                matches!(got.last(), Some(Event::Refused(502, _))),
+                "{}: {got:?}",
+                String::from_utf8_lossy(data)
+            );
+        }
+        let mut long = b"HTTP/1.1 200 OK\r\nX: ".to_vec();
+        long.resize(MAX_HEAD + 10, b'a');
+        let got = responses(&["GET"], &long);
+        assert!(matches!(&got[..], [Event::Refused(502, why)] if why.contains("64 KiB")));
     }
 }

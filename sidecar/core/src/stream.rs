@@ -29,7 +29,7 @@ use pyo3::{PyTraverseError, PyVisit, create_exception};
 use rustls::{ClientConnection, Connection, ServerConnection};
 use rustls_pki_types::ServerName;
 
-use crate::http1::{Event, Head, Parser};
+use crate::http1::{Event, Head, Parser, ResponseHead};
 use crate::outbox::{Outbox, Sink};
 use crate::sink::{Socket, TLS_BATCH, Tls};
 
@@ -394,13 +394,46 @@ impl Stream {
     }
 }
 
-/// Hand the protocol one parsed event of a request, with the stream no longer borrowed.
-fn tell_request(slf: &Bound<'_, Stream>, event: Event) -> PyResult<()> {
+/// Hand the protocol one parsed event of a request or a response, with the stream no
+/// longer borrowed.
+fn tell(slf: &Bound<'_, Stream>, event: Event) -> PyResult<()> {
     let py = slf.py();
-    let Some(protocol) = slf.borrow().protocol.as_ref().map(|p| p.clone_ref(py)) else {
-        return Ok(());
+    let (protocol, responses) = {
+        let stream = slf.borrow();
+        let responses = stream.parser.as_ref().is_some_and(Parser::reads_responses);
+        match stream.protocol.as_ref() {
+            Some(protocol) => (protocol.clone_ref(py), responses),
+            None => return Ok(()),
+        }
     };
     match event {
+        Event::Response(head) => {
+            let ResponseHead {
+                version,
+                status,
+                reason,
+                fields,
+                transfer_encoding,
+                keep_alive,
+                until_close,
+            } = *head;
+            let arguments = (
+                version,
+                status,
+                reason,
+                fields,
+                transfer_encoding,
+                keep_alive,
+                until_close,
+            );
+            protocol.call_method1(py, "response_received", arguments)?;
+        }
+        Event::Unasked => {
+            protocol.call_method0(py, "unasked_received")?;
+        }
+        Event::Refused(_, reason) if responses => {
+            protocol.call_method1(py, "response_refused", (reason,))?;
+        }
         Event::Head(head) => {
             let Head {
                 method,
@@ -561,16 +594,28 @@ impl Stream {
 
     /// Tell `protocol` it is connected, then feed it what arrives: with `requests`, the
     /// requests parsed from it (`request_received`, `body_received`,
-    /// `message_complete`, `request_refused`), else its bytes (`data_received`).
-    #[pyo3(signature = (protocol, requests=false))]
-    fn start(slf: &Bound<'_, Self>, protocol: Py<PyAny>, requests: bool) -> PyResult<()> {
+    /// `message_complete`, `request_refused`); with `responses`, the responses to the
+    /// requests `expect_response` announces (`response_received`, `body_received`,
+    /// `message_complete`, `response_refused`, `unasked_received`); else its bytes
+    /// (`data_received`).
+    #[pyo3(signature = (protocol, requests=false, responses=false))]
+    fn start(
+        slf: &Bound<'_, Self>,
+        protocol: Py<PyAny>,
+        requests: bool,
+        responses: bool,
+    ) -> PyResult<()> {
         let py = slf.py();
         {
             let mut stream = slf.borrow_mut();
             stream.protocol = Some(protocol.clone_ref(py));
             stream.on_readable = Some(slf.getattr("readable")?.unbind());
             stream.on_writable = Some(slf.getattr("writable")?.unbind());
-            stream.parser = requests.then(Parser::default);
+            stream.parser = if responses {
+                Some(Parser::responses())
+            } else {
+                requests.then(Parser::default)
+            };
         }
         protocol.call_method1(py, "connection_made", (slf,))?;
         // Requests that came with the handshake's last flight are inside the session
@@ -595,10 +640,7 @@ impl Stream {
                             None if !data.is_empty() => notices.push(Notice::Data(data)),
                             None => {}
                         }
-                        if ended && stream.core.truncated {
-                            let cut = io::Error::new(io::ErrorKind::UnexpectedEof, Marked::Truncated);
-                            stream.finish(py, Some(cut), &mut notices)?;
-                        } else if ended {
+                        if ended {
                             stream.eof = true;
                             stream.watch_reads(py, false)?;
                         }
@@ -625,7 +667,7 @@ impl Stream {
                 }
             };
             let upgrade = matches!(&event, Event::Head(head) if head.upgrade);
-            tell_request(slf, event)?;
+            tell(slf, event)?;
             if upgrade {
                 // From here on the connection carries the new protocol's bytes: what
                 // came after the head first, as `data_received`, like all that follows.
@@ -648,9 +690,29 @@ impl Stream {
             now
         };
         if eof_now {
-            deliver(slf, vec![Notice::Eof])?;
+            // After every message the bytes made: an origin's end without the closure
+            // alert is a loss of the connection, which may have cut the last of them.
+            let mut notices = Vec::new();
+            if slf.borrow().core.truncated {
+                let cut = io::Error::new(io::ErrorKind::UnexpectedEof, Marked::Truncated);
+                slf.borrow_mut().finish(py, Some(cut), &mut notices)?;
+            } else {
+                notices.push(Notice::Eof);
+            }
+            deliver(slf, notices)?;
         }
         Ok(())
+    }
+
+    /// A request with `method` is about to be sent: its response is parsed next.
+    fn expect_response(&mut self, method: &str) -> PyResult<()> {
+        match self.parser.as_mut() {
+            Some(parser) if parser.reads_responses() => {
+                parser.expect(method);
+                Ok(())
+            }
+            _ => Err(PyValueError::new_err("the stream does not read responses")),
+        }
     }
 
     /// The loop's writer callback.
