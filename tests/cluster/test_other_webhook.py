@@ -27,12 +27,12 @@ from kubernetes import client
 from tests.cluster.apps import app_log, app_pod, download_job, origin_hash, printed_hashes
 from tests.cluster.conftest import (
     INJECTED,
-    WAIT,
     Cluster,
     Origin,
     Release,
     helm_install,
     origin_requests,
+    serve_tls,
 )
 from tests.cluster.images import APP_IMAGE
 
@@ -71,25 +71,6 @@ def other_webhook(cluster: Cluster, origin: Origin) -> Iterator[None]:
     cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
     ca = trustme.CA()
     leaf = ca.issue_cert(f"other-webhook.{namespace}.svc")
-    labels = {"app": "other-webhook"}
-    container = {
-        "name": "webhook",
-        "image": APP_IMAGE,
-        "command": ["python3", "/webhook/other_webhook.py", "/webhook", "8443"],
-        "env": [{"name": k, "value": v} for k, v in _added_containers(origin).items()],
-        "volumeMounts": [{"name": "webhook", "mountPath": "/webhook"}],
-        "readinessProbe": {"tcpSocket": {"port": 8443}, "periodSeconds": 1},
-    }
-    deployment = {
-        "selector": {"matchLabels": labels},
-        "template": {
-            "metadata": {"labels": labels},
-            "spec": {
-                "containers": [container],
-                "volumes": [{"name": "webhook", "secret": {"secretName": "other-webhook"}}],
-            },
-        },
-    }
     hook = {
         "name": "containers.other-webhook.example.com",
         "clientConfig": {
@@ -106,30 +87,7 @@ def other_webhook(cluster: Cluster, origin: Origin) -> Iterator[None]:
         "reinvocationPolicy": "Never",
         "timeoutSeconds": 10,
     }  # fmt: skip
-    cluster.apply(
-        namespace,
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "other-webhook"},
-            "data": {
-                "tls.crt": _b64(b"".join(p.bytes() for p in leaf.cert_chain_pems)),
-                "tls.key": _b64(leaf.private_key_pem.bytes()),
-                "other_webhook.py": _b64(WEBHOOK_SCRIPT.read_bytes()),
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": "other-webhook"},
-            "spec": {"selector": labels, "ports": [{"port": 443, "targetPort": 8443}]},
-        },
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "other-webhook"},
-         "spec": deployment},
-    )  # fmt: skip
-    cluster.kubectl(
-        "rollout", "status", "-n", namespace, "deployment/other-webhook", f"--timeout={WAIT:.0f}s"
-    )
+    serve_tls(cluster, namespace, "other-webhook", leaf, WEBHOOK_SCRIPT, _added_containers(origin))
     cluster.kubectl(
         "apply", "-f", "-", stdin=yaml.safe_dump({
             "apiVersion": "admissionregistration.k8s.io/v1",
