@@ -11,6 +11,10 @@ pod's own proxy (its containers then point at the sidecar); it is read back from
 existing sidecar's `--upstream-proxy`. Switching the capture mode applies to new pods: a
 pod injected with one mode and mutated again with another keeps the first one's wiring
 (the webhook never mutates an injected pod again).
+
+`rewire` is what the webhook does instead with a pod that already has the sidecar (a
+second call for the same pod, after another webhook changed it): the containers added
+since are wired to the sidecar the pod has, which is left as it is.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import json
 import logging
 import math
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +34,7 @@ from injector import aliases, capture, names, redirect, runtimes
 from injector.overrides import PodOptions, pod_options
 from injector.quantity import format_bytes, parse_bytes, parse_quantity
 from injector.settings import BufferSettings, CASettings, InjectorSettings
-from sidecar.settings import command_line
+from sidecar.settings import CAPTURE_MODES, command_line
 
 logger = logging.getLogger(__name__)
 
@@ -413,9 +417,10 @@ def _wire_container(
     return {**container, "volumeMounts": mounts, "env": env}
 
 
-def _previous_upstream_proxy(containers: list[dict[str, Any]]) -> str | None:
-    """The --upstream-proxy of a sidecar injected by an earlier pass, if any."""
-    flag = command_line(upstream_proxy="-")[0]
+def _sidecar_flag(containers: list[dict[str, Any]], key: str) -> str | None:
+    """The value of the flag `key` (a Settings field) of a sidecar injected by an earlier
+    pass, if any."""
+    flag = command_line(**{key: "-"})[0]
     for container in containers:
         if container.get("name") == names.CONTAINER:
             args = [str(a) for a in container.get("args") or []]
@@ -461,6 +466,51 @@ def status(
         # A count, not the list: a job may stage thousands of URLs (annotations are small).
         record["stageIn"] = len(options.stage_in)
     return json.dumps(record, sort_keys=True, separators=(",", ":"))
+
+
+def _wirer(
+    settings: InjectorSettings, mode: str, own_url: str, trust_volume: str, warnings: list[str]
+) -> Callable[[dict[str, Any], bool], dict[str, Any]]:
+    """`wired(container, proxied)`: an app container wired to the sidecar (trust always;
+    the proxy when `proxied` and the capture mode says so)."""
+    bundle = f"{settings.trust.mount_path}/{names.BUNDLE_FILE}"
+    trust_store = f"{settings.trust.mount_path}/{names.TRUST_STORE_FILE}"
+    trust_variables = {name: bundle for name in TRUST_VARIABLES}
+
+    def wired(container: dict[str, Any], proxied: bool) -> dict[str, Any]:
+        variables = dict(trust_variables)
+        proxy_url: str | None = None
+        # With hostAliases or transparent, a container that names a proxy would send its
+        # traffic there, past the capture: it is pointed at the sidecar as with proxy-env.
+        if proxied and (mode == "proxy-env" or capture.names_a_proxy(container)):
+            variables.update(capture.proxy_variables(container, own_url, settings.no_proxy))
+            proxy_url = own_url
+        # Clients that ignore the variables above: fsspec, Node, the JVM.
+        no_proxy = variables.get(capture.NO_PROXY_VARIABLES[0], "")
+        found, notes = runtimes.variables(container, trust_store, proxy_url, no_proxy)
+        variables.update(found)
+        warnings.extend(notes)
+        return _wire_container(container, trust_volume, variables, settings, warnings)
+
+    return wired
+
+
+def _arranged(
+    sidecar: dict[str, Any],
+    prime: dict[str, Any] | None,
+    redirects: list[dict[str, Any]],
+    init: list[dict[str, Any]],
+    regular: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pod's init containers and containers, ours in their places: a native sidecar
+    (no `prime` container) or a classic one."""
+    if prime is None:
+        # The redirect first: every later container, the pod's own init containers
+        # included, starts with the rule in place and the sidecar listening.
+        return [*redirects, sidecar, *init], regular
+    # The redirect last: the pod's own init containers run before the classic sidecar
+    # and download directly; the rule is in place before the sidecar and the app start.
+    return [prime, *init, *redirects], [sidecar, *regular]
 
 
 def _is_own(container: Mapping[str, Any]) -> bool:
@@ -559,36 +609,17 @@ def mutate(original: Mapping[str, Any], settings: InjectorSettings) -> Mutation:
     own_url = capture.sidecar_proxy_url(settings.proxy_port)
     found = capture.find_upstream_proxy(init + regular, own_url)
     warnings += found.warnings
-    upstream_proxy = found.url or _previous_upstream_proxy(everything)
+    upstream_proxy = found.url or _sidecar_flag(everything, "upstream_proxy")
 
     app_mounts = {m.get("name") for c in init + regular for m in c.get("volumeMounts") or []}
     volume_names = _volumes(spec, settings, options, app_mounts)
 
-    trust_volume = volume_names[names.TRUST_VOLUME]
-    bundle = f"{settings.trust.mount_path}/{names.BUNDLE_FILE}"
-    trust_store = f"{settings.trust.mount_path}/{names.TRUST_STORE_FILE}"
-    trust_variables = {name: bundle for name in TRUST_VARIABLES}
-
-    def wired(container: dict[str, Any], proxied: bool) -> dict[str, Any]:
-        variables = dict(trust_variables)
-        proxy_url: str | None = None
-        # With hostAliases or transparent, a container that names a proxy would send its
-        # traffic there, past the capture: it is pointed at the sidecar as with proxy-env.
-        if proxied and (mode == "proxy-env" or capture.names_a_proxy(container)):
-            variables.update(capture.proxy_variables(container, own_url, settings.no_proxy))
-            proxy_url = own_url
-        # Clients that ignore the variables above: fsspec, Node, the JVM.
-        no_proxy = variables.get(capture.NO_PROXY_VARIABLES[0], "")
-        found, notes = runtimes.variables(container, trust_store, proxy_url, no_proxy)
-        variables.update(found)
-        warnings.extend(notes)
-        return _wire_container(container, trust_volume, variables, settings, warnings)
-
+    wired = _wirer(settings, mode, own_url, volume_names[names.TRUST_VOLUME], warnings)
     sidecar = _sidecar(settings, options, volume_names, upstream_proxy)
     # A native sidecar is up before the pod's own init containers, which are then proxied
     # too; a classic one only starts after them, so they get trust but no proxy.
-    init = [wired(c, proxied=settings.native_sidecar) for c in init]
-    regular = [wired(c, proxied=True) for c in regular]
+    init = [wired(c, settings.native_sidecar) for c in init]
+    regular = [wired(c, True) for c in regular]
 
     not_aliased: tuple[str, ...] = ()
     if mode == "hostAliases":
@@ -605,19 +636,80 @@ def mutate(original: Mapping[str, Any], settings: InjectorSettings) -> Mutation:
         captured = init + regular if settings.native_sidecar else regular
         redirects = [_redirect(settings, captured, spec.get("securityContext"), warnings)]
 
-    if settings.native_sidecar:
-        # The redirect first: every later container, the pod's own init containers
-        # included, starts with the rule in place and the sidecar listening.
-        spec["initContainers"] = [*redirects, sidecar, *init]
-    else:
-        # The redirect last: the pod's own init containers run before the classic sidecar
-        # and download directly; the rule is in place before the sidecar and the app start.
-        spec["initContainers"] = [_prime_container(sidecar, settings), *init, *redirects]
-        regular = [sidecar, *regular]
-    spec["containers"] = regular
+    prime = None if settings.native_sidecar else _prime_container(sidecar, settings)
+    spec["initContainers"], spec["containers"] = _arranged(sidecar, prime, redirects, init, regular)
 
     if settings.prometheus_annotations:
         _prometheus_annotations(annotations, settings, warnings)
     annotations[names.STATUS] = status(settings, options, volume_names, upstream_proxy, not_aliased)
     metadata["annotations"] = annotations
+    return Mutation(pod, tuple(dict.fromkeys(warnings)))
+
+
+def _mounted_at(container: Mapping[str, Any], path: str) -> str | None:
+    """The name of the volume `container` mounts at `path`, if any."""
+    for mount in container.get("volumeMounts") or []:
+        if mount.get("mountPath") == path:
+            return str(mount.get("name"))
+    return None
+
+
+def _recorded_capture(metadata: Mapping[str, Any]) -> str | None:
+    """The capture mode the status annotation of an injected pod records, if readable."""
+    raw = (metadata.get("annotations") or {}).get(names.STATUS)
+    try:
+        record = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return None
+    mode = record.get("capture") if isinstance(record, dict) else None
+    return mode if mode in CAPTURE_MODES else None
+
+
+def rewire(original: Mapping[str, Any], settings: InjectorSettings) -> Mutation | None:
+    """An injected pod with every app container wired to its sidecar; None when the pod
+    has no sidecar of ours to wire them to (a container merely named like ours).
+
+    A webhook called after the injector may add containers; with `reinvocationPolicy:
+    IfNeeded` the API server then calls the injector again, with the pod as it is. The
+    app containers that do not mount the pod's trust volume (the added ones) are wired
+    as `mutate` wires the pod's own, with the capture mode and proxy port of the sidecar
+    the pod has; everything else injected is left as it is (the API server filled in its
+    defaults in between), and our containers are put back in their places, before an
+    init container added in front of them.
+    """
+    pod = copy.deepcopy(dict(original))
+    metadata = pod["metadata"] = dict(pod.get("metadata") or {})
+    spec = pod["spec"] = dict(pod.get("spec") or {})
+    init_all = list(spec.get("initContainers") or [])
+    regular_all = list(spec.get("containers") or [])
+    native = any(c.get("name") == names.CONTAINER for c in init_all)
+    sidecar = next((c for c in init_all + regular_all if c.get("name") == names.CONTAINER), None)
+    prime = next((c for c in init_all if c.get("name") == names.INIT_CONTAINER), None)
+    mode = _recorded_capture(metadata)
+    trust_volume = _mounted_at(sidecar, names.TRUST_DIR) if sidecar is not None else None
+    if sidecar is None or trust_volume is None or mode is None or (prime is None) != native:
+        return None
+
+    port = _sidecar_flag(init_all + regular_all, "listen_port")
+    own_url = capture.sidecar_proxy_url(int(port) if port else settings.proxy_port)
+    warnings: list[str] = []
+    wired = _wirer(settings, mode, own_url, trust_volume, warnings)
+
+    def added(container: Mapping[str, Any]) -> bool:
+        mounts = container.get("volumeMounts") or []
+        return not _is_own(container) and all(m.get("name") != trust_volume for m in mounts)
+
+    # A proxy that an added container names cannot become the sidecar's upstream any more.
+    proxied = [c for c in (init_all if native else []) + regular_all if added(c)]
+    found = capture.find_upstream_proxy(proxied, own_url)
+    warnings += found.warnings
+    if found.url and found.url != _sidecar_flag(init_all + regular_all, "upstream_proxy"):
+        warnings.append(
+            f"containers added after the injection name the proxy {capture.redact(found.url)}; "
+            "they are pointed at the sidecar, which does not use it"
+        )
+    init = [wired(c, native) if added(c) else c for c in init_all if not _is_own(c)]
+    regular = [wired(c, True) if added(c) else c for c in regular_all if not _is_own(c)]
+    redirects = [c for c in init_all if c.get("name") == names.REDIRECT_CONTAINER]
+    spec["initContainers"], spec["containers"] = _arranged(sidecar, prime, redirects, init, regular)
     return Mutation(pod, tuple(dict.fromkeys(warnings)))

@@ -18,8 +18,8 @@ from typing import Any
 import jsonpatch
 
 from injector import shape
-from injector.decide import Decision, decide
-from injector.mutate import mutate
+from injector.decide import ALREADY_INJECTED, Decision, decide
+from injector.mutate import mutate, rewire
 from injector.settings import InjectorSettings
 
 logger = logging.getLogger(__name__)
@@ -80,6 +80,18 @@ def inject(pod: Mapping[str, Any], settings: InjectorSettings, subject: str) -> 
         raise shape.Malformed(problem)
     decision = decide(pod)
     codes = ", ".join(reason.code for reason in decision.reasons)
+    if decision.reasons == (ALREADY_INJECTED,):
+        # A second call for the same pod (reinvocation) after another webhook added
+        # containers: those are wired to the sidecar it has.
+        rewired = rewire(pod, settings)
+        if rewired is not None and rewired.pod != pod:
+            logger.info(
+                "pod %s: already injected; the containers added since wired to its sidecar, "
+                "%d warning(s)",
+                subject,
+                len(rewired.warnings),
+            )
+            return Injection(decision, rewired.pod, rewired.warnings)
     if not decision.inject:
         logger.info("pod %s: skipped (%s)", subject, codes)
         return Injection(decision, copy.deepcopy(dict(pod)), ())

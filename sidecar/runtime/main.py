@@ -5,7 +5,7 @@ keeps it.
 2. the buffer (`store.Store`: its index, cap and policy; the keeper of `sidecar.buffer.keeper`);
 3. the admin endpoints (/healthz, /metrics, /stats), which add up every worker;
 4. the workers themselves (`sidecar.runtime.supervisor`): told to start once 1 and 2 are ready,
-   replaced when one dies, stopped on SIGTERM.
+   replaced when one dies, stopped on SIGTERM or a loopback POST /quitquitquit.
 
 It never touches client traffic, and does not load mitmproxy.
 """
@@ -86,13 +86,16 @@ async def run(
     async def prometheus_text() -> bytes:
         return exposition.prometheus_text(*await snapshot(), settings.eviction)
 
+    # Set by SIGTERM, SIGINT or POST /quitquitquit: the one graceful stop, exit status 0.
+    stop = asyncio.Event()
     async with contextlib.AsyncExitStack() as cleanup:
         cleanup.callback(store.close)
         runner = await admin.start(
-            admin.make_app(ready, stats, prometheus_text), settings.admin_host, settings.admin_port
+            admin.make_app(ready, stats, prometheus_text, stop.set),
+            settings.admin_host,
+            settings.admin_port,
         )
         cleanup.push_async_callback(runner.cleanup)
-        stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)

@@ -96,11 +96,11 @@ def app_log(cluster: Cluster, namespace: str, pod: str) -> str:
 
 
 def completed_download(
-    cluster: Cluster, namespace: str, origin: Origin, path: str
+    cluster: Cluster, namespace: str, origin: Origin, path: str, job: dict[str, Any] | None = None
 ) -> tuple[client.V1Pod, dict[str, Any]]:
-    """`download_job` run to completion: its pod, and the sidecar's /stats it printed once
-    every file was checked byte for byte against the origin's."""
-    cluster.apply(namespace, download_job(origin, path))
+    """`job` (default: `download_job`) run to completion: its pod, and the sidecar's /stats
+    it printed once every file was checked byte for byte against the origin's."""
+    cluster.apply(namespace, job or download_job(origin, path))
     cluster.kubectl("wait", "-n", namespace, "--for=condition=Complete", "job/download",
                     "--timeout=240s")  # fmt: skip
     (pod,) = cluster.pods(namespace, "app=download")

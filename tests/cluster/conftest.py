@@ -228,57 +228,67 @@ def origin(cluster: Cluster, origin_ca: trustme.CA) -> Iterator[Origin]:
     cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
     host = f"origin.{namespace}"
     leaf = origin_ca.issue_cert(host)
-    labels = {"app": "origin"}
+    serve_tls(cluster, namespace, "origin", leaf, ORIGIN_SCRIPT,
+              {"ORIGIN_FILES": json.dumps(ORIGIN_FILES)})  # fmt: skip
+    yield Origin(host, namespace, ORIGIN_FILES)
+    cluster.core.delete_namespace(namespace, propagation_policy="Background")
+
+
+def serve_tls(
+    cluster: Cluster,
+    namespace: str,
+    name: str,
+    leaf: trustme.LeafCert,
+    script: Path,
+    env: dict[str, str],
+) -> None:
+    """A server of the tests in the cluster: `python3 SCRIPT DIR 8443` on the app image,
+    DIR holding the script and `leaf`'s tls.crt and tls.key, with `env`, behind the
+    Service `name` on port 443; returns once it is ready."""
+    labels = {"app": name}
+    container = {
+        "name": name,
+        "image": APP_IMAGE,
+        "command": ["python3", f"/server/{script.name}", "/server", "8443"],
+        "env": [{"name": key, "value": value} for key, value in env.items()],
+        "volumeMounts": [{"name": "server", "mountPath": "/server"}],
+        "readinessProbe": {"tcpSocket": {"port": 8443}, "periodSeconds": 1},
+    }
+    pod = {
+        "metadata": {"labels": labels},
+        "spec": {
+            "containers": [container],
+            "volumes": [{"name": "server", "secret": {"secretName": name}}],
+        },
+    }
     documents: list[dict[str, Any]] = [
         {
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {"name": "origin"},
+            "metadata": {"name": name},
             "data": {
                 "tls.crt": _b64(b"".join(p.bytes() for p in leaf.cert_chain_pems)),
                 "tls.key": _b64(leaf.private_key_pem.bytes()),
-                "origin.py": _b64(ORIGIN_SCRIPT.read_bytes()),
+                script.name: _b64(script.read_bytes()),
             },
         },
         {
             "apiVersion": "v1",
             "kind": "Service",
-            "metadata": {"name": "origin"},
+            "metadata": {"name": name},
             "spec": {"selector": labels, "ports": [{"port": 443, "targetPort": 8443}]},
         },
         {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
-            "metadata": {"name": "origin"},
-            "spec": {
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "containers": [
-                            {
-                                "name": "origin",
-                                "image": APP_IMAGE,
-                                "command": ["python3", "/origin/origin.py", "/origin", "8443"],
-                                "env": [
-                                    {"name": "ORIGIN_FILES", "value": json.dumps(ORIGIN_FILES)}
-                                ],
-                                "volumeMounts": [{"name": "origin", "mountPath": "/origin"}],
-                                "readinessProbe": {"tcpSocket": {"port": 8443}, "periodSeconds": 1},
-                            }
-                        ],
-                        "volumes": [{"name": "origin", "secret": {"secretName": "origin"}}],
-                    },
-                },
-            },
+            "metadata": {"name": name},
+            "spec": {"selector": {"matchLabels": labels}, "template": pod},
         },
     ]
     cluster.apply(namespace, *documents)
     cluster.kubectl(
-        "rollout", "status", "-n", namespace, "deployment/origin", f"--timeout={WAIT:.0f}s"
+        "rollout", "status", "-n", namespace, f"deployment/{name}", f"--timeout={WAIT:.0f}s"
     )
-    yield Origin(host, namespace, ORIGIN_FILES)
-    cluster.core.delete_namespace(namespace, propagation_policy="Background")
 
 
 def origin_requests(cluster: Cluster, origin: Origin, path: str) -> int:
