@@ -174,14 +174,18 @@ class Upstream:
             return proxied_route(parts, self._proxy, self._ssl)
         return direct_route(parts, self._ssl)
 
-    async def connect(self, url: str, raw: bool = False) -> native.Stream:
+    async def tunnel(self, url: str) -> native.Stream:
         """A connection of the caller's own to the origin of `url`, never through a
-        parent: TLS verified as for every request, or, `raw`, the bare TCP connection
-        that a client's own TLS goes through (a tunnel). UpstreamError if it fails."""
+        parent: the bare TCP connection that a client's own TLS goes through (through
+        the upstream proxy's CONNECT, if any). UpstreamError if it fails."""
+        return await self._pool.open(dataclasses.replace(self.route(url), context=None))
+
+    async def upgrade(self, method: str, url: str, headers: list[tuple[str, str]]) -> Response:
+        """Ask the origin of `url` to switch protocols (RFC 9110 §7.8), on a connection
+        of the request's own, never through a parent; its answer's head: a 101, whose
+        connection the caller takes (`Response.detach`), or a refusal to relay."""
         route = self.route(url)
-        if raw:
-            route = dataclasses.replace(route, context=None)
-        return await self._pool.open(route)
+        return await self._pool.request(route, method, url, headers, upgrade=True)
 
     async def resume(
         self,

@@ -253,7 +253,7 @@ class Front:
         the connection."""
         counters = self._tunnels.opened(to.host, reason)
         try:
-            origin = await self._router.upstream.connect(to.url("/"), raw=True)
+            origin = await self._router.upstream.tunnel(to.url("/"))
         except UpstreamError as e:
             counters.upstream_errors += 1
             logger.warning("tunnel to %s:%d: %s", to.host, to.port, e)

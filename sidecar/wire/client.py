@@ -244,6 +244,14 @@ class Response:
                 break
         return bytes(data[:limit])
 
+    def detach(self) -> tuple[native.Stream, bytes]:
+        """The connection of a 101 (Switching Protocols), handed over to the caller with
+        what the origin sent after it; the caller gives the stream a protocol before its
+        next await. The pool forgets it."""
+        assert self.status == 101 and not self._done
+        self._done = True
+        return self._connection.detach()
+
     def release(self) -> None:
         """Done with this response: the connection goes back to the pool if it can."""
         if not self._done:
@@ -296,11 +304,17 @@ class _Connection(asyncio.Protocol):
         self._keep_alive = False
         self._until_close = False
         self._sending: asyncio.Task[None] | None = None
+        self._upgrade = False  # the request asks to switch protocols
+        self._switched = bytearray()  # the new protocol's bytes, after a 101
 
     # asyncio.Protocol, and the responses the stream parses
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        # Only after a 101: the new protocol's, kept until the caller takes them.
+        self._switched += data
 
     def eof_received(self) -> bool:
         self._ended(None)
@@ -334,12 +348,15 @@ class _Connection(asyncio.Protocol):
         """`until_close`: the connection's end delimits the body (RFC 9112 §6.3)."""
         assert self._head is not None
         self._received = True
-        refusal = response_head_error(status, fields)
+        refusal = response_head_error(status, fields, self._upgrade)
         if refusal is not None:
             self._fail(UpstreamError(refusal))
             self._close()
             return
-        if status < 200:
+        if status == 101:
+            # The connection is the new protocol's now, and never the pool's again.
+            self.complete = True
+        elif status < 200:
             # 100 answers an Expect the front end already answered itself.
             if status != 100 and self._interim is not None:
                 task = self._loop.create_task(self._interim(status, fields))
@@ -347,7 +364,7 @@ class _Connection(asyncio.Protocol):
             return
         self._version = version
         self._transfer_encoding = transfer_encoding
-        self._keep_alive = keep_alive
+        self._keep_alive = keep_alive and status != 101
         self._until_close = until_close
         if not self._head.done():
             self._response = Response(self, version, status, reason, CIMultiDict(fields))
@@ -393,8 +410,10 @@ class _Connection(asyncio.Protocol):
         fields: Sequence[tuple[str, str]],
         body: AsyncIterator[bytes] | None,
         interim: Interim | None,
+        upgrade: bool = False,
     ) -> Response:
-        """Send a request and wait for its final response's head."""
+        """Send a request and wait for its final response's head; `upgrade`: it asks to
+        switch protocols, and a 101 is its final response."""
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
@@ -402,6 +421,7 @@ class _Connection(asyncio.Protocol):
             raise _Stale("the origin closed a kept-alive connection")
         self.transport.expect_response(method)
         self._asked = True
+        self._upgrade = upgrade
         self._method = method
         self._interim = interim
         self._head = self._loop.create_future()
@@ -501,6 +521,14 @@ class _Connection(asyncio.Protocol):
         else:
             self._close()
 
+    def detach(self) -> tuple[native.Stream, bytes]:
+        """The connection after a 101, for the caller's protocol, and what came after."""
+        assert self.transport is not None
+        self._pool.forget(self)
+        switched = bytes(self._switched)
+        self._clear()
+        return self.transport, switched
+
     async def tunnel(self, target: str, credentials: str | None) -> None:
         """Ask the proxy on the other end for a tunnel to `target` (CONNECT)."""
         fields = [("Proxy-Authorization", credentials)] if credentials else []
@@ -580,14 +608,17 @@ class Pool:
         fields: Sequence[tuple[str, str]],
         body: AsyncIterator[bytes] | None = None,
         interim: Interim | None = None,
+        upgrade: bool = False,
     ) -> Response:
-        """Send a request on `route` and return its final response (body unread)."""
+        """Send a request on `route` and return its final response (body unread);
+        `upgrade`: it asks to switch protocols (on a connection of its own, which a 101
+        hands over: `Response.detach`)."""
         parts = urlsplit(url)
-        if body is not None or method not in _IDEMPOTENT:
+        if body is not None or method not in _IDEMPOTENT or upgrade:
             # It could not be sent again if a kept-alive connection turned out closed
             # (as Squid, it never gets one).
             connection = await self._connect(route)
-            return await connection.exchange(method, parts, fields, body, interim)
+            return await connection.exchange(method, parts, fields, body, interim, upgrade)
         connection = self._idle_connection(route) or await self._connect(route)
         try:
             return await connection.exchange(method, parts, fields, body, interim)
@@ -598,10 +629,9 @@ class Pool:
         return await connection.exchange(method, parts, fields, body, interim)
 
     async def open(self, route: Route) -> native.Stream:
-        """A new connection on `route`, handed over to the caller (a tunnel, a protocol
-        upgrade), who must give its transport a protocol before the next await; the
-        pool forgets it. A route without a TLS context is bare TCP (through the proxy's
-        CONNECT, if any)."""
+        """A new connection on `route`, handed over to the caller (a tunnel), who must
+        give its stream a protocol before the next await; the pool forgets it. A route
+        without a TLS context is bare TCP (through the proxy's CONNECT, if any)."""
         connection = await self._connect(route)
         self.forget(connection)
         assert connection.transport is not None

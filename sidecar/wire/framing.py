@@ -91,18 +91,22 @@ def _authority(scheme: str, authority: str) -> str:
     return authority
 
 
-def response_head_error(status: int, fields: Sequence[tuple[str, str]]) -> str | None:
-    """Why a response head cannot be relayed, or None.
+def response_head_error(
+    status: int, fields: Sequence[tuple[str, str]], upgrade: bool = False
+) -> str | None:
+    """Why a response head cannot be relayed, or None; `upgrade`: the request asked to
+    switch protocols.
 
     RFC 9110 §15: "Values outside the range 100..599 are invalid." §15.2: a 1xx response
     "is terminated by the end of the header section; it cannot contain content or
     trailers": one that announces a body is framed by nobody's rules, and what follows it
-    (another response, perhaps) cannot be trusted. A 101 was never asked for.
+    (another response, perhaps) cannot be trusted. A 101 must have been asked for
+    (§15.2.2, §7.8).
     """
     if not 100 <= status <= 599:
         return f"the origin answered with status {status}, outside 100-599"
     if status == 101:
-        return "the origin switched protocols, which was not asked for"
+        return None if upgrade else "the origin switched protocols, which was not asked for"
     if status < 200 and any(
         (name.lower() == "content-length" and value.strip() != "0")
         or name.lower() == "transfer-encoding"

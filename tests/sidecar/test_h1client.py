@@ -233,6 +233,7 @@ def test_a_kept_alive_connection_the_origin_closed_is_retried_once_on_a_new_one(
     async def test(origin: Origin, pool: Pool, route: Route) -> None:
         for _ in range(2):
             assert await body(await pool.request(route, "GET", origin.url(), [])) == b"hello"
+
         # A request that could not be sent twice gets a new connection of its own.
         async def upload() -> object:
             yield b"data"
@@ -261,8 +262,7 @@ def test_chunked_close_delimited_and_head_responses_are_framed_by_the_book(
     ca: trustme.CA,
 ) -> None:
     chunked = (
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-        b"3;x=y\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
     )
     head = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n"  # no body follows a HEAD
 
@@ -443,3 +443,34 @@ def test_a_proxy_that_refuses_the_tunnel_is_named_in_the_error(ca: trustme.CA) -
     head = asyncio.run(asyncio.wait_for(main(), 20))
     assert head.startswith(b"CONNECT origin.test:443 HTTP/1.1\r\n")
     assert b"Proxy-Authorization: Basic dUB4OnA=\r\n" in head  # "u@x:p"
+
+
+def test_a_switch_of_protocols_hands_the_connection_over_with_what_followed_it(
+    ca: trustme.CA,
+) -> None:
+    switch = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n"
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        writer.write(switch + b"first")  # the new protocol's bytes in the same write
+        await writer.drain()
+        writer.write(await reader.readexactly(4))  # then an echo
+
+    async def test(origin: Origin, pool: Pool, route: Route) -> None:
+        upgrade = [("Upgrade", "echo"), ("Connection", "Upgrade")]
+        response = await pool.request(route, "GET", origin.url(), upgrade, upgrade=True)
+        assert response.status == 101 and response.headers["Upgrade"] == "echo"
+        stream, switched = response.detach()
+        echoed: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+        class Echo(asyncio.Protocol):
+            def data_received(self, data: bytes) -> None:
+                echoed.set_result(data)
+
+        stream.set_protocol(Echo())
+        stream.write(b"ping")
+        assert (switched, await echoed) == (b"first", b"ping")
+        stream.close()
+
+    run(ca, script, test)
+

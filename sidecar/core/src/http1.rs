@@ -425,7 +425,10 @@ impl Parser {
         };
         let asked = self.asked.as_deref().unwrap_or_default();
         let status = head.status;
-        self.state = if status < 200 {
+        self.state = if status == 101 {
+            // Switching protocols (RFC 9110 §15.2.2): what follows is the new protocol's.
+            State::Stopped
+        } else if status < 200 {
             // Interim: the final response follows (a 1xx has no body, RFC 9110 §15.2).
             State::Head
         } else if asked == "HEAD" || status == 204 || status == 304 {
@@ -880,6 +883,16 @@ mod tests {
         // A tunnel's answer: what follows is the tunnel's, read once a request is sent.
         let got = responses(&["CONNECT"], b"HTTP/1.1 200 Connection established\r\n\r\n");
         assert_eq!(got[1..], [Event::End]);
+    }
+
+    #[test]
+    fn a_switch_of_protocols_stops_the_parser_and_leaves_what_follows() {
+        let mut parser = Parser::responses();
+        parser.expect("GET");
+        parser.feed(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n\x81\x02hi");
+        assert_eq!(response(&parser.event().unwrap()).status, 101);
+        assert!(parser.stopped() && parser.event().is_none());
+        assert_eq!(parser.take_rest(), b"\x81\x02hi");
     }
 
     #[test]

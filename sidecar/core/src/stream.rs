@@ -666,7 +666,9 @@ impl Stream {
                     None => break,
                 }
             };
-            let upgrade = matches!(&event, Event::Head(head) if head.upgrade);
+            // An upgrade request, or the origin's switch to the protocol it asked for.
+            let upgrade = matches!(&event, Event::Head(head) if head.upgrade)
+                || matches!(&event, Event::Response(head) if head.status == 101);
             tell(slf, event)?;
             if upgrade {
                 // From here on the connection carries the new protocol's bytes: what
