@@ -117,6 +117,13 @@ impl TlsConfig {
     }
 }
 
+/// What the loop watches the socket for.
+#[derive(Clone, Copy)]
+enum Readiness {
+    Read,
+    Write,
+}
+
 enum Notice {
     Data(Vec<u8>),
     Eof,
@@ -320,33 +327,35 @@ pub struct Stream {
 
 impl Stream {
     fn watch_reads(&mut self, py: Python<'_>, on: bool) -> PyResult<()> {
-        if on == self.reader_added || self.core.closed() {
-            return Ok(());
-        }
-        self.reader_added = on;
-        let callback = self.on_readable.as_ref().map(|c| c.clone_ref(py));
-        self.watch(py, ("add_reader", "remove_reader"), on, callback)
+        self.watch(py, Readiness::Read, on)
     }
 
     fn watch_writes(&mut self, py: Python<'_>, on: bool) -> PyResult<()> {
-        if on == self.writer_added || self.core.closed() {
-            return Ok(());
-        }
-        self.writer_added = on;
-        let callback = self.on_writable.as_ref().map(|c| c.clone_ref(py));
-        self.watch(py, ("add_writer", "remove_writer"), on, callback)
+        self.watch(py, Readiness::Write, on)
     }
 
-    /// Ask the loop to call `callback` when the socket is ready (`on`), or no more.
-    fn watch(
-        &self,
-        py: Python<'_>,
-        (add, remove): (&str, &str),
-        on: bool,
-        callback: Option<Py<PyAny>>,
-    ) -> PyResult<()> {
+    /// Ask the loop to call the stream back when the socket is ready for `readiness`
+    /// (`on`), or no more.
+    fn watch(&mut self, py: Python<'_>, readiness: Readiness, on: bool) -> PyResult<()> {
+        let (added, callback, (add, remove)) = match readiness {
+            Readiness::Read => (
+                &mut self.reader_added,
+                &self.on_readable,
+                ("add_reader", "remove_reader"),
+            ),
+            Readiness::Write => (
+                &mut self.writer_added,
+                &self.on_writable,
+                ("add_writer", "remove_writer"),
+            ),
+        };
+        if on == *added || self.core.closed() {
+            return Ok(());
+        }
+        *added = on;
         let fd = self.core.raw();
         if on {
+            let callback = callback.as_ref().map(|c| c.clone_ref(py));
             self.event_loop.call_method1(py, add, (fd, callback))?;
         } else {
             self.event_loop.call_method1(py, remove, (fd,))?;
@@ -408,23 +417,15 @@ fn tell(slf: &Bound<'_, Stream>, event: Event) -> PyResult<()> {
     };
     match event {
         Event::Response(head) => {
-            let ResponseHead {
-                version,
-                status,
-                reason,
-                fields,
-                transfer_encoding,
-                keep_alive,
-                until_close,
-            } = *head;
+            let head: ResponseHead = *head;
             let arguments = (
-                version,
-                status,
-                reason,
-                fields,
-                transfer_encoding,
-                keep_alive,
-                until_close,
+                head.version,
+                head.status,
+                head.reason,
+                head.fields,
+                head.transfer_encoding,
+                head.keep_alive,
+                head.until_close,
             );
             protocol.call_method1(py, "response_received", arguments)?;
         }
