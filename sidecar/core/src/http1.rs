@@ -821,8 +821,10 @@ mod tests {
         while let Some(event) = parser.event() {
             let ended = event == Event::End;
             got.push(event);
-            if ended && let Some(method) = methods.next() {
-                parser.expect(method);
+            if ended {
+                if let Some(method) = methods.next() {
+                    parser.expect(method);
+                }
             }
         }
         got
