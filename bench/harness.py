@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import ssl
@@ -47,8 +48,34 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+# Below the kernel's ephemeral range, where free ports are looked for (`free_port`).
+FIXED_PORTS_FROM = 10_000
+
+
+def ephemeral_ports() -> range:
+    """The ports the kernel picks a connection's local end from."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    except (OSError, ValueError):
+        return range(32768, 61000)  # Linux's default
+    return range(int(low), int(high) + 1)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port nothing listens on, for a server about to start. Taken from below
+    the ephemeral range: a port from that range may be taken by any connection's local
+    end between this check and the server's bind (a busy machine makes thousands), one
+    below it only by another server."""
+    below = ephemeral_ports().start
+    for _ in range(100 if below > FIXED_PORTS_FROM else 0):
+        port = random.randrange(FIXED_PORTS_FROM, below)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no room below the ephemeral range: the kernel's pick
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 

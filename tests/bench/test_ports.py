@@ -1,0 +1,18 @@
+"""`bench.harness.free_port`: the ports the tests' and benchmarks' servers start on."""
+
+from __future__ import annotations
+
+import socket
+
+from bench.harness import FIXED_PORTS_FROM, ephemeral_ports, free_port
+
+
+def test_a_free_port_lies_below_the_range_connections_take_their_ports_from() -> None:
+    ephemeral = ephemeral_ports()
+    ports = {free_port() for _ in range(20)}
+    assert all(FIXED_PORTS_FROM <= port < ephemeral.start for port in ports), ports
+    assert len(ports) > 1  # picked at random, not one port for every server
+    # Free indeed: a server binds it.
+    with socket.create_server(("127.0.0.1", ports.pop())):
+        pass
+
