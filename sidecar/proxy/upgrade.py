@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sidecar.metrics import Metrics
-from sidecar.origins.upstream import Upstream, loggable_url
+from sidecar.origins.upstream import Upstream, loggable_url, response_headers
 from sidecar.wire import tunnel
 from sidecar.wire.client import Response, UpstreamError
 from sidecar.wire.exchange import Request
@@ -34,8 +34,6 @@ ANSWER_TIMEOUT = 60.0  # seconds
 # Client fields not forwarded: those for the sidecar alone (RFC 9110 §7.6.1, §11.7.2),
 # and Host, which the request's head gets from the URL.
 _NOT_FORWARDED = frozenset(("proxy-connection", "proxy-authorization", "host"))
-# A refusal's fields not relayed: its body goes out decoded and ends with the connection.
-_NOT_RELAYED = frozenset(("transfer-encoding", "connection", "keep-alive"))
 
 
 async def relay(
@@ -82,7 +80,8 @@ async def relay(
 async def _refused(request: Request, client: Any, metrics: Metrics, answer: Response) -> None:
     """The origin's refusal, relayed with its body; the client's connection closes after
     it (or is cut, if the origin breaks off the body)."""
-    fields = [(k, v) for k, v in answer.headers.items() if k.lower() not in _NOT_RELAYED]
+    # Hop-by-hop fields dropped: its body goes out decoded and ends with the connection.
+    fields = response_headers(answer.headers.items())
     client.write(response_head(answer.status, fields, close=True))
     try:
         async for chunk in answer.chunks():

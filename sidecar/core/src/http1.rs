@@ -135,8 +135,10 @@ pub struct Parser {
     start: usize,
     state: State,
     keep_alive: bool,
+    /// It reads responses (else requests).
+    responses: bool,
     /// Responses: the method of the request the next response answers.
-    asked: Option<String>,
+    asked: String,
 }
 
 impl Default for Parser {
@@ -147,7 +149,8 @@ impl Default for Parser {
             start: 0,
             state: State::Head,
             keep_alive: true,
-            asked: None,
+            responses: false,
+            asked: String::new(),
         }
     }
 }
@@ -181,7 +184,7 @@ impl Parser {
     pub fn responses() -> Self {
         Self {
             state: State::Idle,
-            asked: Some(String::new()),
+            responses: true,
             ..Self::default()
         }
     }
@@ -189,7 +192,7 @@ impl Parser {
     /// A request with `method` was sent: its response is read next (a response to HEAD
     /// has no body, nor has a 2xx to CONNECT).
     pub fn expect(&mut self, method: &str) {
-        self.asked = Some(method.to_string());
+        self.asked = method.to_string();
         if self.state == State::Idle {
             self.state = State::Head;
         }
@@ -197,7 +200,7 @@ impl Parser {
 
     /// Does it read responses (else requests)?
     pub fn reads_responses(&self) -> bool {
-        self.asked.is_some()
+        self.responses
     }
 
     /// The status a refusal answers: 400 to a client, 502 for what an origin sent.
@@ -369,20 +372,10 @@ impl Parser {
         {
             self.start += skip.len();
         }
-        let pending = self.pending();
-        let end = match find_head_end(pending) {
-            Some(end) if end <= MAX_HEAD => end,
-            Some(_) => return Some(refuse(431, "the request head is larger than 64 KiB")),
-            None if pending.len() > MAX_HEAD => {
-                return Some(refuse(431, "the request head is larger than 64 KiB"));
-            }
-            None => {
-                self.state = State::Head;
-                return None;
-            }
+        let head = match self.take_head()? {
+            Some(head) => head,
+            None => return Some(refuse(431, "the request head is larger than 64 KiB")),
         };
-        let head = pending[..end].to_vec();
-        self.start += end;
         match parse_head(&head) {
             Ok(head) => {
                 self.keep_alive = head.keep_alive;
@@ -405,13 +398,14 @@ impl Parser {
 }
 
 impl Parser {
-    fn response_head(&mut self) -> Option<Event> {
-        const TOO_LARGE: &str = "the origin's response head is larger than 64 KiB";
+    /// The next head (its empty line included) once it is all there, taken from the
+    /// buffer; `Some(None)` when it is, or will be, over `MAX_HEAD`; None until then.
+    fn take_head(&mut self) -> Option<Option<Vec<u8>>> {
         let pending = self.pending();
         let end = match find_head_end(pending) {
             Some(end) if end <= MAX_HEAD => end,
-            Some(_) => return Some(self.refusal(TOO_LARGE)),
-            None if pending.len() > MAX_HEAD => return Some(self.refusal(TOO_LARGE)),
+            Some(_) => return Some(None),
+            None if pending.len() > MAX_HEAD => return Some(None),
             None => {
                 self.state = State::Head;
                 return None;
@@ -419,11 +413,19 @@ impl Parser {
         };
         let head = pending[..end].to_vec();
         self.start += end;
+        Some(Some(head))
+    }
+
+    fn response_head(&mut self) -> Option<Event> {
+        let head = match self.take_head()? {
+            Some(head) => head,
+            None => return Some(self.refusal("the origin's response head is larger than 64 KiB")),
+        };
         let head = match parse_response(&head) {
             Ok(head) => head,
             Err(why) => return Some(self.refusal(why)),
         };
-        let asked = self.asked.as_deref().unwrap_or_default();
+        let asked = self.asked.as_str();
         let status = head.status;
         self.state = if status == 101 {
             // Switching protocols (RFC 9110 §15.2.2): what follows is the new protocol's.
