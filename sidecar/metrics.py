@@ -29,6 +29,7 @@ _CONDITION_LOG_INTERVAL = 60.0  # seconds
 @dataclass
 class Counters:
     hits: int = 0
+    hits_answered_by_core: int = 0  # the worker adds the core's count (`native.Answers`)
     misses: int = 0
     coalesced: int = 0
     passes: int = 0
@@ -51,6 +52,9 @@ class Counters:
 
 COUNTER_HELP = {
     "hits": "Requests answered from a stored object (GET or HEAD, ranges included).",
+    "hits_answered_by_core": (
+        "Of the hits, those the Rust core sent again from its table of recorded answers."
+    ),
     "misses": "Cacheable GETs that started an upstream fill.",
     "coalesced": "Clients served by joining a fill already in progress.",
     "passes": "Requests served from upstream without storing the object.",

@@ -2,7 +2,9 @@
 
 The main process creates it and every worker inherits its descriptor. It holds
 numbered slots, then the table of clients that refused the pod CA's certificate
-(`wire.rejections`), then a region the buffer keeps its claims in (`buffer.claims`).
+(`wire.rejections`), then the table of answers the Rust core sends without asking
+Python (`core.native.Answers`), then a region the buffer keeps its claims in
+(`buffer.claims`).
 
 Each slot is a signed 64-bit word, written by one process only (aligned 8-byte stores
 are atomic on the platforms pods run on), so no lock is needed:
@@ -24,7 +26,11 @@ stored object whose index row was found at start and is not checked yet is verif
 the worker that serves it first (`keeper.Buffer`); until the store has opened the
 index, every row counts as found at start and unchecked.
 
-The table and the region are written by any process, but only under `lock()`: an
+The table of answers is written by any worker, each slot under a sequence lock of its
+own (see `sidecar/core/src/answers.rs`), and answers recorded under an older index
+generation are not used.
+
+The clients' table and the region are written by any process, but only under `lock()`: an
 exclusive `flock` on a descriptor of the file that each process opened for itself (a lock
 belongs to an open file, and the inherited descriptor is one open file for every
 process). The kernel releases the lock of a process that dies, so a `kill -9` never
@@ -44,6 +50,11 @@ _COMMON = 5  # slots before the per-worker ones
 _UNKNOWN = 2**63 - 1  # "found through" before the store has looked: every row
 # Bytes of the table of clients that refused the pod CA (`sidecar.wire.rejections`).
 CLIENTS_TABLE = 8 * 1024
+# Bytes of the table of answers (`core.native.Answers`): 8,192 answers of 1 KiB. Only
+# the pages answers are written into take memory.
+ANSWERS_TABLE = 8 * 1024 * 1024
+# Where the index generation is (slot 0), for the core's table of answers.
+GENERATION_AT = 0
 
 
 class Shared:
@@ -54,17 +65,19 @@ class Shared:
         self.memory = mmap.mmap(fd, os.fstat(fd).st_size)
         self.workers = workers = int.from_bytes(self.memory[4 * _SLOT : 5 * _SLOT], "little")
         self._slots = memoryview(self.memory)[: (workers + _COMMON) * _SLOT].cast("q")
-        # The table starts where the slots end, the region where the table ends.
+        # The tables start where the slots end, the region where the tables end.
         self.clients = (workers + _COMMON) * _SLOT
-        self.region = self.clients + CLIENTS_TABLE
+        self.answers = self.clients + CLIENTS_TABLE
+        self.region = self.answers + ANSWERS_TABLE
         # This process's own open file: see the module docstring.
         self._lock_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
 
     @classmethod
     def create(cls, workers: int, region: int = 0) -> Shared:
-        """Slots for `workers` workers, the table, then `region` bytes, all zero."""
+        """Slots for `workers` workers, the tables, then `region` bytes, all zero."""
         fd = os.memfd_create("burstbuffer-shared", 0)  # inherited by workers on purpose
-        os.ftruncate(fd, (workers + _COMMON) * _SLOT + CLIENTS_TABLE + region)
+        size = (workers + _COMMON) * _SLOT + CLIENTS_TABLE + ANSWERS_TABLE + region
+        os.ftruncate(fd, size)
         os.pwrite(fd, workers.to_bytes(_SLOT, "little"), 4 * _SLOT)
         shared = cls(fd)
         shared._slots[2] = _UNKNOWN

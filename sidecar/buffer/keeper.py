@@ -554,6 +554,15 @@ class Buffer:
     def open_body(self, entry: StoredObject) -> int:
         return self._index.open_body(entry)
 
+    def body_path(self, entry: StoredObject) -> str:
+        return self._index.body_path(entry)
+
+    @property
+    def generation(self) -> int:
+        """The index generation what `lookup` found is valid for (`Shared.generation`
+        when it last looked)."""
+        return self._known_generation
+
     def _report_touches(self) -> None:
         now = time.monotonic()
         if now - self._last_touch_report >= TOUCH_INTERVAL:

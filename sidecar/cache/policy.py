@@ -256,6 +256,25 @@ _SENTENCES = {
 }
 
 
+# The request fields a hit's decision reads: `request_may_hit`, `needs_revalidation`,
+# `is_fresh`, `only_if_cached`, `answers_preconditions`, and the 412, 304, 206 and 416 of
+# `wire.conditionals` and `wire.ranges`. The answer to a GET with none of them depends on
+# its URL and the stored object alone, which is what lets the core send it again
+# (`core.native.Answers`); a test reads a hit's decision to keep this list whole.
+HIT_FIELDS = frozenset(
+    (
+        "cache-control",
+        "pragma",
+        "range",
+        "if-range",
+        "if-match",
+        "if-none-match",
+        "if-modified-since",
+        "if-unmodified-since",
+    )
+)
+
+
 class Verdict(NamedTuple):
     """A cacheability decision and its reason code (a `Reason`; `Reason.OK` when cacheable)."""
 

@@ -3,6 +3,7 @@
 import asyncio
 from typing import Any
 
+ANSWER_SLOT: int
 HANDSHAKE_DONE: int
 WANTS_READ: int
 WANTS_WRITE: int
@@ -25,6 +26,31 @@ class TlsConfig:
     key, in PEM; ValueError if they cannot be read."""
 
     def __init__(self, chain_pem: bytes, key_pem: bytes) -> None: ...
+
+class Answers:
+    """The table of answers Python gave to plain GETs of stored objects, in the shared
+    memory file `fd`: `count` slots of ANSWER_SLOT bytes from byte `start`, valid while
+    the index generation word at byte `generation` stays; `deciding`: the request fields
+    a hit's decision reads (a request with any of them is never answered from it)."""
+
+    def __init__(
+        self, fd: int, generation: int, start: int, count: int, deciding: list[str]
+    ) -> None: ...
+    def record(
+        self, url: bytes, head: bytes, path: bytes, size: int, born: float | None, generation: int
+    ) -> bool:
+        """Record the answer to a GET of `url` with no deciding field: `head` the status
+        line and fields up to the Age (each line with its CRLF), `path` and `size` the
+        body file, `born` when the origin generated it (None: no Age), `generation` the
+        one the object was found under; False if not recorded."""
+    def answer(self, url: bytes) -> tuple[bytes, bytes] | None:
+        """The whole head and the body file's path sent now for a GET of `url`, if any."""
+    @property
+    def hits(self) -> int:
+        """Requests this process answered from the table."""
+    @property
+    def bytes(self) -> int:
+        """Body bytes of those answers."""
 
 class Stream:
     """A connection: the socket `fd` (taken over), driven by `event_loop`, under the
@@ -57,6 +83,15 @@ class Stream:
         `response_refused(reason)`, and `unasked_received()` for bytes past the last
         response (then nothing more); bytes that are not messages (after an upgrade's
         head, or without either) as `data_received(data)`."""
+    def answer_from(self, answers: Answers, scope: bytes) -> None:
+        """Answer the requests `answers` can (`scope`: the origin's URL up to the path)
+        without handing them to the protocol, while it has none to answer (`idle`)."""
+    def idle(self) -> None:
+        """The protocol has answered every request it was handed."""
+    @property
+    def answered_at(self) -> float:
+        """When the table last answered on this connection (`time.monotonic()`; 0.0:
+        never)."""
     def expect_response(self, method: str) -> None:
         """A request with `method` is about to be sent: its response is parsed next."""
     def readable(self) -> None: ...

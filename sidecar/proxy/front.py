@@ -222,9 +222,7 @@ class Front:
                 raise ConnectionResetError("closed inside the tunnel before its first byte")
             if first != _TLS_HANDSHAKE_RECORD:
                 tunnel = dataclasses.replace(connect.tunnel, tls=False)
-                stream = native.Stream(client.detach(), loop)
-                protocol = Http1Connection(tunnel, self._router, self._balance.closed)
-                stream.start(protocol, requests=True)
+                self._serve_requests(native.Stream(client.detach(), loop), tunnel)
                 return True
             client_hello, alpn = await _peek_hello(client, self._hello_buffer)
         host = connect.tunnel.host
@@ -244,9 +242,14 @@ class Front:
             if refusal is not None and client_hello:
                 self._rejections.remember(host, client_hello, refusal)
             raise
-        protocol = Http1Connection(connect.tunnel, self._router, self._balance.closed)
-        stream.start(protocol, requests=True)
+        self._serve_requests(stream, connect.tunnel)
         return True
+
+    def _serve_requests(self, stream: native.Stream, tunnel: Tunnel) -> None:
+        """The lean server answers the requests inside the tunnel, the core's table of
+        answers first where it can."""
+        protocol = Http1Connection(tunnel, self._router, self._balance.closed, self._router.answers)
+        stream.start(protocol, requests=True)
 
     async def _tunnel(self, client: socket.socket, to: Tunnel, reason: str) -> bool:
         """Relay the client's own TLS to the origin untouched; True once a tunnel owns

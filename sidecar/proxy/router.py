@@ -36,6 +36,7 @@ from sidecar.buffer.fill import (
 from sidecar.buffer.keeper import BUFFER_UNAVAILABLE, UNSIZED, Buffer
 from sidecar.buffer.store import StoredObject, StoreError
 from sidecar.cache import policy
+from sidecar.core import native
 from sidecar.metrics import Metrics
 from sidecar.origins.upstream import (
     Upstream,
@@ -50,6 +51,7 @@ from sidecar.wire import conditionals, ranges
 from sidecar.wire.client import Interim, Response, UpstreamError
 from sidecar.wire.exchange import Body, BodyFile, Channel, ClientGone, Immediate, Request
 from sidecar.wire.fields import Fields, Headers, header
+from sidecar.wire.server import status_and_fields
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +86,7 @@ class Representation:
         "modified",
         "replayed",
         "_stamp",
+        "_lines",
     )
 
     def __init__(
@@ -105,6 +108,15 @@ class Representation:
         # (RFC 9111 §4.3.2: "a cache SHOULD use the stored response's Date field value").
         self.modified = self.last_modified or header(self.replayed, "Date")
         self._stamp: tuple[int, tuple[tuple[str, str], ...]] | None = None
+        self._lines: bytes | None = None
+
+    @property
+    def head_lines(self) -> bytes:
+        """The status line of a 200 and the replayed fields, encoded once: what the
+        core's table of answers sends before the Age and the length."""
+        if self._lines is None:
+            self._lines = status_and_fields(200, self.replayed)
+        return self._lines
 
     def stamped(self, now: float) -> tuple[tuple[str, str], ...]:
         """`replayed` with the `Age` of an answer at `now` (RFC 9111 §5.1), made once
@@ -134,6 +146,13 @@ class Answer:
     headers: list[tuple[str, str]]
     start: int = 0
     end: int = 0
+
+
+def records_answers(settings: Settings) -> bool:
+    """May the core's table send hits again without the router? Not when every hit must
+    be logged (`--access-log`), revalidated (`--revalidate`), or reported to the keeper
+    as recently used (`--eviction lru`)."""
+    return not (settings.access_log or settings.revalidate or settings.eviction == "lru")
 
 
 def answer(request: Request, representation: Representation, now: float) -> Answer:
@@ -175,9 +194,18 @@ class Router:
     """Built once per process with the program's Settings and its buffer."""
 
     def __init__(
-        self, settings: Settings, buffer: Buffer, fills: Fills, upstream: Upstream, metrics: Metrics
+        self,
+        settings: Settings,
+        buffer: Buffer,
+        fills: Fills,
+        upstream: Upstream,
+        metrics: Metrics,
+        answers: native.Answers | None = None,
     ) -> None:
+        """`answers`: the core's table, where the hits it may send again are recorded
+        (`records_answers`)."""
         self.settings = settings
+        self.answers = answers if records_answers(settings) else None
         self.buffer = buffer
         self.fills = fills
         self.upstream = upstream
@@ -517,6 +545,24 @@ class Router:
             except StoreError:
                 return None
         size = plan.end - plan.start
+        if (
+            self.answers is not None
+            and body is not None
+            and plan.status == 200
+            and request.method == "GET"
+            and policy.HIT_FIELDS.isdisjoint(request.fields)
+            and not self._by_freshness(key)
+        ):
+            # The same request gets the same answer while the generation stays: the
+            # core's table sends it from now on, in every worker.
+            self.answers.record(
+                request.url.encode(),
+                representation.head_lines,
+                self.buffer.body_path(entry).encode(),
+                size,
+                representation.generated_at,
+                self.buffer.generation,
+            )
         counters = self.metrics.counters
         counters.hits += 1
         counters.bytes_from_buffer += size

@@ -23,7 +23,7 @@ import signal
 import socket
 import types
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from certs import bundle
 from certs.ca import load_or_create_ca
@@ -34,6 +34,7 @@ from sidecar.buffer.fill import Fills
 from sidecar.buffer.keeper import Buffer
 from sidecar.buffer.stagein import StageIn, StageInCounts, StageInError
 from sidecar.buffer.store import Index, StoreError
+from sidecar.cache import policy
 from sidecar.core import native
 from sidecar.ipc import Message
 from sidecar.metrics import Metrics
@@ -45,7 +46,7 @@ from sidecar.proxy.listeners import listeners
 from sidecar.proxy.router import Router
 from sidecar.runtime.supervisor import Inherited
 from sidecar.settings import Settings, parse
-from sidecar.shared import Shared
+from sidecar.shared import ANSWERS_TABLE, GENERATION_AT, Shared
 from sidecar.wire.client import Pool
 from sidecar.wire.rejections import Rejections
 from sidecar.wire.tunnel import Tunnels
@@ -71,6 +72,7 @@ async def run(settings: Settings, inherited: Inherited) -> None:
     metrics = Metrics()
     stage_in: StageIn | None = None
     parents: Parents | None = None
+    answers: native.Answers | None = None
 
     async def from_parent(message: Message) -> Message | None:
         if message["op"] == "start":
@@ -83,7 +85,7 @@ async def run(settings: Settings, inherited: Inherited) -> None:
         if message["op"] != "stats":
             raise ValueError(f"unknown operation {message['op']!r}")
         progress = stage_in.progress if stage_in is not None else StageInCounts()
-        return {"counters": metrics.snapshot(), "gauges": progress.gauges()}
+        return {"counters": _counters(metrics, answers), "gauges": progress.gauges()}
 
     keeper = ipc.Channel(inherited.keeper, from_parent)
     channel_task = asyncio.create_task(keeper.run())
@@ -114,7 +116,14 @@ async def run(settings: Settings, inherited: Inherited) -> None:
         index, keeper, shared, claims, inherited.index, track_recency=settings.eviction == "lru"
     )
     fills = Fills(buffer, upstream, metrics, settings.parallel_fetch, settings.access_log)
-    router = Router(settings, buffer, fills, upstream, metrics)
+    answers = native.Answers(
+        shared.fd,
+        GENERATION_AT,
+        shared.answers,
+        ANSWERS_TABLE // native.ANSWER_SLOT,
+        sorted(policy.HIT_FIELDS),
+    )
+    router = Router(settings, buffer, fills, upstream, metrics, answers)
     if settings.stage_in and inherited.index == 0:
         stage_in = StageIn(
             settings.stage_in,
@@ -178,6 +187,16 @@ async def run(settings: Settings, inherited: Inherited) -> None:
         await upstream.close()
         channel_task.cancel()
         index.close()
+
+
+def _counters(metrics: Metrics, answers: native.Answers | None) -> dict[str, object]:
+    """This worker's counters, with the hits the core's table sent on its own."""
+    counters = metrics.snapshot()
+    if answers is not None:
+        counters["hits"] = cast(int, counters["hits"]) + answers.hits
+        counters["hits_answered_by_core"] = answers.hits
+        counters["bytes_from_buffer"] = cast(int, counters["bytes_from_buffer"]) + answers.bytes
+    return counters
 
 
 async def _collect_garbage() -> None:

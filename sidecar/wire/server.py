@@ -27,7 +27,7 @@ import collections
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, cast
@@ -191,14 +191,18 @@ class _Response:
 _REASONS = {status.value: status.phrase.encode("ascii") for status in HTTPStatus}
 
 
-def response_head(status: int, headers: list[tuple[str, str]], close: bool) -> bytes:
+def response_head(status: int, headers: Sequence[tuple[str, str]], close: bool) -> bytes:
     """An HTTP/1.1 status line and fields; `close` adds `Connection: close`."""
+    ending = b"Connection: close\r\n\r\n" if close else b"\r\n"
+    return status_and_fields(status, headers) + ending
+
+
+def status_and_fields(status: int, headers: Sequence[tuple[str, str]]) -> bytes:
+    """An HTTP/1.1 status line and field lines, each with its CRLF: a head without its
+    end."""
     lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))]
     for name, value in headers:
         lines.append(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1")))
-    if close:
-        lines.append(b"Connection: close\r\n")
-    lines.append(b"\r\n")
     return b"".join(lines)
 
 
@@ -212,10 +216,19 @@ class _Pending:
 class Http1Connection(asyncio.Protocol):
     """One client's tunnel to one intercepted origin (TLS, or plain HTTP)."""
 
-    def __init__(self, tunnel: Tunnel, handler: Handler, on_close: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        tunnel: Tunnel,
+        handler: Handler,
+        on_close: Callable[[], None],
+        answers: native.Answers | None = None,
+    ) -> None:
+        """`answers`: the core's table of recorded answers, which then answers the
+        requests it can without this protocol hearing of them."""
         self._tunnel = tunnel
         self._handler = handler
         self._on_close = on_close
+        self._answers = answers
         self._transport: native.Stream | None = None
         self._queue: collections.deque[_Pending] = collections.deque()
         self._current: tuple[_Pending, _Response] | None = None  # being answered
@@ -243,6 +256,8 @@ class Http1Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(native.Stream, transport)
         self._transport.set_write_buffer_limits(high=WRITE_BUFFER)
+        if self._answers is not None:
+            self._transport.answer_from(self._answers, self._tunnel.url("").encode())
         self._idle_timer = self._loop.call_later(IDLE_TIMEOUT, self._check_idle)
 
     def data_received(self, data: bytes) -> None:
@@ -306,6 +321,7 @@ class Http1Connection(asyncio.Protocol):
             immediate = self._handler.hit_now(request)
             if immediate is not None:
                 self._answer_now(immediate, close)
+                self._idle()
                 return
         self._queue.append(_Pending(request, self._body, close))
         if len(self._queue) > PIPELINE_DEPTH:
@@ -372,6 +388,7 @@ class Http1Connection(asyncio.Protocol):
             self._answering = False
             self._worker = None
             self._idle_since = self._loop.time()
+            self._idle()
 
     def _answer_now(self, immediate: Immediate, close: bool) -> None:
         head = response_head(immediate.status, immediate.headers, close)
@@ -507,9 +524,17 @@ class Http1Connection(asyncio.Protocol):
             self._reading = True
             self._transport.resume_reading()
 
+    def _idle(self) -> None:
+        """Every request handed over is answered: the core's table may answer the next."""
+        if self._transport is not None and not self._closed:
+            self._transport.idle()
+
     def _check_idle(self) -> None:
         if self._closed:
             return
+        if self._idle_since is not None and self._transport is not None:
+            # The core's table answers requests this protocol never hears of.
+            self._idle_since = max(self._idle_since, self._transport.answered_at)
         idle = self._loop.time() - self._idle_since if self._idle_since is not None else 0.0
         if idle >= IDLE_TIMEOUT:
             self._close()

@@ -18,8 +18,11 @@
 //! return what the protocol must hear (`Notice`), and it is told afterwards, so that it
 //! may write from inside `data_received`.
 
+use std::ffi::OsStr;
+use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
 use pyo3::exceptions::{PyConnectionResetError, PyOSError, PyValueError};
@@ -29,6 +32,7 @@ use pyo3::{PyTraverseError, PyVisit, create_exception};
 use rustls::{ClientConnection, Connection, ServerConnection};
 use rustls_pki_types::ServerName;
 
+use crate::answers::{Answers, now};
 use crate::http1::{Event, Head, Parser, ResponseHead};
 use crate::outbox::{Outbox, Sink};
 use crate::sink::{Socket, TLS_BATCH, Tls};
@@ -323,6 +327,16 @@ pub struct Stream {
     eof: bool,          // the client ended its side
     eof_told: bool,
     writer_added: bool,
+    /// The shared table of recorded answers and the URL prefix of this connection's
+    /// origin (`answer_from`): requests it answers never reach the protocol.
+    answers: Option<(Py<Answers>, Vec<u8>)>,
+    /// A request was handed to the protocol and not answered yet (`idle`): what follows
+    /// it on the connection waits for the protocol too, so that answers keep its order.
+    busy: bool,
+    /// The end of a request the table answered comes next: not the protocol's.
+    skip_end: bool,
+    /// When the table last answered a request on this connection (`monotonic`).
+    answered_at: f64,
 }
 
 impl Stream {
@@ -473,6 +487,53 @@ fn tell(slf: &Bound<'_, Stream>, event: Event) -> PyResult<()> {
     Ok(())
 }
 
+/// Answer a request from the stream's table of recorded answers (`answer_from`): true
+/// if it was, and the protocol never hears of it. Only while the protocol answers
+/// nothing and the client keeps up, as the protocol's own immediate hits.
+fn answer_from_table(slf: &Bound<'_, Stream>, head: &Head) -> PyResult<bool> {
+    let py = slf.py();
+    let mut notices = Vec::new();
+    {
+        let mut stream = slf.borrow_mut();
+        let core = &stream.core;
+        if stream.busy || core.writing_paused || core.closing || core.closed() {
+            return Ok(false);
+        }
+        let Some((answers, scope)) = stream.answers.as_ref() else {
+            return Ok(false);
+        };
+        let answers = answers.get();
+        if !answers.may_answer(head) {
+            return Ok(false);
+        }
+        let url = [scope.as_slice(), head.target.as_slice()].concat();
+        let Some(found) = answers.find(&url) else {
+            return Ok(false);
+        };
+        // A body removed since its generation was read is Python's to miss.
+        let Ok(file) = File::open(OsStr::from_bytes(&found.path)) else {
+            return Ok(false);
+        };
+        answers.count(found.size);
+        let head = found.head_at(now());
+        stream.core.outbox.push_bytes(&head);
+        stream.core.outbox.push_file(file.into(), 0, found.size);
+        stream.answered_at = monotonic();
+        stream.skip_end = true;
+        stream.flush(py, &mut notices)?;
+    }
+    deliver(slf, notices)?;
+    Ok(true)
+}
+
+/// Seconds on the clock of Python's `time.monotonic()` (CLOCK_MONOTONIC).
+fn monotonic() -> f64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a plain clock read into a local.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as f64 + now.tv_nsec as f64 / 1e9
+}
+
 /// Tell the protocol, with the stream no longer borrowed.
 fn deliver(slf: &Bound<'_, Stream>, notices: Vec<Notice>) -> PyResult<()> {
     let py = slf.py();
@@ -560,6 +621,10 @@ impl Stream {
             eof: false,
             eof_told: false,
             writer_added: false,
+            answers: None,
+            busy: false,
+            skip_end: false,
+            answered_at: 0.0,
         })
     }
 
@@ -667,6 +732,19 @@ impl Stream {
                     None => break,
                 }
             };
+            match &event {
+                Event::End if slf.borrow().skip_end => {
+                    slf.borrow_mut().skip_end = false;
+                    continue;
+                }
+                Event::Head(head) => {
+                    if answer_from_table(slf, head)? {
+                        continue;
+                    }
+                    slf.borrow_mut().busy = true;
+                }
+                _ => {}
+            }
             // An upgrade request, or the origin's switch to the protocol it asked for.
             let upgrade = matches!(&event, Event::Head(head) if head.upgrade)
                 || matches!(&event, Event::Response(head) if head.status == 101);
@@ -716,6 +794,25 @@ impl Stream {
             }
             _ => Err(PyValueError::new_err("the stream does not read responses")),
         }
+    }
+
+    /// Answer this connection's requests from `answers` where it can (`Answers`):
+    /// `scope` is the URL of its origin up to the path (`https://host[:port]`).
+    fn answer_from(&mut self, answers: Py<Answers>, scope: &[u8]) {
+        self.answers = Some((answers, scope.to_vec()));
+    }
+
+    /// The protocol has answered every request it was handed: the table may answer
+    /// the next one.
+    fn idle(&mut self) {
+        self.busy = false;
+    }
+
+    /// When the table last answered a request on this connection, on the clock of
+    /// Python's `time.monotonic()` (0.0: never): the protocol's idle timer counts it.
+    #[getter]
+    fn answered_at(&self) -> f64 {
+        self.answered_at
     }
 
     /// The loop's writer callback.
@@ -908,10 +1005,16 @@ fn handshake_error(error: rustls::Error, client: bool) -> io::Error {
     let peer = if client { "origin" } else { "client" };
     let message = match &error {
         rustls::Error::AlertReceived(alert) => {
-            format!("the {peer} sent alert {}", alert_name(&format!("{alert:?}")))
+            format!(
+                "the {peer} sent alert {}",
+                alert_name(&format!("{alert:?}"))
+            )
         }
         rustls::Error::InvalidCertificate(why) if client => {
-            return io::Error::new(io::ErrorKind::InvalidData, Marked::Rejected(why.to_string()));
+            return io::Error::new(
+                io::ErrorKind::InvalidData,
+                Marked::Rejected(why.to_string()),
+            );
         }
         other => other.to_string(),
     };
@@ -957,7 +1060,10 @@ mod tests {
 
     fn core(fd: OwnedFd) -> Core {
         let config = crate::tls::server_config(CHAIN, KEY).unwrap();
-        Core::new(fd, Some(session_of(ServerConnection::new(config).unwrap().into())))
+        Core::new(
+            fd,
+            Some(session_of(ServerConnection::new(config).unwrap().into())),
+        )
     }
 
     #[test]
@@ -1062,16 +1168,25 @@ mod tests {
     #[test]
     fn an_origin_is_verified_and_its_end_told_from_a_cut() {
         let reply = b"HTTP/1.1 200 OK\r\n\r\nbody";
-        assert_eq!(from_origin("localhost", reply, true).unwrap(), (reply.to_vec(), false));
-        assert_eq!(from_origin("localhost", reply, false).unwrap(), (reply.to_vec(), true));
+        assert_eq!(
+            from_origin("localhost", reply, true).unwrap(),
+            (reply.to_vec(), false)
+        );
+        assert_eq!(
+            from_origin("localhost", reply, false).unwrap(),
+            (reply.to_vec(), true)
+        );
     }
 
     #[test]
     fn an_origin_certificate_for_another_name_is_rejected() {
         let error = from_origin("elsewhere.test", b"", true).unwrap_err();
-        assert!(matches!(
-            error.get_ref().and_then(|e| e.downcast_ref::<Marked>()),
-            Some(Marked::Rejected(why)) if why.contains("elsewhere.test")
-        ), "{error}");
+        assert!(
+            matches!(
+                error.get_ref().and_then(|e| e.downcast_ref::<Marked>()),
+                Some(Marked::Rejected(why)) if why.contains("elsewhere.test")
+            ),
+            "{error}"
+        );
     }
 }

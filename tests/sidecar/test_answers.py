@@ -1,0 +1,243 @@
+"""The core's table of answers (`sidecar/core/src/answers.rs`) on a real sidecar.
+
+Python decides a hit and records its answer; the same request later, on any
+connection and in any worker, is answered by the core from the table, with the same
+head (but for the Age of the moment) and the same bytes. Whatever the table cannot
+decide goes to Python as before: ranges, conditionals, Cache-Control, a URL whose
+object was removed since, a request that waits behind another on its connection.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.harness import OriginServer, Sidecar
+from sidecar.cache import policy
+from sidecar.proxy.router import Representation, answer
+from sidecar.wire.exchange import Request
+from sidecar.wire.fields import Fields
+from tests.sidecar.conftest import FILES, curl
+from tests.sidecar.test_strict import Client, RawOrigin
+
+pytestmark = pytest.mark.e2e
+
+SMALL = "small.bin"
+
+
+def by_core(sidecar: Sidecar) -> int:
+    return sidecar.stats()["hits_answered_by_core"]
+
+
+def last_head(printed: str) -> str:
+    """The origin's response head of those curl printed with `-D -` (the proxy's answer
+    to its CONNECT comes first)."""
+    return [head for head in printed.split("\r\n\r\n") if head][-1]
+
+
+def head_of(printed: str) -> dict[str, str]:
+    """The fields of that head (names in lower case)."""
+    fields = {}
+    for line in last_head(printed).splitlines()[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            fields[name.strip().lower()] = value.strip()
+    return fields
+
+
+@pytest.fixture
+def two_workers(start_sidecar: Callable[..., Sidecar]) -> Sidecar:
+    return start_sidecar("--workers", "2")
+
+
+def test_a_hit_recorded_once_is_answered_by_the_core_in_every_worker_with_the_same_head(
+    two_workers: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    url = origin.url(SMALL)
+    expected = (dataset / SMALL).read_bytes()
+    first = curl(two_workers, url)  # the miss
+    assert first.returncode == 0 and first.body == expected
+    python = curl(two_workers, url, "-D", "-")  # a hit the router decides, and records
+    assert python.returncode == 0
+    assert by_core(two_workers) == 0
+    # Each curl is a new connection: the workers take turns, and all answer it.
+    recorded = [curl(two_workers, url, "-D", "-") for _ in range(8)]
+    assert all(d.returncode == 0 and d.body == expected for d in recorded)
+    stats = two_workers.stats()
+    assert (stats["misses"], stats["hits"], stats["hits_answered_by_core"]) == (1, 9, 8)
+    assert stats["bytes_from_buffer"] == 9 * FILES[SMALL]
+    # The same fields in the same order as the router's answer; the Age as old or older.
+    ours = [
+        re.sub(r"^age: \d+", "age: N", line.lower())
+        for line in last_head(python.stdout).splitlines()
+    ]
+    for download in recorded:
+        theirs = last_head(download.stdout).splitlines()
+        assert [re.sub(r"^age: \d+", "age: N", line.lower()) for line in theirs] == ours
+        assert int(head_of(download.stdout)["age"]) >= int(head_of(python.stdout)["age"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "status", "size"),
+    [
+        (("-H", "Range: bytes=0-9"), 206, 10),
+        (("-H", "Cache-Control: only-if-cached"), 200, FILES[SMALL]),
+        (("-H", "If-Modified-Since: Sat, 01 Jan 2000 00:00:00 GMT"), 200, FILES[SMALL]),
+    ],
+    ids=["range", "cache-control", "if-modified-since"],
+)
+def test_a_request_with_a_field_the_decision_reads_goes_to_the_router(
+    sidecar: Sidecar,
+    origin: OriginServer,
+    dataset: Path,
+    extra: tuple[str, ...],
+    status: int,
+    size: int,
+) -> None:
+    url = origin.url(SMALL)
+    for _ in range(3):  # a miss, a recorded hit, an answer from the table
+        assert curl(sidecar, url).returncode == 0
+    assert by_core(sidecar) == 1
+    done = curl(sidecar, url, "-D", "-", *extra)
+    assert done.returncode == 0
+    assert last_head(done.stdout).startswith(f"HTTP/1.1 {status} ")
+    assert done.body == (dataset / SMALL).read_bytes()[:size]
+    assert by_core(sidecar) == 1
+
+
+def test_an_etag_match_is_a_304_from_the_router(sidecar: Sidecar, origin: OriginServer) -> None:
+    url = origin.url(SMALL)
+    for _ in range(3):
+        assert curl(sidecar, url).returncode == 0
+    etag = head_of(curl(sidecar, url, "-D", "-").stdout)["etag"]
+    assert by_core(sidecar) == 2
+    done = curl(sidecar, url, "-D", "-", "-H", f"If-None-Match: {etag}")
+    assert last_head(done.stdout).startswith("HTTP/1.1 304 ") and done.body == b""
+    assert by_core(sidecar) == 2
+
+
+def test_a_removed_object_is_fetched_again_not_answered_from_the_table(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    url = origin.url(SMALL)
+    for _ in range(3):
+        assert curl(sidecar, url).returncode == 0
+    assert by_core(sidecar) == 1
+    # A write through the proxy invalidates the URL (RFC 9111 §4.4): the object is
+    # removed, and with it every answer recorded under the old generation.
+    written = curl(sidecar, url, "-X", "PUT", "--data-binary", f"@{dataset / SMALL}")
+    assert written.returncode == 0
+    after = curl(sidecar, url)
+    assert after.returncode == 0 and after.body == (dataset / SMALL).read_bytes()
+    stats = sidecar.stats()
+    assert (stats["misses"], stats["hits_answered_by_core"]) == (2, 1)
+
+
+def test_a_body_file_gone_behind_the_tables_back_still_downloads_whole(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    url = origin.url(SMALL)
+    for _ in range(3):
+        assert curl(sidecar, url).returncode == 0
+    assert by_core(sidecar) == 1
+    for body in (sidecar.buffer_dir / "objects").rglob("*"):
+        if body.is_file():
+            os.unlink(body)
+    again = curl(sidecar, url)
+    assert again.returncode == 0 and again.body == (dataset / SMALL).read_bytes()
+    assert by_core(sidecar) == 1
+
+
+@pytest.fixture
+def raw_origin() -> Iterator[RawOrigin]:
+    origin = RawOrigin()
+    yield origin
+    origin.close()
+
+
+def test_pipelined_requests_are_answered_in_order_when_the_table_knows_the_second(
+    sidecar: Sidecar, raw_origin: RawOrigin
+) -> None:
+    recorded = b'HTTP/1.1 200 OK\r\nContent-Length: 8\r\nETag: "r"\r\n\r\nrecorded'
+    raw_origin.responses["recorded"] = recorded
+    raw_origin.responses["slow"] = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nslow"
+    client = Client(sidecar, "lean", raw_origin.port)
+    try:
+        get = "GET {} HTTP/1.1\r\nHost: {}\r\n\r\n"
+        for _ in range(3):  # a miss, a recorded hit, an answer from the table
+            client.send(get.format(client.target("recorded"), client.authority).encode())
+        assert client.replies(3, linger=0).bodies == [b"recorded"] * 3
+        assert by_core(sidecar) == 1
+        # A miss the router answers from the origin, and behind it on the connection a
+        # request the table knows: the router answers both, in order.
+        pipelined = get.format(client.target("slow"), client.authority) + get.format(
+            client.target("recorded"), client.authority
+        )
+        client.send(pipelined.encode())
+        reply = client.replies(5, linger=0)
+        assert reply.statuses == [200] * 5
+        assert reply.bodies[3:] == [b"slow", b"recorded"]
+        assert not reply.closed
+        assert by_core(sidecar) == 1
+        assert raw_origin.count("recorded") == 1
+        # Once the router has answered all it was handed, the table answers again.
+        client.send(get.format(client.target("recorded"), client.authority).encode())
+        assert client.replies(6, linger=0).bodies[5:] == [b"recorded"]
+        assert by_core(sidecar) == 2
+    finally:
+        client.close()
+
+
+class ReadFields(Fields):
+    """A request's fields that remember which names a decision read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read: set[str] = set()
+
+    def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        self.read.add(name)
+        return super().get(name, default)
+
+    def __contains__(self, name: object) -> bool:
+        self.read.add(str(name))
+        return super().__contains__(name)
+
+    def __getitem__(self, name: str) -> str:
+        self.read.add(name)
+        return super().__getitem__(name)
+
+
+def test_every_field_a_hits_decision_reads_is_one_the_core_leaves_to_python() -> None:
+    """The decisions `Router.hit_now` makes from a request, given the fields of a
+    request that carries every one of them (so that no decision stops early)."""
+    lines = (
+        ("Range", "bytes=0-1"),
+        ("If-Range", '"e"'),
+        ("If-Match", '"e"'),
+        ("If-None-Match", '"x"'),
+        ("If-Modified-Since", "Sat, 01 Jan 2000 00:00:00 GMT"),
+        ("If-Unmodified-Since", "Sat, 01 Jan 2050 00:00:00 GMT"),
+        ("Cache-Control", "max-age=5"),
+        ("Pragma", "no-cache"),
+        ("Accept", "*/*"),
+    )
+    fields = ReadFields.of(lines)
+    fields.read.clear()
+    request = Request("GET", "https://origin.test/a", lines)
+    request.__dict__["fields"] = fields  # what the cached property would hold
+    stored = (("ETag", '"e"'), ("Last-Modified", "Sat, 01 Jan 2000 00:00:00 GMT"))
+    now = time.time()
+    policy.request_may_hit(request.method, request.fields)
+    policy.needs_revalidation(False, request.fields)
+    policy.only_if_cached(request.fields)
+    policy.is_fresh(stored, 60.0, now, request.fields, now)
+    policy.answers_preconditions(request.fields, '"e"')
+    answer(request, Representation(10, stored, now), now)
+    assert fields.read - {"accept"} <= policy.HIT_FIELDS
+    assert fields.read >= {"range", "if-range", "if-match", "if-none-match", "cache-control"}
