@@ -68,7 +68,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from sidecar import ipc
@@ -562,6 +562,17 @@ class Buffer:
         """The index generation what `lookup` found is valid for (`Shared.generation`
         when it last looked)."""
         return self._known_generation
+
+    def touch(self, keys: Iterable[str]) -> None:
+        """Count `keys` as used now, as `lookup` does for those it finds (the hits the
+        core's table sent: see `sidecar.runtime.worker`); and report what was used
+        since the last report, if it is time."""
+        if not self._track_recency:
+            return
+        for key in keys:
+            self._touched[key] = None
+            self._touched.move_to_end(key)
+        self._report_touches()
 
     def _report_touches(self) -> None:
         now = time.monotonic()

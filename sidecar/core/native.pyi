@@ -34,7 +34,13 @@ class Answers:
     a hit's decision reads (a request with any of them is never answered from it)."""
 
     def __init__(
-        self, fd: int, generation: int, start: int, count: int, deciding: list[str]
+        self,
+        fd: int,
+        generation: int,
+        start: int,
+        count: int,
+        deciding: list[str],
+        track_touches: bool = False,
     ) -> None: ...
     def record(
         self, url: bytes, head: bytes, path: bytes, size: int, born: float | None, generation: int
@@ -45,6 +51,9 @@ class Answers:
         one the object was found under; False if not recorded."""
     def answer(self, url: bytes) -> tuple[bytes, bytes] | None:
         """The whole head and the body file's path sent now for a GET of `url`, if any."""
+    def touched(self) -> list[bytes]:
+        """The URLs this process answered from the table since the last call, with
+        `track_touches` (else none)."""
     @property
     def hits(self) -> int:
         """Requests this process answered from the table."""

@@ -150,9 +150,9 @@ class Answer:
 
 def records_answers(settings: Settings) -> bool:
     """May the core's table send hits again without the router? Not when every hit must
-    be logged (`--access-log`), revalidated (`--revalidate`), or reported to the keeper
-    as recently used (`--eviction lru`)."""
-    return not (settings.access_log or settings.revalidate or settings.eviction == "lru")
+    be logged (`--access-log`) or revalidated (`--revalidate`). Under `--eviction lru`
+    the worker reports what the table answered as uses (`Buffer.touch`)."""
+    return not (settings.access_log or settings.revalidate)
 
 
 def answer(request: Request, representation: Representation, now: float) -> Answer:

@@ -31,7 +31,7 @@ from certs.leaf import ServerContexts
 from sidecar import ipc, logs
 from sidecar.buffer.claims import Claims
 from sidecar.buffer.fill import Fills
-from sidecar.buffer.keeper import Buffer
+from sidecar.buffer.keeper import TOUCH_INTERVAL, Buffer
 from sidecar.buffer.stagein import StageIn, StageInCounts, StageInError
 from sidecar.buffer.store import Index, StoreError
 from sidecar.cache import policy
@@ -122,6 +122,7 @@ async def run(settings: Settings, inherited: Inherited) -> None:
         shared.answers,
         ANSWERS_TABLE // native.ANSWER_SLOT,
         sorted(policy.HIT_FIELDS),
+        track_touches=settings.eviction == "lru",
     )
     router = Router(settings, buffer, fills, upstream, metrics, answers)
     if settings.stage_in and inherited.index == 0:
@@ -164,6 +165,8 @@ async def run(settings: Settings, inherited: Inherited) -> None:
     keeper.notify("ready")
     if stage_in is not None:
         tasks.append(asyncio.create_task(_stage(stage_in)))
+    if settings.eviction == "lru":
+        tasks.append(asyncio.create_task(_report_uses(buffer, answers)))
 
     # mitmproxy is loaded now, in a thread: the lean path serves meanwhile.
     embedded_module = await asyncio.to_thread(_load_mitmproxy)
@@ -197,6 +200,14 @@ def _counters(metrics: Metrics, answers: native.Answers | None) -> dict[str, obj
         counters["hits_answered_by_core"] = answers.hits
         counters["bytes_from_buffer"] = cast(int, counters["bytes_from_buffer"]) + answers.bytes
     return counters
+
+
+async def _report_uses(buffer: Buffer, answers: native.Answers) -> None:
+    """Under `--eviction lru`, the objects the core's table answered are used too: their
+    keys go to the keeper with the router's, at the same pace."""
+    while True:
+        await asyncio.sleep(TOUCH_INTERVAL)
+        buffer.touch(policy.cache_key(url.decode()) for url in answers.touched())
 
 
 async def _collect_garbage() -> None:

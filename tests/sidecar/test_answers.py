@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from bench.harness import OriginServer, Sidecar
+from sidecar.buffer.keeper import TOUCH_INTERVAL
 from sidecar.cache import policy
 from sidecar.proxy.router import Representation, answer
 from sidecar.wire.exchange import Request
@@ -241,3 +242,30 @@ def test_every_field_a_hits_decision_reads_is_one_the_core_leaves_to_python() ->
     answer(request, Representation(10, stored, now), now)
     assert fields.read - {"accept"} <= policy.HIT_FIELDS
     assert fields.read >= {"range", "if-range", "if-match", "if-none-match", "cache-control"}
+
+
+def test_under_lru_what_the_table_answers_counts_as_a_use(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    """Four objects fill the buffer; the router's hits leave the first the least
+    recently used, and then only the table answers it: the fifth object evicts the
+    second, not the first."""
+    size = FILES[SMALL]
+    sidecar = start_sidecar("--workers", "1", "--buffer-size", f"{4 * size}", "--eviction", "lru")
+    expected = (dataset / SMALL).read_bytes()
+    urls = [origin.url(SMALL, case=f"answers-lru-{i}") for i in range(5)]
+    for url in urls[:4]:  # the misses
+        assert curl(sidecar, url).body == expected
+    sidecar.wait_for_entries(4)
+    for url in urls[:4]:  # the router's hits, recorded in the table
+        assert curl(sidecar, url).body == expected
+    time.sleep(3 * TOUCH_INTERVAL)  # their uses reported, in that order
+    assert curl(sidecar, urls[0]).body == expected
+    assert by_core(sidecar) == 1
+    time.sleep(3 * TOUCH_INTERVAL)  # the table's use reported
+    assert curl(sidecar, urls[4]).body == expected  # a miss, which evicts one
+    misses = sidecar.stats()["misses"]
+    assert curl(sidecar, urls[0]).body == expected
+    assert sidecar.stats()["misses"] == misses
+    assert curl(sidecar, urls[1]).body == expected
+    assert sidecar.stats()["misses"] == misses + 1

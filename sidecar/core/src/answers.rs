@@ -22,6 +22,7 @@
 //! Python.
 
 use std::os::fd::RawFd;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering, fence};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -46,6 +47,9 @@ const BORN: usize = 3; // f64 bits; NaN: the answer carries no Age
 const SIZE: usize = 4;
 const LENGTHS: usize = 5; // URL, head, path: 16 bits each
 const RECORDED: usize = 6; // when: the oldest of a full set gives way
+/// URLs answered and not yet taken by `touched`, at most: past it, a use goes unheard
+/// by the eviction's recency, which is a preference, not a guarantee.
+const TOUCHES: usize = 65_536;
 
 /// One recorded answer, copied out of its slot.
 #[derive(Debug, PartialEq)]
@@ -84,6 +88,8 @@ pub struct Answers {
     deciding: Vec<Vec<u8>>,
     hits: AtomicU64,
     bytes: AtomicU64,
+    /// The URLs answered since `touched` was last asked, when `track_touches`.
+    touches: Option<Mutex<Vec<Vec<u8>>>>,
 }
 
 // SAFETY: the mapping lives as long as the object, and every access to it is atomic.
@@ -198,10 +204,18 @@ impl Answers {
             })
     }
 
-    /// Count one answer sent from the table.
-    pub fn count(&self, size: u64) {
+    /// Count one answer sent from the table, for `url`.
+    pub fn count(&self, url: &[u8], size: u64) {
         self.hits.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(size, Ordering::Relaxed);
+        if let Some(touches) = &self.touches {
+            let mut touches = touches
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if touches.len() < TOUCHES {
+                touches.push(url.to_vec());
+            }
+        }
     }
 
     /// Write an answer into the set of its URL: the slot that holds the URL, else an
@@ -282,14 +296,16 @@ impl Answers {
     /// The table in the shared memory file `fd`: `count` slots from byte `start`, under
     /// the index generation word at byte `generation`; `deciding`: the names of the
     /// request fields a hit's decision reads (a request with any of them goes to
-    /// Python).
+    /// Python); `track_touches`: remember which URLs it answered, for `touched`.
     #[new]
+    #[pyo3(signature = (fd, generation, start, count, deciding, track_touches=false))]
     fn new(
         fd: RawFd,
         generation: usize,
         start: usize,
         count: usize,
         deciding: Vec<String>,
+        track_touches: bool,
     ) -> PyResult<Self> {
         // SAFETY: a plain fstat of a descriptor the caller owns.
         let mut stat: libc::stat = unsafe { std::mem::zeroed() };
@@ -335,6 +351,7 @@ impl Answers {
             deciding: deciding.into_iter().map(String::into_bytes).collect(),
             hits: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
+            touches: track_touches.then(|| Mutex::new(Vec::new())),
         })
     }
 
@@ -370,6 +387,18 @@ impl Answers {
     fn answer(&self, url: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
         self.find(url)
             .map(|found| (found.head_at(now()), found.path.clone()))
+    }
+
+    /// The URLs this process answered from the table since the last call, in order,
+    /// when it tracks them (an eviction by recency counts them as uses).
+    fn touched(&self) -> Vec<Vec<u8>> {
+        self.touches.as_ref().map_or_else(Vec::new, |touches| {
+            std::mem::take(
+                &mut *touches
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()),
+            )
+        })
     }
 
     /// Requests this process answered from the table.
@@ -420,7 +449,7 @@ mod tests {
             0
         );
         let deciding = vec!["range".to_owned(), "if-none-match".to_owned()];
-        let answers = Answers::new(fd.as_raw_fd(), 0, 8, SLOTS, deciding).expect("mapped");
+        let answers = Answers::new(fd.as_raw_fd(), 0, 8, SLOTS, deciding, true).expect("mapped");
         (fd, answers)
     }
 
@@ -586,5 +615,18 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_urls_answered_are_taken_once_for_the_eviction_by_recency() {
+        let (_fd, answers) = table();
+        answers.count(b"https://h/a", 3);
+        answers.count(b"https://h/b", 4);
+        assert_eq!(
+            answers.touched(),
+            vec![b"https://h/a".to_vec(), b"https://h/b".to_vec()]
+        );
+        assert!(answers.touched().is_empty());
+        assert_eq!((answers.hits(), answers.bytes()), (2, 7));
     }
 }

@@ -514,7 +514,7 @@ fn answer_from_table(slf: &Bound<'_, Stream>, head: &Head) -> PyResult<bool> {
         let Ok(file) = File::open(OsStr::from_bytes(&found.path)) else {
             return Ok(false);
         };
-        answers.count(found.size);
+        answers.count(&url, found.size);
         let head = found.head_at(now());
         stream.core.outbox.push_bytes(&head);
         stream.core.outbox.push_file(file.into(), 0, found.size);
