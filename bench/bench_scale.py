@@ -7,8 +7,9 @@ it, as after a container restart in the same pod. Measured: the seconds from sta
 cache first (`stored.evict`, at the largest size only), whether the first request for a stored
 object is a hit, the seconds until every object found is verified, the hit rate over
 distinct stored objects (two keep-alive loader processes, `bench.loader_client`)
-against the rate with 1,000 stored objects, and the proportional set size (PSS) of
-every process of the sidecar after those hits.
+against the rate with 1,000 stored objects read over and over, and the first hits with
+the most objects stored against the first hits with the fewest, and the proportional set
+size (PSS) of every process of the sidecar after those hits.
 
 No origin runs: every request must be a hit, and a miss would fail the client (checked
 in `/stats` as well).
@@ -37,7 +38,7 @@ READY_LIMIT_S = 2.0
 VERIFIED_LIMIT_S = 120.0
 PSS_LIMIT_MB = 400.0  # within the injector's 384Mi for a two-worker sidecar
 MB = 1_000_000
-HIT_RATIO = 0.9  # hits/s with many stored objects against hits/s with few
+HIT_RATIO = 0.9  # first hits/s with many stored objects against first hits/s with fewer
 VERIFY_TIMEOUT = 900.0  # seconds
 REFERENCE_PASSES = 20  # passes over the few objects of the reference
 
@@ -169,7 +170,6 @@ def run(profile: Profile, lab: Lab) -> Result:
                 Sample.of([found.hits_per_s]),
                 Sample.of([reference.hits_per_s]),
                 f"{profile.scale_reference:,} stored",
-                ratio_at_least(HIT_RATIO) if largest else None,
             ),
             Row(
                 f"{label}: PSS of all sidecar processes after them",
@@ -194,12 +194,14 @@ def run(profile: Profile, lab: Lab) -> Result:
             Sample.of([most.hits_per_s]),
             Sample.of([fewest.hits_per_s]),
             f"{fewest.count:,} stored",
+            ratio_at_least(HIT_RATIO),
         )
     )
     result.notes.append(
-        "after its first pass the reference's objects are remembered by the workers, and a"
-        " remembered hit reads no index; the last row compares first hits with first hits,"
-        " which leaves only what grows with the number of objects stored"
+        "after its first pass the reference's objects are answered by the core's table of"
+        " recorded answers, without Python, which no first hit can be; the last row, which"
+        " the requirement is on, compares first hits with first hits, which leaves only what"
+        " grows with the number of objects stored"
     )
     result.notes.append(
         f"one restart per size; the reference's rate is over {REFERENCE_PASSES} shuffled "
