@@ -576,7 +576,7 @@ class Buffer:
 
     def _report_touches(self) -> None:
         now = time.monotonic()
-        if now - self._last_touch_report >= TOUCH_INTERVAL:
+        if self._touched and now - self._last_touch_report >= TOUCH_INTERVAL:
             self._last_touch_report = now
             self._keeper.notify("touch", keys=list(self._touched))
             self._touched.clear()

@@ -1005,16 +1005,10 @@ fn handshake_error(error: rustls::Error, client: bool) -> io::Error {
     let peer = if client { "origin" } else { "client" };
     let message = match &error {
         rustls::Error::AlertReceived(alert) => {
-            format!(
-                "the {peer} sent alert {}",
-                alert_name(&format!("{alert:?}"))
-            )
+            format!("the {peer} sent alert {}", alert_name(&format!("{alert:?}")))
         }
         rustls::Error::InvalidCertificate(why) if client => {
-            return io::Error::new(
-                io::ErrorKind::InvalidData,
-                Marked::Rejected(why.to_string()),
-            );
+            return io::Error::new(io::ErrorKind::InvalidData, Marked::Rejected(why.to_string()));
         }
         other => other.to_string(),
     };
@@ -1060,10 +1054,7 @@ mod tests {
 
     fn core(fd: OwnedFd) -> Core {
         let config = crate::tls::server_config(CHAIN, KEY).unwrap();
-        Core::new(
-            fd,
-            Some(session_of(ServerConnection::new(config).unwrap().into())),
-        )
+        Core::new(fd, Some(session_of(ServerConnection::new(config).unwrap().into())))
     }
 
     #[test]
@@ -1168,25 +1159,16 @@ mod tests {
     #[test]
     fn an_origin_is_verified_and_its_end_told_from_a_cut() {
         let reply = b"HTTP/1.1 200 OK\r\n\r\nbody";
-        assert_eq!(
-            from_origin("localhost", reply, true).unwrap(),
-            (reply.to_vec(), false)
-        );
-        assert_eq!(
-            from_origin("localhost", reply, false).unwrap(),
-            (reply.to_vec(), true)
-        );
+        assert_eq!(from_origin("localhost", reply, true).unwrap(), (reply.to_vec(), false));
+        assert_eq!(from_origin("localhost", reply, false).unwrap(), (reply.to_vec(), true));
     }
 
     #[test]
     fn an_origin_certificate_for_another_name_is_rejected() {
         let error = from_origin("elsewhere.test", b"", true).unwrap_err();
-        assert!(
-            matches!(
-                error.get_ref().and_then(|e| e.downcast_ref::<Marked>()),
-                Some(Marked::Rejected(why)) if why.contains("elsewhere.test")
-            ),
-            "{error}"
-        );
+        assert!(matches!(
+            error.get_ref().and_then(|e| e.downcast_ref::<Marked>()),
+            Some(Marked::Rejected(why)) if why.contains("elsewhere.test")
+        ), "{error}");
     }
 }
