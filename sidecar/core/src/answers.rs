@@ -21,6 +21,7 @@
 //! mid-write leaves its slot odd: that slot is no longer used, and its URLs go to
 //! Python.
 
+use std::io;
 use std::os::fd::RawFd;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering, fence};
@@ -204,6 +205,61 @@ impl Answers {
             })
     }
 
+    /// The table in the shared memory file `fd` (see `new`): InvalidInput if it does
+    /// not fit the file.
+    pub fn map(
+        fd: RawFd,
+        generation: usize,
+        start: usize,
+        count: usize,
+        deciding: Vec<String>,
+        track_touches: bool,
+    ) -> io::Result<Self> {
+        // SAFETY: a plain fstat of a descriptor the caller owns.
+        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(fd, &mut stat) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mapped = stat.st_size as usize;
+        if count == 0
+            || count % WAYS != 0
+            || generation % 8 != 0
+            || start % 8 != 0
+            || generation + 8 > mapped
+            || start + count * SLOT > mapped
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the table does not fit the shared memory file",
+            ));
+        }
+        // SAFETY: a shared mapping of the whole file, unmapped on drop.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapped,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self {
+            base: base.cast(),
+            mapped,
+            generation,
+            slots: start,
+            count,
+            deciding: deciding.into_iter().map(String::into_bytes).collect(),
+            hits: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            touches: track_touches.then(|| Mutex::new(Vec::new())),
+        })
+    }
+
     /// Count one answer sent from the table, for `url`.
     pub fn count(&self, url: &[u8], size: u64) {
         self.hits.fetch_add(1, Ordering::Relaxed);
@@ -307,51 +363,12 @@ impl Answers {
         deciding: Vec<String>,
         track_touches: bool,
     ) -> PyResult<Self> {
-        // SAFETY: a plain fstat of a descriptor the caller owns.
-        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
-        if unsafe { libc::fstat(fd, &mut stat) } != 0 {
-            return Err(PyOSError::new_err(
-                std::io::Error::last_os_error().to_string(),
-            ));
-        }
-        let mapped = stat.st_size as usize;
-        if count == 0
-            || count % WAYS != 0
-            || generation % 8 != 0
-            || start % 8 != 0
-            || generation + 8 > mapped
-            || start + count * SLOT > mapped
-        {
-            return Err(PyValueError::new_err(
-                "the table does not fit the shared memory file",
-            ));
-        }
-        // SAFETY: a shared mapping of the whole file, unmapped on drop.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                mapped,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(PyOSError::new_err(
-                std::io::Error::last_os_error().to_string(),
-            ));
-        }
-        Ok(Self {
-            base: base.cast(),
-            mapped,
-            generation,
-            slots: start,
-            count,
-            deciding: deciding.into_iter().map(String::into_bytes).collect(),
-            hits: AtomicU64::new(0),
-            bytes: AtomicU64::new(0),
-            touches: track_touches.then(|| Mutex::new(Vec::new())),
+        Self::map(fd, generation, start, count, deciding, track_touches).map_err(|e| {
+            if e.kind() == io::ErrorKind::InvalidInput {
+                PyValueError::new_err(e.to_string())
+            } else {
+                PyOSError::new_err(e.to_string())
+            }
         })
     }
 
@@ -449,7 +466,7 @@ mod tests {
             0
         );
         let deciding = vec!["range".to_owned(), "if-none-match".to_owned()];
-        let answers = Answers::new(fd.as_raw_fd(), 0, 8, SLOTS, deciding, true).expect("mapped");
+        let answers = Answers::map(fd.as_raw_fd(), 0, 8, SLOTS, deciding, true).expect("mapped");
         (fd, answers)
     }
 
