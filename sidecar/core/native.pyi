@@ -49,8 +49,6 @@ class Answers:
         line and fields up to the Age (each line with its CRLF), `path` and `size` the
         body file, `born` when the origin generated it (None: no Age), `generation` the
         one the object was found under; False if not recorded."""
-    def answer(self, url: bytes) -> tuple[bytes, bytes] | None:
-        """The whole head and the body file's path sent now for a GET of `url`, if any."""
     def touched(self) -> list[bytes]:
         """The URLs this process answered from the table since the last call, with
         `track_touches` (else none)."""

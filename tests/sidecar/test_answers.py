@@ -166,27 +166,56 @@ def raw_origin() -> Iterator[RawOrigin]:
     origin.close()
 
 
+GET = "GET {} HTTP/1.1\r\nHost: {}\r\n\r\n"
+
+
+def recorded_over_raw_connections(sidecar: Sidecar, raw_origin: RawOrigin, name: str) -> None:
+    """A miss, a recorded hit and an answer from the table for `name` (its body: the
+    name), each on a connection of its own, where nothing waits for the router (a
+    fill's end may come after its last byte), from a sidecar that stored nothing else."""
+    body = name.encode()
+    raw_origin.responses[name] = b'HTTP/1.1 200 OK\r\nContent-Length: %d\r\nETag: "e"\r\n\r\n%s' % (
+        len(body),
+        body,
+    )
+    for stored in (0, 1, 1):
+        sidecar.wait_for_entries(stored)
+        client = Client(sidecar, "lean", raw_origin.port)
+        client.send(GET.format(client.target(name), client.authority).encode())
+        assert client.replies(1, linger=0).bodies == [body]
+        client.close()
+    assert by_core(sidecar) == 1
+
+
+def test_a_request_that_ends_its_connection_is_answered_by_the_core_which_then_closes(
+    sidecar: Sidecar, raw_origin: RawOrigin
+) -> None:
+    recorded_over_raw_connections(sidecar, raw_origin, "closing")
+    ending = (
+        "GET {} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",  # urllib's
+        "GET {} HTTP/1.0\r\nHost: {}\r\n\r\n",
+    )
+    for request in ending:
+        client = Client(sidecar, "lean", raw_origin.port)
+        client.send(request.format(client.target("closing"), client.authority).encode())
+        reply = client.replies(1)
+        client.close()
+        assert reply.bodies == [b"closing"] and reply.closed
+        assert reply.heads[0]["connection"] == "close"
+    assert by_core(sidecar) == 3
+    assert raw_origin.count("closing") == 1
+
+
 def test_pipelined_requests_are_answered_in_order_when_the_table_knows_the_second(
     sidecar: Sidecar, raw_origin: RawOrigin
 ) -> None:
-    recorded = b'HTTP/1.1 200 OK\r\nContent-Length: 8\r\nETag: "r"\r\n\r\nrecorded'
-    raw_origin.responses["recorded"] = recorded
+    recorded_over_raw_connections(sidecar, raw_origin, "recorded")
     raw_origin.responses["slow"] = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nslow"
-    get = "GET {} HTTP/1.1\r\nHost: {}\r\n\r\n"
-    # A miss, a recorded hit, an answer from the table: each on a connection of its own,
-    # where nothing waits for the router (a fill's end may come after its last byte).
-    for stored in (0, 1, 1):
-        sidecar.wait_for_entries(stored)  # a commit may follow the last byte
-        client = Client(sidecar, "lean", raw_origin.port)
-        client.send(get.format(client.target("recorded"), client.authority).encode())
-        assert client.replies(1, linger=0).bodies == [b"recorded"]
-        client.close()
-    assert by_core(sidecar) == 1
     client = Client(sidecar, "lean", raw_origin.port)
     try:
         # A miss the router answers from the origin, and behind it on the connection a
         # request the table knows: the router answers both, in order.
-        pipelined = get.format(client.target("slow"), client.authority) + get.format(
+        pipelined = GET.format(client.target("slow"), client.authority) + GET.format(
             client.target("recorded"), client.authority
         )
         client.send(pipelined.encode())
@@ -197,7 +226,7 @@ def test_pipelined_requests_are_answered_in_order_when_the_table_knows_the_secon
         assert by_core(sidecar) == 1
         assert raw_origin.count("recorded") == 1
         # Once the router has answered all it was handed, the table answers again.
-        client.send(get.format(client.target("recorded"), client.authority).encode())
+        client.send(GET.format(client.target("recorded"), client.authority).encode())
         assert client.replies(3, linger=0).bodies[2:] == [b"recorded"]
         assert by_core(sidecar) == 2
     finally:

@@ -65,15 +65,20 @@ pub struct Found {
 impl Found {
     /// The whole head at `now` (seconds since the epoch): the recorded lines, the `Age`
     /// Python's `stamped` would give (whole seconds to the end of `now`'s second), the
-    /// length, and `Connection: close` when the connection ends after it.
-    pub fn head_at(&self, now: f64) -> Vec<u8> {
-        let mut head = Vec::with_capacity(self.head.len() + 64);
+    /// length, and `Connection: close` when the connection ends after it (`close`), in
+    /// the order the lean server writes them.
+    pub fn head_at(&self, now: f64, close: bool) -> Vec<u8> {
+        let mut head = Vec::with_capacity(self.head.len() + 96);
         head.extend_from_slice(&self.head);
         if let Some(born) = self.born {
             let age = (now.floor() + 1.0 - born).trunc().max(0.0) as u64;
             head.extend_from_slice(format!("Age: {age}\r\n").as_bytes());
         }
-        head.extend_from_slice(format!("Content-Length: {}\r\n\r\n", self.size).as_bytes());
+        head.extend_from_slice(format!("Content-Length: {}\r\n", self.size).as_bytes());
+        if close {
+            head.extend_from_slice(b"Connection: close\r\n");
+        }
+        head.extend_from_slice(b"\r\n");
         head
     }
 }
@@ -184,14 +189,13 @@ impl Answers {
         None
     }
 
-    /// May a request with this head have a recorded answer? A GET of HTTP/1.1 that
-    /// keeps the connection, has no body, names its target in origin form, has one Host
-    /// line and none of the fields a hit's decision reads: exactly the requests whose
-    /// answer depends on the URL alone.
+    /// May a request with this head have a recorded answer? A GET of HTTP/1.1 or 1.0
+    /// that has no body, names its target in origin form, has one Host line and none of
+    /// the fields a hit's decision reads: exactly the requests whose answer depends on
+    /// the URL alone (and on whether the connection ends after it: `keep_alive`).
     pub fn may_answer(&self, head: &Head) -> bool {
         head.method == "GET"
-            && head.version == "1.1"
-            && head.keep_alive
+            && (head.version == "1.1" || head.version == "1.0")
             && !head.upgrade
             && !head.has_body
             && head.transfer_encoding.is_none()
@@ -399,13 +403,6 @@ impl Answers {
         )
     }
 
-    /// The whole head and the body file's path this table would answer a GET of `url`
-    /// with now; None if it would not.
-    fn answer(&self, url: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
-        self.find(url)
-            .map(|found| (found.head_at(now()), found.path.clone()))
-    }
-
     /// The URLs this process answered from the table since the last call, in order,
     /// when it tracks them (an eviction by recency counts them as uses).
     fn touched(&self) -> Vec<Vec<u8>> {
@@ -585,36 +582,49 @@ mod tests {
             size: 7,
             born: Some(1_000.5),
         };
-        let head = found.head_at(1_010.2);
+        let head = found.head_at(1_010.2, false);
         assert_eq!(
             head,
             b"HTTP/1.1 200 OK\r\nAge: 10\r\nContent-Length: 7\r\n\r\n"
+        );
+        assert_eq!(
+            found.head_at(1_010.2, true),
+            b"HTTP/1.1 200 OK\r\nAge: 10\r\nContent-Length: 7\r\nConnection: close\r\n\r\n"
         );
         let unborn = Found {
             born: None,
             ..found
         };
         assert_eq!(
-            unborn.head_at(1_010.2),
+            unborn.head_at(1_010.2, false),
             b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n"
         );
         let future = Found {
             born: Some(2_000.0),
             ..unborn
         };
-        assert!(String::from_utf8_lossy(&future.head_at(1_010.2)).contains("Age: 0\r\n"));
+        assert!(String::from_utf8_lossy(&future.head_at(1_010.2, false)).contains("Age: 0\r\n"));
     }
 
     #[test]
     fn only_plain_gets_that_carry_no_deciding_field_may_be_answered() {
         let (_fd, answers) = table();
-        assert!(answers.may_answer(&request(
-            b"GET /a HTTP/1.1\r\nHost: h\r\nAccept: */*\r\n\r\n"
-        )));
+        for answered in [
+            &b"GET /a HTTP/1.1\r\nHost: h\r\nAccept: */*\r\n\r\n"[..],
+            b"GET /a HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+            b"GET /a HTTP/1.0\r\nHost: h\r\n\r\n",
+        ] {
+            let head = request(answered);
+            assert!(
+                answers.may_answer(&head),
+                "{}",
+                String::from_utf8_lossy(answered)
+            );
+        }
         for refused in [
             &b"HEAD /a HTTP/1.1\r\nHost: h\r\n\r\n"[..],
-            b"GET /a HTTP/1.0\r\nHost: h\r\n\r\n",
-            b"GET /a HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+            b"GET /a HTTP/2.0\r\nHost: h\r\n\r\n",
+            b"GET /a HTTP/1.0\r\n\r\n",
             b"GET /a HTTP/1.1\r\nHost: h\r\nRANGE: bytes=0-1\r\n\r\n",
             b"GET /a HTTP/1.1\r\nHost: h\r\nIf-None-Match: \"a\"\r\n\r\n",
             b"GET /a HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\n\r\nx",
@@ -622,15 +632,12 @@ mod tests {
             b"GET https://h/a HTTP/1.1\r\nHost: h\r\n\r\n",
             b"GET /a HTTP/1.1\r\nHost: h\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
         ] {
-            let mut parser = Parser::default();
-            parser.feed(refused);
-            if let Some(Event::Head(head)) = parser.event() {
-                assert!(
-                    !answers.may_answer(&head),
-                    "{}",
-                    String::from_utf8_lossy(refused)
-                );
-            }
+            let head = request(refused);
+            assert!(
+                !answers.may_answer(&head),
+                "{}",
+                String::from_utf8_lossy(refused)
+            );
         }
     }
 

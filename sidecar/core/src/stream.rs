@@ -515,11 +515,16 @@ fn answer_from_table(slf: &Bound<'_, Stream>, head: &Head) -> PyResult<bool> {
             return Ok(false);
         };
         answers.count(&url, found.size);
-        let head = found.head_at(now());
-        stream.core.outbox.push_bytes(&head);
+        let close = !head.keep_alive;
+        stream.core.outbox.push_bytes(&found.head_at(now(), close));
         stream.core.outbox.push_file(file.into(), 0, found.size);
         stream.answered_at = monotonic();
         stream.skip_end = true;
+        if close {
+            // As the lean server does after such an answer: sent, then closed.
+            stream.core.closing = true;
+            stream.watch_reads(py, false)?;
+        }
         stream.flush(py, &mut notices)?;
     }
     deliver(slf, notices)?;
