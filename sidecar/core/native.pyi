@@ -4,6 +4,8 @@ import asyncio
 from typing import Any
 
 ANSWER_SLOT: int
+HELLO_PEEK: int
+REQUEST_PEEK: int
 HANDSHAKE_DONE: int
 WANTS_READ: int
 WANTS_WRITE: int
@@ -59,15 +61,41 @@ class Answers:
     def bytes(self) -> int:
         """Body bytes of those answers."""
 
-class Stream:
-    """A connection: the socket `fd` (taken over), driven by `event_loop`, under the
-    server side of TLS when `tls` is given (a client of the lean front end), or plain
-    until `secure` starts the client side (towards an origin); the slice of
-    `asyncio.Transport` its protocols use."""
+class Arrival:
+    """A client of the lean front end until its first request: the accepted socket `fd`
+    (taken over), driven by `event_loop`. It peeks at what the client sends and asks
+    `handler` at each step: `request(head)` (at most REQUEST_PEEK bytes waiting),
+    `tunnelled(first)` (what came first inside the tunnel, at most HELLO_PEEK bytes),
+    `secured()` (the handshake is done), `ended(error)` (the client left or the
+    handshake failed; closed). The handler answers with the methods below."""
 
-    def __init__(
-        self, fd: int, event_loop: asyncio.AbstractEventLoop, tls: TlsConfig | None = None
-    ) -> None: ...
+    def __init__(self, fd: int, event_loop: asyncio.AbstractEventLoop, handler: Any) -> None: ...
+    def start(self) -> None:
+        """Look at what has come, and watch for the rest."""
+    def readable(self) -> None: ...
+    def writable(self) -> None: ...
+    def peek_later(self, delay: float) -> None:
+        """Peek again in `delay` seconds (part of what is needed has come)."""
+    def answer_connect(self, head_length: int) -> None:
+        """Take the CONNECT head, answer it, and wait for the tunnel's first bytes."""
+    def secure(self, config: TlsConfig) -> None:
+        """Start the server side of TLS on the hello that came; `secured` or `ended`
+        follows."""
+    def take_stream(self) -> Stream:
+        """The connection as a stream (plain inside the tunnel, or secured)."""
+    def detach(self) -> int:
+        """The socket, with what the client sent still in it."""
+    def abort(self) -> None:
+        """Close now; the handler hears nothing more."""
+    def fileno(self) -> int: ...
+
+class Stream:
+    """A connection: the socket `fd` (taken over), driven by `event_loop`, plain until
+    `secure` starts the client side of TLS (towards an origin), or made by an `Arrival`
+    (a client of the lean front end); the slice of `asyncio.Transport` its protocols
+    use."""
+
+    def __init__(self, fd: int, event_loop: asyncio.AbstractEventLoop) -> None: ...
     def secure(self, config: ClientTls, server_name: str) -> None:
         """Start the client side of TLS towards `server_name` (a DNS name or an IP
         address the certificate must name) on a plain stream with nothing queued."""

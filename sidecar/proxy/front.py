@@ -1,9 +1,10 @@
 """The front end: accepts every client connection and decides who terminates it.
 
-- A CONNECT to an intercepted host on the proxy port: answered here, then the socket is
-  handed to the Rust core's stream (`sidecar.core.native.Stream`), which does TLS with
-  the host's leaf certificate (or plain HTTP, when that is what the client tunnels) and
-  moves every byte for the lean HTTP/1.1 server (`sidecar.wire.server`). This is the
+- A CONNECT to an intercepted host on the proxy port: the Rust core peeks at it,
+  answers it and does the TLS handshake with the host's leaf certificate
+  (`sidecar.core.native.Arrival`), asking this module at each decision; then its stream
+  (`sidecar.core.native.Stream`, TLS or the plain HTTP a client may tunnel) moves every
+  byte for the lean HTTP/1.1 server (`sidecar.wire.server`). This is the
   path of every dataset download through the proxy variables, kept free of mitmproxy's
   per-request machinery.
   A TLS client whose ALPN list offers no HTTP/1.x (gRPC, HTTP/2 only) could not
@@ -26,13 +27,13 @@ import asyncio
 import dataclasses
 import logging
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 
 from sidecar.core import native
 from sidecar.proxy.router import Router
 from sidecar.settings import host_matches
-from sidecar.wire import hello, tls, tunnel
+from sidecar.wire import hello, tunnel
 from sidecar.wire.client import UpstreamError
 from sidecar.wire.rejections import CLIENT_REJECTED_CA, Rejections, handshake_refusal
 from sidecar.wire.server import Http1Connection, Tunnel
@@ -40,11 +41,9 @@ from sidecar.wire.tunnel import Tunnels
 
 logger = logging.getLogger(__name__)
 
-# Bytes peeked to find a CONNECT request's head; a longer head goes to mitmproxy.
-PEEK_LIMIT = 8192
 # A client that connects and sends no complete request line within this long is closed.
 FIRST_BYTES_TIMEOUT = 60.0  # seconds
-# Between two peeks of an incomplete head (the socket stays readable meanwhile).
+# Between two peeks of an incomplete head or hello (the socket stays readable meanwhile).
 _PEEK_INTERVAL = 0.002  # seconds
 # From the answer to a CONNECT until the TLS handshake inside is done (first byte and
 # ClientHello included).
@@ -52,13 +51,10 @@ TLS_HANDSHAKE_TIMEOUT = 30.0  # seconds
 # A worker busier than another waits this long before accepting a new connection, so
 # that the least busy worker takes it (unless that one is too busy to get there first).
 ACCEPT_DELAY = 0.002  # seconds
-_ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
+# After an accept failed for want of descriptors or memory, before the next try.
+ACCEPT_BACKOFF = 0.1  # seconds
 # The first byte of every TLS connection: a handshake record (RFC 8446 §5.1).
 _TLS_HANDSHAKE_RECORD = b"\x16"
-# Bytes peeked to find a ClientHello's ALPN list. Hellos are well under 2 KiB (a
-# post-quantum key share included); one that is not whole within this is left to the
-# TLS handshake, as every hello was before ALPN was read.
-HELLO_PEEK_LIMIT = 32 * 1024
 
 
 @dataclass(frozen=True)
@@ -125,7 +121,7 @@ class Front:
         router: Router,
         intercept: Sequence[str],
         tls_config: Callable[[str], native.TlsConfig],
-        to_mitmproxy: Callable[[int, socket.socket], asyncio.Future[None] | object],
+        to_mitmproxy: Callable[[int, socket.socket], Awaitable[object]],
         balance: Balance,
         tunnels: Tunnels,
         rejections: Rejections,
@@ -137,113 +133,74 @@ class Front:
         self._router = router
         self._tunnels = tunnels
         self._rejections = rejections
-        self._hello_buffer = bytearray(HELLO_PEEK_LIMIT)
         self._intercept = intercept
         self._tls_config = tls_config
         self._to_mitmproxy = to_mitmproxy
         self._balance = balance
         self._tasks: set[asyncio.Task[None]] = set()
+        self._arrivals: set[_Arrival] = set()
 
     async def accept(self, listener: int, sock: socket.socket, lean: bool) -> None:
-        """Accept forever on `sock`; `lean`: CONNECTs to intercepted hosts are ours."""
+        """Accept on `sock` until cancelled; `lean`: CONNECTs to intercepted hosts are
+        ours. The loop calls back for each connection: no task or future per accept."""
         loop = asyncio.get_running_loop()
-        while True:
-            await tls.ready(sock.fileno(), write=False)
-            if not self._balance.eligible():
-                # Every worker is woken; the least busy one should take the connection.
-                await asyncio.sleep(ACCEPT_DELAY)
+        fd = sock.fileno()
+        accepting = loop.create_future()  # never set: cancelled when the worker stops
+
+        def take() -> None:
             try:
                 client, _ = sock.accept()
-            except (BlockingIOError, InterruptedError):
-                continue  # another worker took it
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return  # another worker took it, or its client is gone already
+            except OSError as e:
+                # Out of descriptors, most likely: retry once connections have closed,
+                # rather than spin on a socket that stays readable.
+                logger.warning("cannot accept a connection: %s", e)
+                loop.remove_reader(fd)
+                loop.call_later(ACCEPT_BACKOFF, resume, False)
+                return
             client.setblocking(False)
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._balance.opened()
-            task = loop.create_task(self._dispatch(listener, client, lean))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _dispatch(self, listener: int, client: socket.socket, lean: bool) -> None:
-        lean_owns_it = False
-        try:
-            connect = await self._peek_connect(client) if lean else None
-            if connect is not None and host_matches(connect.tunnel.host, self._intercept):
-                lean_owns_it = await self._serve_tunnel(client, connect)
+            if lean:
+                _Arrival(self, listener, client)
             else:
-                await self._to_mitmproxy(listener, client)  # type: ignore[misc]
-        except (ConnectionError, TimeoutError, OSError) as e:
-            logger.debug("client connection ended early: %s", e)
-            client.close()
+                self._hand_off(listener, client)
+
+        def acceptable() -> None:
+            if self._balance.eligible():
+                take()
+                return
+            # Every worker is woken; the least busy one should take the connection.
+            loop.remove_reader(fd)
+            loop.call_later(ACCEPT_DELAY, resume, True)
+
+        def resume(now: bool) -> None:
+            if accepting.done():
+                return
+            if now:
+                take()
+            loop.add_reader(fd, acceptable)
+
+        loop.add_reader(fd, acceptable)
+        try:
+            await accepting
         finally:
-            if not lean_owns_it:
+            loop.remove_reader(fd)
+
+    def _hand_off(self, listener: int, client: socket.socket) -> None:
+        """Hand a connection, unread, to mitmproxy."""
+
+        async def hand_off() -> None:
+            try:
+                await self._to_mitmproxy(listener, client)
+            except OSError as e:
+                logger.debug("client connection ended early: %s", e)
+                client.close()
+            finally:
                 self._balance.closed()
 
-    async def _peek_connect(self, client: socket.socket) -> Connect | None:
-        """Wait for the first request head; a CONNECT is parsed, anything else is None."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + FIRST_BYTES_TIMEOUT
-        while True:
-            try:
-                head = client.recv(PEEK_LIMIT, socket.MSG_PEEK)
-            except BlockingIOError:
-                head = None
-            if head == b"":
-                raise ConnectionResetError("closed before its first request")
-            if head is not None and (b"\r\n\r\n" in head or len(head) >= PEEK_LIMIT):
-                return parse_connect(head)
-            if head is not None and not head.startswith(b"CONNECT"[: len(head)]):
-                return None
-            if loop.time() > deadline:
-                raise TimeoutError("no request within the first-bytes timeout")
-            if head is None:
-                await tls.ready(client.fileno(), write=False)
-            else:
-                await asyncio.sleep(_PEEK_INTERVAL)
-
-    async def _serve_tunnel(self, client: socket.socket, connect: Connect) -> bool:
-        """Answer the CONNECT, then TLS and the lean server. True once it owns the
-        connection (its close is counted by the protocol).
-
-        A client may tunnel plain HTTP too (an http URL through a proxy that it always
-        CONNECTs to, as Node's fetch and undici's ProxyAgent do): what it sends first
-        tells, since every TLS connection starts with a handshake record.
-        """
-        client.recv(connect.head_length)  # exactly the head peeked; nothing follows yet
-        client.send(_ESTABLISHED)
-        loop = asyncio.get_running_loop()
-        # One deadline for the first byte, the ClientHello and the handshake: a limit for
-        # each would let a client that keeps to every one of them hold the connection
-        # for their sum.
-        deadline = loop.time() + TLS_HANDSHAKE_TIMEOUT
-        async with asyncio.timeout_at(deadline):
-            await tls.ready(client.fileno(), write=False)
-            first = client.recv(1, socket.MSG_PEEK)
-            if not first:
-                raise ConnectionResetError("closed inside the tunnel before its first byte")
-            if first != _TLS_HANDSHAKE_RECORD:
-                tunnel = dataclasses.replace(connect.tunnel, tls=False)
-                self._serve_requests(native.Stream(client.detach(), loop), tunnel)
-                return True
-            client_hello, alpn = await _peek_hello(client, self._hello_buffer)
-        host = connect.tunnel.host
-        reason = hello.tunnel_reason(alpn)
-        if reason is None and client_hello and self._rejections.remembers(host, client_hello):
-            reason = CLIENT_REJECTED_CA
-        if reason is not None:
-            return await self._tunnel(client, connect.tunnel, reason)
-        config = self._tls_config(host)
-        stream = native.Stream(client.detach(), loop, config)
-        try:
-            async with asyncio.timeout_at(deadline):
-                await tls.handshake(stream)
-        except BaseException as e:
-            stream.abort()
-            refusal = handshake_refusal(e)
-            if refusal is not None and client_hello:
-                self._rejections.remember(host, client_hello, refusal)
-            raise
-        self._serve_requests(stream, connect.tunnel)
-        return True
+        self._spawn(hand_off())
 
     def _serve_requests(self, stream: native.Stream, tunnel: Tunnel) -> None:
         """The lean server answers the requests inside the tunnel, the core's table of
@@ -251,9 +208,8 @@ class Front:
         protocol = Http1Connection(tunnel, self._router, self._balance.closed, self._router.answers)
         stream.start(protocol, requests=True)
 
-    async def _tunnel(self, client: socket.socket, to: Tunnel, reason: str) -> bool:
-        """Relay the client's own TLS to the origin untouched; True once a tunnel owns
-        the connection."""
+    async def _tunnel(self, client: socket.socket, to: Tunnel, reason: str) -> None:
+        """Relay the client's own TLS to the origin untouched."""
         counters = self._tunnels.opened(to.host, reason)
         try:
             origin = await self._router.upstream.tunnel(to.url("/"))
@@ -261,41 +217,136 @@ class Front:
             counters.upstream_errors += 1
             logger.warning("tunnel to %s:%d: %s", to.host, to.port, e)
             client.close()
-            return False
+            self._balance.closed()
+            return
         client_side, origin_side = tunnel.pair(counters, self._balance.closed)
         origin.set_protocol(origin_side)
         origin_side.connection_made(origin)
         loop = asyncio.get_running_loop()
         await loop.connect_accepted_socket(lambda: client_side, client)
-        return True
+
+    def _spawn(self, work: Coroutine[None, None, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
+        for arrival in list(self._arrivals):
+            arrival.abort()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-async def _peek_hello(client: socket.socket, buffer: bytearray) -> tuple[bytes, list[bytes] | None]:
-    """The ClientHello waiting in `client`'s socket, left unread, and its ALPN list (None
-    for no ALPN); (b"", None) for a hello that cannot be read (the handshake refuses it).
+class _Arrival:
+    """One client of the lean front end until the lean server, a tunnel or mitmproxy
+    owns its connection: the decisions the core's `native.Arrival` asks for, and the
+    deadlines.
 
-    `buffer` (HELLO_PEEK_LIMIT bytes) is peeked into and read before any await, so one
-    serves every connection of a worker. A buffer allocated per peek and shrunk to the
-    hello's size churns the heap with every connection (with one, the soak test's RSS
-    grew past its bound between rounds in two runs of three; with this, it did not).
-    The caller bounds the wait.
+    The core peeks at the request head: a CONNECT to an intercepted host is answered
+    (anything else goes to mitmproxy, unread). Inside the tunnel, what the client sends
+    first tells plain HTTP from TLS (every TLS connection starts with a handshake
+    record); a ClientHello whose ALPN list offers no HTTP/1.x, or from a client that
+    refused the pod CA's certificate for that host not long ago, is tunnelled to the
+    origin; any other gets the host's leaf certificate and the core's handshake.
     """
-    while True:
-        size = client.recv_into(buffer, HELLO_PEEK_LIMIT, socket.MSG_PEEK)
-        if not size:
-            raise ConnectionResetError("closed inside the tunnel during its ClientHello")
-        data = bytes(memoryview(buffer)[:size])
+
+    __slots__ = ("_arrival", "_deadline", "_front", "_hello", "_listener", "_tunnel")
+
+    def __init__(self, front: Front, listener: int, client: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        self._front = front
+        self._listener = listener
+        self._tunnel: Tunnel | None = None
+        self._hello = b""  # the ClientHello the handshake answers
+        self._deadline = loop.call_later(
+            FIRST_BYTES_TIMEOUT, self._expire, "no request within the first-bytes timeout"
+        )
+        self._arrival = native.Arrival(client.detach(), loop, self)
+        front._arrivals.add(self)
+        self._arrival.start()
+
+    def request(self, head: bytes) -> None:
+        """The bytes waiting, the request head among them if it is whole."""
+        incomplete = b"\r\n\r\n" not in head and len(head) < native.REQUEST_PEEK
+        if incomplete and head.startswith(b"CONNECT"[: len(head)]):
+            # The socket stays readable while the rest is on its way: wait, then peek.
+            self._arrival.peek_later(_PEEK_INTERVAL)
+            return
+        connect = parse_connect(head)
+        if connect is None or not host_matches(connect.tunnel.host, self._front._intercept):
+            self._settle()
+            self._front._hand_off(self._listener, self._socket())
+            return
+        self._arrival.answer_connect(connect.head_length)
+        self._tunnel = connect.tunnel
+        # One deadline for the first byte, the ClientHello and the handshake: a limit for
+        # each would let a client that keeps to every one of them hold the connection
+        # for their sum.
+        self._deadline.cancel()
+        self._deadline = asyncio.get_running_loop().call_later(
+            TLS_HANDSHAKE_TIMEOUT, self._expire, "no TLS handshake within its timeout"
+        )
+
+    def tunnelled(self, first: bytes) -> None:
+        """What came first inside the tunnel: plain HTTP, or a ClientHello (whole, or
+        its start)."""
+        assert self._tunnel is not None
+        if first[:1] != _TLS_HANDSHAKE_RECORD:
+            self._settle()
+            stream = self._arrival.take_stream()
+            self._front._serve_requests(stream, dataclasses.replace(self._tunnel, tls=False))
+            return
         try:
-            return data, hello.client_hello_alpn(data)
+            alpn = hello.client_hello_alpn(first)
         except hello.Incomplete:
-            if size >= HELLO_PEEK_LIMIT:
-                return b"", None
+            if len(first) < native.HELLO_PEEK:
+                self._arrival.peek_later(_PEEK_INTERVAL)
+                return
+            first, alpn = b"", None  # left to the handshake, which refuses it
         except ValueError:
-            return b"", None
-        # The socket stays readable while the rest is on its way: wait, then peek again.
-        await asyncio.sleep(_PEEK_INTERVAL)
+            first, alpn = b"", None
+        host = self._tunnel.host
+        reason = hello.tunnel_reason(alpn)
+        if reason is None and first and self._front._rejections.remembers(host, first):
+            reason = CLIENT_REJECTED_CA
+        if reason is not None:
+            self._settle()
+            self._front._spawn(self._front._tunnel(self._socket(), self._tunnel, reason))
+            return
+        self._hello = first
+        self._arrival.secure(self._front._tls_config(host))
+
+    def secured(self) -> None:
+        assert self._tunnel is not None
+        self._settle()
+        self._front._serve_requests(self._arrival.take_stream(), self._tunnel)
+
+    def ended(self, error: OSError) -> None:
+        """The client left, or the handshake failed: a client that refused the
+        certificate is remembered."""
+        self._settle()
+        refusal = handshake_refusal(error)
+        if refusal is not None and self._hello and self._tunnel is not None:
+            self._front._rejections.remember(self._tunnel.host, self._hello, refusal)
+        logger.debug("client connection ended early: %s", error)
+        self._front._balance.closed()
+
+    def abort(self) -> None:
+        self._settle()
+        self._arrival.abort()
+
+    def _expire(self, why: str) -> None:
+        self.abort()
+        logger.debug("client connection ended early: %s", why)
+        self._front._balance.closed()
+
+    def _settle(self) -> None:
+        """Someone else owns the connection from now on, or nobody."""
+        self._deadline.cancel()
+        self._front._arrivals.discard(self)
+
+    def _socket(self) -> socket.socket:
+        client = socket.socket(fileno=self._arrival.detach())
+        client.setblocking(False)
+        return client

@@ -4,7 +4,8 @@ Every TLS session of the sidecar's own connections is rustls, in the core: the s
 side for the lean front end's clients (a leaf of the pod CA), the client side towards
 origins, parents and through proxies' tunnels (`sidecar.wire.client`). This module holds
 what Python does about them: the client configuration made from the worker's trust file,
-and the handshake, a step at a time as the event loop says the socket is ready.
+and the client side's handshake, a step at a time as the event loop says the socket is
+ready (the server side's runs inside the core, `native.Arrival`).
 
 The client side verifies the origin's certificate against the trust file and nothing
 else (the system's roots are in it, with `--upstream-ca`), for the name the request was
@@ -29,8 +30,8 @@ def client_config(trust_file: Path, alpn: Sequence[bytes] = ()) -> native.Client
 
 
 async def handshake(stream: native.Stream) -> None:
-    """Complete the stream's TLS handshake (either side); OSError when it fails. The
-    caller bounds it in time."""
+    """Complete the stream's TLS handshake (the client side, after `secure`); OSError
+    when it fails. The caller bounds it in time."""
     fd = stream.fileno()
     while (step := stream.handshake()) != native.HANDSHAKE_DONE:
         await ready(fd, write=step == native.WANTS_WRITE)

@@ -11,9 +11,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -34,8 +36,10 @@ from bench.harness import (
     start_process,
     wait_until,
 )
+from sidecar.core import native
 
 TEST_HOSTS = ("origin.test", "tunnel.test", "badcert.test")
+ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
 CLIENT_TIMEOUT = 60  # seconds for one download
 
 FILES = {"small.bin": 100 * 1024, "medium.bin": 3 * 1024 * 1024, "big.bin": 24 * 1024 * 1024}
@@ -200,3 +204,48 @@ def _run_client(
         done.stdout.decode(errors="replace"),
         done.stderr.decode(errors="replace"),
     )
+
+
+# -- an intercepted tunnel on the core, without the front end's decisions ---------------
+
+
+class Terminator:
+    """The core's way into an intercepted tunnel (`native.Arrival`) for one accepted
+    socket `fd`: the CONNECT that comes is answered, and TLS with `config` is terminated
+    inside it, whatever the request and the hello say. `stream` resolves to the secured
+    stream, or to the error that ended the connection."""
+
+    def __init__(self, fd: int, config: native.TlsConfig) -> None:
+        loop = asyncio.get_running_loop()
+        self.stream: asyncio.Future[native.Stream] = loop.create_future()
+        self._config = config
+        self._arrival = native.Arrival(fd, loop, self)
+        self._arrival.start()
+
+    def request(self, head: bytes) -> None:
+        end = head.find(b"\r\n\r\n")
+        if end < 0:
+            self._arrival.peek_later(0.01)
+        else:
+            self._arrival.answer_connect(end + 4)
+
+    def tunnelled(self, first: bytes) -> None:
+        self._arrival.secure(self._config)
+
+    def secured(self) -> None:
+        self.stream.set_result(self._arrival.take_stream())
+
+    def ended(self, error: OSError) -> None:
+        self.stream.set_exception(error)
+
+
+def open_tunnel(sock: socket.socket, authority: str) -> None:
+    """CONNECT to `authority` on the blocking socket `sock`, and read the answer."""
+    sock.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
+    answer = b""
+    while not answer.endswith(b"\r\n\r\n"):
+        chunk = sock.recv(1)
+        if not chunk:
+            raise ConnectionResetError("closed before the CONNECT's answer")
+        answer += chunk
+    assert answer == ESTABLISHED, answer

@@ -20,7 +20,7 @@ import pytest
 import trustme
 
 from sidecar.core import native
-from sidecar.wire import tls
+from tests.sidecar.conftest import Terminator, open_tunnel
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n"
 SIZE = 32 * 1024 * 1024 + 123  # bytes: more than loopback sockets hold (some MiB)
@@ -78,23 +78,21 @@ def _body(tmp_path: Path, size: int) -> tuple[bytes, Path]:
 def _serve(
     leaf: trustme.LeafCert | None, answer: Callable[[native.Stream], None]
 ) -> tuple[socket.socket, Callable[[], asyncio.Future[Recorder]]]:
-    """A listening socket, and how to serve its first connection with a stream."""
+    """A listening socket, and how to serve its first connection with a stream: plain,
+    or inside an intercepted tunnel with `leaf`'s TLS."""
     listener = socket.create_server(("127.0.0.1", 0))
     listener.setblocking(False)
 
     async def accept() -> Recorder:
         loop = asyncio.get_running_loop()
-        await tls.ready(listener.fileno(), write=False)
-        client, _ = listener.accept()
+        client, _ = await loop.sock_accept(listener)
         client.setblocking(False)
-        config = None
-        if leaf is not None:
+        if leaf is None:
+            stream = native.Stream(client.detach(), loop)
+        else:
             chain = b"".join(pem.bytes() for pem in leaf.cert_chain_pems)
             config = native.TlsConfig(chain, leaf.private_key_pem.bytes())
-        fd = client.fileno()
-        stream = native.Stream(client.detach(), loop, config)
-        while (step := stream.handshake()) != native.HANDSHAKE_DONE:
-            await tls.ready(fd, write=step == native.WANTS_WRITE)
+            stream = await Terminator(client.detach(), config).stream
         protocol = Recorder(answer)
         stream.start(protocol)
         return protocol
@@ -115,6 +113,7 @@ def _tls_client(
     def run() -> None:
         try:
             with socket.create_connection(("127.0.0.1", port)) as raw:
+                open_tunnel(raw, "origin.test:443")
                 # A TCP end without TLS's closure alert is an error, as it is to curl.
                 with context.wrap_socket(
                     raw, server_hostname="origin.test", suppress_ragged_eofs=False

@@ -1,74 +1,203 @@
-"""The front end's answer to a CONNECT, on real sockets in this process.
+"""The front end before the lean server owns a connection, on real sockets: the
+deadlines (in this process, with the worker's `Front` and the core's `Arrival`), and
+a client whose CONNECT and ClientHello come in pieces (through a real sidecar).
 
 What happens inside the tunnel until the TLS handshake is done (the client's first
 byte, its ClientHello, the handshake) shares one deadline, so a client that keeps
-just inside a limit for each step still cannot hold a connection for their sum.
+just inside a limit for each step still cannot hold a connection for their sum. A
+client that never sends a request is closed too. What is not a CONNECT to an
+intercepted host reaches mitmproxy unread, however it was cut.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 import trustme
 
+from bench.harness import OriginServer, Sidecar
 from sidecar.core import native
 from sidecar.proxy import front
 
-# Shortened for the test; the sidecar's is 30 s.
+# Shortened for the tests; the sidecar's are 30 s and 60 s.
 DEADLINE = 1.0  # seconds
+HEAD = b"CONNECT origin.test:443 HTTP/1.1\r\nHost: origin.test:443\r\n\r\n"
+ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
 
 
-def test_first_byte_hello_and_handshake_share_one_deadline(
-    monkeypatch: pytest.MonkeyPatch,
+def serve(
+    client: Callable[[socket.socket], Awaitable[object]],
+    handed_off: list[bytes] | None = None,
 ) -> None:
+    """Accept one connection with a worker's front end intercepting origin.test, and
+    run `client` on the other end; `handed_off`: what reached mitmproxy, unread."""
     leaf = trustme.CA().issue_cert("origin.test")
     config = native.TlsConfig(
         b"".join(pem.bytes() for pem in leaf.cert_chain_pems), leaf.private_key_pem.bytes()
     )
-    monkeypatch.setattr(front, "TLS_HANDSHAKE_TIMEOUT", DEADLINE)
-    head = b"CONNECT origin.test:443 HTTP/1.1\r\nHost: origin.test:443\r\n\r\n"
-    connect = front.parse_connect(head)
-    assert connect is not None
-    # Only the TLS path is taken: the router, mitmproxy, the tunnels and the memory of
-    # refusing clients are never asked.
+
+    async def to_mitmproxy(listener: int, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        data = b""
+        while not data.endswith(b"\r\n\r\n"):
+            data += await loop.sock_recv(sock, 4096)
+        assert handed_off is not None
+        handed_off.append(data)
+        sock.close()
+
+    # Only the paths before a request are taken: the router, the tunnels and the memory
+    # of refusing clients are never asked.
     serving = front.Front(
         router=None,  # type: ignore[arg-type]
         intercept=["origin.test"],
         tls_config=lambda host: config,
-        to_mitmproxy=lambda listener, sock: None,
+        to_mitmproxy=to_mitmproxy,
         balance=front.Balance([0], 0),
         tunnels=None,  # type: ignore[arg-type]
         rejections=None,  # type: ignore[arg-type]
     )
 
-    async def main() -> float:
+    async def main() -> None:
         loop = asyncio.get_running_loop()
         with socket.create_server(("127.0.0.1", 0)) as listener:
-            client = socket.create_connection(listener.getsockname())
-            accepted, _ = listener.accept()
-        accepted.setblocking(False)
-        client.sendall(head)
+            listener.setblocking(False)
+            accepting = loop.create_task(serving.accept(0, listener, lean=True))
+            near = socket.create_connection(listener.getsockname())
+            near.setblocking(False)
+            try:
+                await client(near)
+            finally:
+                near.close()
+                accepting.cancel()
+                await serving.close()
+
+    asyncio.run(asyncio.wait_for(main(), 10 * DEADLINE))
+
+
+async def closed_after(sock: socket.socket) -> float:
+    """Seconds until the other end closes `sock` (reading what it sends)."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while await loop.sock_recv(sock, 4096):
+        pass
+    return loop.time() - started
+
+
+def test_first_byte_hello_and_handshake_share_one_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(front, "TLS_HANDSHAKE_TIMEOUT", DEADLINE)
+
+    async def client(sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(sock, HEAD)
+        assert await loop.sock_recv(sock, 4096) == ESTABLISHED
 
         async def trickle() -> None:
             # The first byte just inside the deadline, then a ClientHello's record
             # header announcing 512 bytes, a byte at a time.
             await asyncio.sleep(0.8 * DEADLINE)
             for byte in b"\x16\x03\x01\x02\x00\x01\x00":
-                client.send(bytes([byte]))
+                sock.send(bytes([byte]))
                 await asyncio.sleep(0.2 * DEADLINE)
 
         trickling = loop.create_task(trickle())
-        started = loop.time()
         try:
-            with pytest.raises(TimeoutError):
-                await serving._serve_tunnel(accepted, connect)
-            return loop.time() - started
+            elapsed = await closed_after(sock)
         finally:
             trickling.cancel()
-            accepted.close()
-            client.close()
+        assert DEADLINE * 0.9 < elapsed < DEADLINE * 1.4
 
-    elapsed = asyncio.run(asyncio.wait_for(main(), 10 * DEADLINE))
-    assert DEADLINE * 0.9 < elapsed < DEADLINE * 1.4
+    serve(client)
+
+
+def test_a_client_that_sends_no_request_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(front, "FIRST_BYTES_TIMEOUT", DEADLINE)
+
+    async def client(sock: socket.socket) -> None:
+        sock.send(HEAD[:10])  # a request head that never ends
+        assert DEADLINE * 0.9 < await closed_after(sock) < DEADLINE * 1.4
+
+    serve(client)
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"CONNECT elsewhere.test:443 HTTP/1.1\r\nHost: elsewhere.test:443\r\n\r\n",
+        b"GET http://origin.test/files/small.bin HTTP/1.1\r\nHost: origin.test\r\n\r\n",
+    ],
+    ids=["connect-to-another-host", "absolute-form-get"],
+)
+def test_what_is_not_ours_reaches_mitmproxy_unread_however_it_was_cut(head: bytes) -> None:
+    handed_off: list[bytes] = []
+
+    async def client(sock: socket.socket) -> None:
+        for start in range(0, len(head), 9):
+            sock.send(head[start : start + 9])
+            await asyncio.sleep(0.01)
+        while not handed_off:
+            await asyncio.sleep(0.01)
+
+    serve(client, handed_off)
+    assert handed_off == [head]
+
+
+def tls_in_pieces(sidecar: Sidecar, origin: OriginServer, pause: float) -> bytes:
+    """GET small.bin through the sidecar with the CONNECT head and the ClientHello each
+    sent in pieces, `pause` seconds apart; the response's bytes."""
+    context = ssl.create_default_context(cafile=str(sidecar.bundle))
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_hostname="origin.test")
+    authority = f"origin.test:{origin.port}"
+    head = f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode()
+    with socket.create_connection(("127.0.0.1", sidecar.proxy_port), timeout=10) as sock:
+        for piece in (head[:3], head[3:20], head[20:-2], head[-2:]):
+            sock.sendall(piece)
+            time.sleep(pause)
+        assert sock.recv(4096) == ESTABLISHED
+        with pytest.raises(ssl.SSLWantReadError):
+            tls.do_handshake()
+        hello = outgoing.read()
+        for piece in (hello[:1], hello[1:9], hello[9:100], hello[100:]):
+            sock.sendall(piece)
+            time.sleep(pause)
+        while True:
+            incoming.write(sock.recv(65536))
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                sock.sendall(outgoing.read())
+        request = f"GET /files/small.bin?pieces={pause} HTTP/1.1\r\nHost: {authority}\r\n"
+        tls.write(f"{request}Connection: close\r\n\r\n".encode())
+        sock.sendall(outgoing.read())
+        response = b""
+        while data := sock.recv(65536):
+            incoming.write(data)
+            try:
+                while chunk := tls.read(65536):
+                    response += chunk
+            except ssl.SSLWantReadError:
+                continue
+            except ssl.SSLZeroReturnError:
+                break
+        return response
+
+
+@pytest.mark.e2e
+def test_a_connect_and_a_client_hello_in_pieces_are_served(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    expected = (dataset / "small.bin").read_bytes()
+    for pause in (0.0, 0.05):
+        response = tls_in_pieces(sidecar, origin, pause)
+        head, _, body = response.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 "), head
+        assert body == expected

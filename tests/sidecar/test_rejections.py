@@ -21,7 +21,6 @@ from test_hello import client_hello
 from sidecar.core import native
 from sidecar.runtime.supervisor import InheritedFd
 from sidecar.shared import Shared
-from sidecar.wire import tls
 from sidecar.wire.rejections import (
     CAPACITY,
     CLOSED_IN_HANDSHAKE,
@@ -30,6 +29,7 @@ from sidecar.wire.rejections import (
     choose_slot,
     handshake_refusal,
 )
+from tests.sidecar.conftest import Terminator, open_tunnel
 
 HOST = "datasets.test"
 _context = multiprocessing.get_context("forkserver")
@@ -71,29 +71,33 @@ def test_certificate_alerts_in_every_spelling(error: str, refusal: str | None) -
 def server_handshake(
     ca: trustme.CA, client: Callable[[socket.socket], None]
 ) -> BaseException | None:
-    """What the sidecar's handshake (the core's server side, a certificate from `ca`)
-    raises against `client`, run in a thread on the other end of a real TCP connection."""
+    """What the sidecar's handshake (the core's server side inside a CONNECT tunnel, a
+    certificate from `ca`) raises against `client`, run in a thread on the other end of
+    a real TCP connection."""
     leaf = ca.issue_cert(HOST)
     config = native.TlsConfig(
         b"".join(pem.bytes() for pem in leaf.cert_chain_pems), leaf.private_key_pem.bytes()
     )
+
+    def through_a_tunnel(sock: socket.socket) -> None:
+        open_tunnel(sock, f"{HOST}:443")
+        client(sock)
 
     async def main() -> BaseException | None:
         with socket.create_server(("127.0.0.1", 0)) as listener:
             near = socket.create_connection(listener.getsockname())
             far, _ = listener.accept()
         far.setblocking(False)
-        thread = threading.Thread(target=client, args=(near,))
+        thread = threading.Thread(target=through_a_tunnel, args=(near,))
         thread.start()
-        stream = native.Stream(far.detach(), asyncio.get_running_loop(), config)
         try:
             async with asyncio.timeout(5):
-                await tls.handshake(stream)
+                stream = await Terminator(far.detach(), config).stream
+            stream.abort()
         except BaseException as e:
             return e
         finally:
             await asyncio.to_thread(thread.join, 10)
-            stream.abort()
             near.close()
         return None
 

@@ -1,6 +1,8 @@
 //! The sidecar's byte path, under the decisions of its Python packages.
 //!
-//! `sidecar.core.native` to Python: a connection's stream (`Stream`: plain, the server
+//! `sidecar.core.native` to Python: a client of the front end until its first request
+//! (`Arrival`: the CONNECT answered, the ClientHello peeked, the TLS handshake), a
+//! connection's stream (`Stream`: plain, the server
 //! side of TLS by `TlsConfig` for the lean front end's clients, or the client side by
 //! `ClientTls` towards origins) that moves every byte between the socket and its
 //! protocol, and sends stored body files to a client without Python touching them;
@@ -8,23 +10,28 @@
 //! (`Answers`).
 
 pub mod answers;
+pub mod arrival;
 pub mod http1;
 pub mod outbox;
 pub mod sink;
 pub mod stream;
 pub mod tls;
+pub mod watch;
 
 use pyo3::prelude::*;
 
 #[pymodule]
 fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<stream::Stream>()?;
+    module.add_class::<arrival::Arrival>()?;
     module.add_class::<answers::Answers>()?;
     module.add_class::<stream::TlsConfig>()?;
     module.add_class::<stream::ClientTls>()?;
     module.add("CertificateRejected", module.py().get_type::<stream::CertificateRejected>())?;
     module.add("Truncated", module.py().get_type::<stream::Truncated>())?;
     module.add("ANSWER_SLOT", answers::SLOT)?;
+    module.add("HELLO_PEEK", arrival::HELLO_PEEK)?;
+    module.add("REQUEST_PEEK", arrival::REQUEST_PEEK)?;
     module.add("HANDSHAKE_DONE", stream::HANDSHAKE_DONE)?;
     module.add("WANTS_READ", stream::WANTS_READ)?;
     module.add("WANTS_WRITE", stream::WANTS_WRITE)?;

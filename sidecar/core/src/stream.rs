@@ -29,13 +29,14 @@ use pyo3::exceptions::{PyConnectionResetError, PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use pyo3::{PyTraverseError, PyVisit, create_exception};
-use rustls::{ClientConnection, Connection, ServerConnection};
+use rustls::{ClientConnection, Connection};
 use rustls_pki_types::ServerName;
 
 use crate::answers::{Answers, now};
 use crate::http1::{Event, Head, Parser, ResponseHead};
 use crate::outbox::{Outbox, Sink};
 use crate::sink::{Socket, TLS_BATCH, Tls};
+use crate::watch::Watcher;
 
 /// Plaintext handed to the protocol per readable event, at most.
 const READ_SIZE: usize = 256 * 1024;
@@ -81,7 +82,7 @@ impl std::fmt::Display for Marked {
 impl std::error::Error for Marked {}
 
 /// An io::Error of the stream as Python sees it.
-fn py_error(error: io::Error) -> PyErr {
+pub(crate) fn py_error(error: io::Error) -> PyErr {
     match error.get_ref().and_then(|e| e.downcast_ref::<Marked>()) {
         Some(marked @ Marked::Rejected(_)) => CertificateRejected::new_err(marked.to_string()),
         Some(marked @ Marked::Truncated) => Truncated::new_err(marked.to_string()),
@@ -108,7 +109,7 @@ impl ClientTls {
 /// A server-side TLS configuration: the leaf chain and key for one intercepted host.
 #[pyclass(module = "sidecar.core.native", frozen)]
 pub struct TlsConfig {
-    config: Arc<rustls::ServerConfig>,
+    pub(crate) config: Arc<rustls::ServerConfig>,
 }
 
 #[pymethods]
@@ -121,13 +122,6 @@ impl TlsConfig {
     }
 }
 
-/// What the loop watches the socket for.
-#[derive(Clone, Copy)]
-enum Readiness {
-    Read,
-    Write,
-}
-
 enum Notice {
     Data(Vec<u8>),
     Eof,
@@ -137,9 +131,9 @@ enum Notice {
 }
 
 /// The stream's state apart from Python objects: everything `Notice`s are made from.
-struct Core {
+pub(crate) struct Core {
     fd: Option<OwnedFd>,
-    tls: Option<Box<Connection>>,
+    pub(crate) tls: Option<Box<Connection>>,
     outbox: Outbox,
     read_buffer: Vec<u8>,
     high: u64,
@@ -152,7 +146,7 @@ struct Core {
 }
 
 impl Core {
-    fn new(fd: OwnedFd, tls: Option<Box<Connection>>) -> Self {
+    pub(crate) fn new(fd: OwnedFd, tls: Option<Box<Connection>>) -> Self {
         Self {
             fd: Some(fd),
             tls,
@@ -168,7 +162,12 @@ impl Core {
         }
     }
 
-    fn raw(&self) -> RawFd {
+    /// The socket, given up: the stream no longer closes it.
+    pub(crate) fn into_fd(mut self) -> Option<OwnedFd> {
+        self.fd.take()
+    }
+
+    pub(crate) fn raw(&self) -> RawFd {
         use std::os::fd::AsRawFd;
         self.fd.as_ref().map_or(-1, AsRawFd::as_raw_fd)
     }
@@ -178,7 +177,7 @@ impl Core {
     }
 
     /// One step of the TLS handshake; what it waits for next.
-    fn handshake(&mut self) -> io::Result<u8> {
+    pub(crate) fn handshake(&mut self) -> io::Result<u8> {
         let socket = self.raw();
         let Some(session) = self.tls.as_deref_mut() else {
             return Ok(HANDSHAKE_DONE);
@@ -300,7 +299,7 @@ impl Core {
     }
 
     /// Close the socket now, dropping whatever waits.
-    fn shut(&mut self) {
+    pub(crate) fn shut(&mut self) {
         if !self.closed() {
             // SAFETY: the descriptor is open; closing it is left to OwnedFd.
             unsafe { libc::shutdown(self.raw(), libc::SHUT_RDWR) };
@@ -313,20 +312,14 @@ impl Core {
 #[pyclass(module = "sidecar.core.native")]
 pub struct Stream {
     core: Core,
-    event_loop: Py<PyAny>,
+    watcher: Watcher,
     protocol: Option<Py<PyAny>>,
-    // The stream's own `readable` and `writable`, as the loop calls them; dropped at
-    // the end, which breaks the cycle they make with the stream.
-    on_readable: Option<Py<PyAny>>,
-    on_writable: Option<Py<PyAny>>,
     /// Requests parsed for the protocol; None: bytes handed over as they come (a
     /// relay after an upgrade, or a protocol of bytes).
     parser: Option<Parser>,
-    paused: bool,       // the protocol asked for no more
-    reader_added: bool, // the loop watches for reads
-    eof: bool,          // the client ended its side
+    paused: bool, // the protocol asked for no more
+    eof: bool,    // the client ended its side
     eof_told: bool,
-    writer_added: bool,
     /// The shared table of recorded answers and the URL prefix of this connection's
     /// origin (`answer_from`): requests it answers never reach the protocol.
     answers: Option<(Py<Answers>, Vec<u8>)>,
@@ -340,41 +333,29 @@ pub struct Stream {
 }
 
 impl Stream {
+    /// The stream of a connection whose socket (and TLS session, if any) `core` holds.
+    pub(crate) fn of(core: Core, event_loop: Py<PyAny>) -> Self {
+        Self {
+            core,
+            watcher: Watcher::new(event_loop),
+            protocol: None,
+            parser: None,
+            paused: true,
+            eof: false,
+            eof_told: false,
+            answers: None,
+            busy: false,
+            skip_end: false,
+            answered_at: 0.0,
+        }
+    }
+
     fn watch_reads(&mut self, py: Python<'_>, on: bool) -> PyResult<()> {
-        self.watch(py, Readiness::Read, on)
+        self.watcher.reads(py, self.core.raw(), on)
     }
 
     fn watch_writes(&mut self, py: Python<'_>, on: bool) -> PyResult<()> {
-        self.watch(py, Readiness::Write, on)
-    }
-
-    /// Ask the loop to call the stream back when the socket is ready for `readiness`
-    /// (`on`), or no more.
-    fn watch(&mut self, py: Python<'_>, readiness: Readiness, on: bool) -> PyResult<()> {
-        let (added, callback, (add, remove)) = match readiness {
-            Readiness::Read => (
-                &mut self.reader_added,
-                &self.on_readable,
-                ("add_reader", "remove_reader"),
-            ),
-            Readiness::Write => (
-                &mut self.writer_added,
-                &self.on_writable,
-                ("add_writer", "remove_writer"),
-            ),
-        };
-        if on == *added || self.core.closed() {
-            return Ok(());
-        }
-        *added = on;
-        let fd = self.core.raw();
-        if on {
-            let callback = callback.as_ref().map(|c| c.clone_ref(py));
-            self.event_loop.call_method1(py, add, (fd, callback))?;
-        } else {
-            self.event_loop.call_method1(py, remove, (fd,))?;
-        }
-        Ok(())
+        self.watcher.writes(py, self.core.raw(), on)
     }
 
     /// Send what waits, watch for writability while some is left, close once a
@@ -406,12 +387,9 @@ impl Stream {
         if self.core.closed() {
             return Ok(());
         }
-        self.watch_reads(py, false)?;
-        self.watch_writes(py, false)?;
+        self.watcher.stop(py, self.core.raw())?;
         self.core.closing = true;
         self.core.shut();
-        self.on_readable = None;
-        self.on_writable = None;
         notices.push(Notice::Lost(error));
         Ok(())
     }
@@ -566,7 +544,7 @@ fn deliver(slf: &Bound<'_, Stream>, notices: Vec<Notice>) -> PyResult<()> {
             Notice::Lost(error) => {
                 let error = error.map(|e| py_error(e).into_value(py));
                 let lost = protocol.getattr(py, "connection_lost")?;
-                let event_loop = slf.borrow().event_loop.clone_ref(py);
+                let event_loop = slf.borrow().watcher.event_loop().clone_ref(py);
                 // Later, as asyncio's transports do: never inside a write of the protocol's.
                 event_loop.call_method1(py, "call_soon", (lost, error))?;
                 // The protocol holds the stream: let both go.
@@ -582,55 +560,21 @@ impl Stream {
     // The Python objects a stream holds, for the garbage collector: the protocol holds
     // the stream, and the loop its callbacks.
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.event_loop)?;
+        self.watcher.traverse(&visit)?;
         visit.call(&self.protocol)?;
-        visit.call(&self.on_readable)?;
-        visit.call(&self.on_writable)?;
         Ok(())
     }
 
     fn __clear__(&mut self) {
         self.protocol = None;
-        self.on_readable = None;
-        self.on_writable = None;
+        self.watcher.clear();
     }
 
-    /// Take the connected socket `fd` over (the stream closes it); `tls`: the server
-    /// side's configuration (a client of the front end), None for plain bytes (which
-    /// `secure` may put under the client side of TLS).
+    /// Take the connected socket `fd` over (the stream closes it): plain bytes, which
+    /// `secure` may put under the client side of TLS.
     #[new]
-    #[pyo3(signature = (fd, event_loop, tls=None))]
-    fn new(fd: RawFd, event_loop: Py<PyAny>, tls: Option<PyRef<'_, TlsConfig>>) -> PyResult<Self> {
-        if fd < 0 {
-            return Err(PyValueError::new_err("not a socket"));
-        }
-        // SAFETY: the caller hands the descriptor over (`socket.detach()`).
-        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-        let session = match tls {
-            Some(config) => {
-                let session = ServerConnection::new(config.config.clone())
-                    .map_err(|e| PyValueError::new_err(e.to_string()))?;
-                Some(session_of(session.into()))
-            }
-            None => None,
-        };
-        Ok(Self {
-            core: Core::new(owned, session),
-            event_loop,
-            protocol: None,
-            on_readable: None,
-            on_writable: None,
-            parser: None,
-            paused: true,
-            reader_added: false,
-            eof: false,
-            eof_told: false,
-            writer_added: false,
-            answers: None,
-            busy: false,
-            skip_end: false,
-            answered_at: 0.0,
-        })
+    fn new(fd: RawFd, event_loop: Py<PyAny>) -> PyResult<Self> {
+        Ok(Self::of(Core::new(owned_fd(fd)?, None), event_loop))
     }
 
     /// Start the client side of TLS towards `server_name` (a DNS name or an IP
@@ -680,8 +624,7 @@ impl Stream {
         {
             let mut stream = slf.borrow_mut();
             stream.protocol = Some(protocol.clone_ref(py));
-            stream.on_readable = Some(slf.getattr("readable")?.unbind());
-            stream.on_writable = Some(slf.getattr("writable")?.unbind());
+            stream.watcher.bind(slf.as_any())?;
             stream.parser = if responses {
                 Some(Parser::responses())
             } else {
@@ -886,11 +829,7 @@ impl Stream {
         stream.watch_reads(py, more_from_socket)?;
         // What was read and not handed over yet (requests parsed ahead, the client's
         // end) makes the socket no more readable.
-        let readable = stream.on_readable.as_ref().map(|c| c.clone_ref(py));
-        stream
-            .event_loop
-            .call_method1(py, "call_soon", (readable,))?;
-        Ok(())
+        stream.watcher.read_later(py, 0.0)
     }
 
     fn is_reading(&self) -> bool {
@@ -992,8 +931,17 @@ impl Stream {
     }
 }
 
+/// A descriptor Python hands over (`socket.detach()`), closed when dropped.
+pub(crate) fn owned_fd(fd: RawFd) -> PyResult<OwnedFd> {
+    if fd < 0 {
+        return Err(PyValueError::new_err("not a socket"));
+    }
+    // SAFETY: the caller gives the open descriptor up; nothing else closes it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 /// A session with room for a batch of records made while the last ones wait to leave.
-fn session_of(mut session: Connection) -> Box<Connection> {
+pub(crate) fn session_of(mut session: Connection) -> Box<Connection> {
     session.set_buffer_limit(Some(4 * TLS_BATCH));
     Box::new(session)
 }
@@ -1053,7 +1001,7 @@ mod tests {
     use crate::tls::tests::{CA, CHAIN, KEY};
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
-    use rustls::{ClientConfig, ClientConnection, RootCertStore};
+    use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConnection};
     use std::io::Write;
     use std::os::unix::net::UnixStream;
 
