@@ -25,11 +25,11 @@ use std::io;
 use std::os::fd::RawFd;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering, fence};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 
+use crate::clock::now;
 use crate::http1::Head;
 
 /// Bytes of one slot: seven words, then the URL, the head and the path.
@@ -170,7 +170,8 @@ impl Answers {
             {
                 continue;
             }
-            let bytes: Vec<u8> = words[FIXED..]
+            let used = (url_length + head_length + path_length).div_ceil(8);
+            let bytes: Vec<u8> = words[FIXED..FIXED + used]
                 .iter()
                 .flat_map(|w| w.to_le_bytes())
                 .collect();
@@ -436,13 +437,6 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
         (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
     })
-}
-
-/// Seconds since the epoch, as Python's `time.time()`.
-pub fn now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 //! (`Answers`).
 
 pub mod answers;
+pub mod clock;
 pub mod arrival;
 pub mod http1;
 pub mod outbox;

@@ -32,7 +32,8 @@ use pyo3::{PyTraverseError, PyVisit, create_exception};
 use rustls::{ClientConnection, Connection};
 use rustls_pki_types::ServerName;
 
-use crate::answers::{Answers, now};
+use crate::answers::Answers;
+use crate::clock::{monotonic, now};
 use crate::http1::{Event, Head, Parser, ResponseHead};
 use crate::outbox::{Outbox, Sink};
 use crate::sink::{Socket, TLS_BATCH, Tls};
@@ -507,14 +508,6 @@ fn answer_from_table(slf: &Bound<'_, Stream>, head: &Head) -> PyResult<bool> {
     }
     deliver(slf, notices)?;
     Ok(true)
-}
-
-/// Seconds on the clock of Python's `time.monotonic()` (CLOCK_MONOTONIC).
-fn monotonic() -> f64 {
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a plain clock read into a local.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    now.tv_sec as f64 + now.tv_nsec as f64 / 1e9
 }
 
 /// Tell the protocol, with the stream no longer borrowed.
