@@ -223,7 +223,13 @@ class Front:
         origin.set_protocol(origin_side)
         origin_side.connection_made(origin)
         loop = asyncio.get_running_loop()
-        await loop.connect_accepted_socket(lambda: client_side, client)
+        try:
+            await loop.connect_accepted_socket(lambda: client_side, client)
+        except OSError as e:
+            logger.debug("client connection ended early: %s", e)
+            client.close()
+            origin.close()
+            self._balance.closed()
 
     def _spawn(self, work: Coroutine[None, None, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -322,14 +328,17 @@ class _Arrival:
         self._settle()
         self._front._serve_requests(self._arrival.take_stream(), self._tunnel)
 
-    def ended(self, error: OSError) -> None:
-        """The client left, or the handshake failed: a client that refused the
-        certificate is remembered."""
+    def ended(self, error: BaseException) -> None:
+        """The client left, or the handshake failed (a client that refused the
+        certificate is remembered), or a decision here raised (a bug: logged)."""
         self._settle()
-        refusal = handshake_refusal(error)
-        if refusal is not None and self._hello and self._tunnel is not None:
-            self._front._rejections.remember(self._tunnel.host, self._hello, refusal)
-        logger.debug("client connection ended early: %s", error)
+        if not isinstance(error, OSError):
+            logger.error("a client connection failed: %s", error, exc_info=error)
+        else:
+            refusal = handshake_refusal(error)
+            if refusal is not None and self._hello and self._tunnel is not None:
+                self._front._rejections.remember(self._tunnel.host, self._hello, refusal)
+            logger.debug("client connection ended early: %s", error)
         self._front._balance.closed()
 
     def abort(self) -> None:

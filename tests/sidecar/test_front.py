@@ -24,6 +24,8 @@ import trustme
 from bench.harness import OriginServer, Sidecar
 from sidecar.core import native
 from sidecar.proxy import front
+from sidecar.shared import Shared
+from sidecar.wire.rejections import Rejections
 
 # Shortened for the tests; the sidecar's are 30 s and 60 s.
 DEADLINE = 1.0  # seconds
@@ -31,16 +33,22 @@ HEAD = b"CONNECT origin.test:443 HTTP/1.1\r\nHost: origin.test:443\r\n\r\n"
 ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
 
 
+def leaf_config(host: str) -> native.TlsConfig:
+    leaf = trustme.CA().issue_cert(host)
+    return native.TlsConfig(
+        b"".join(pem.bytes() for pem in leaf.cert_chain_pems), leaf.private_key_pem.bytes()
+    )
+
+
 def serve(
     client: Callable[[socket.socket], Awaitable[object]],
     handed_off: list[bytes] | None = None,
-) -> None:
+    tls_config: Callable[[str], native.TlsConfig] = leaf_config,
+) -> list[int]:
     """Accept one connection with a worker's front end intercepting origin.test, and
-    run `client` on the other end; `handed_off`: what reached mitmproxy, unread."""
-    leaf = trustme.CA().issue_cert("origin.test")
-    config = native.TlsConfig(
-        b"".join(pem.bytes() for pem in leaf.cert_chain_pems), leaf.private_key_pem.bytes()
-    )
+    run `client` on the other end; `handed_off`: what reached mitmproxy, unread. The
+    worker's count of open connections after it."""
+    counts = [0]
 
     async def to_mitmproxy(listener: int, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -51,16 +59,16 @@ def serve(
         handed_off.append(data)
         sock.close()
 
-    # Only the paths before a request are taken: the router, the tunnels and the memory
-    # of refusing clients are never asked.
+    # Only the paths before a request are taken: the router and the tunnels are never
+    # asked.
     serving = front.Front(
         router=None,  # type: ignore[arg-type]
         intercept=["origin.test"],
-        tls_config=lambda host: config,
+        tls_config=tls_config,
         to_mitmproxy=to_mitmproxy,
-        balance=front.Balance([0], 0),
+        balance=front.Balance(counts, 0),
         tunnels=None,  # type: ignore[arg-type]
-        rejections=None,  # type: ignore[arg-type]
+        rejections=Rejections(Shared.create(1), 60, None),
     )
 
     async def main() -> None:
@@ -78,13 +86,18 @@ def serve(
                 await serving.close()
 
     asyncio.run(asyncio.wait_for(main(), 10 * DEADLINE))
+    return counts
 
 
 async def closed_after(sock: socket.socket) -> float:
-    """Seconds until the other end closes `sock` (reading what it sends)."""
+    """Seconds until the other end closes `sock` (reading what it sends). A close
+    with bytes of ours unread there is a reset."""
     loop = asyncio.get_running_loop()
     started = loop.time()
-    while await loop.sock_recv(sock, 4096):
+    try:
+        while await loop.sock_recv(sock, 4096):
+            pass
+    except ConnectionResetError:
         pass
     return loop.time() - started
 
@@ -147,6 +160,28 @@ def test_what_is_not_ours_reaches_mitmproxy_unread_however_it_was_cut(head: byte
 
     serve(client, handed_off)
     assert handed_off == [head]
+
+
+def test_a_decision_that_fails_closes_its_connection_and_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def no_leaf(host: str) -> native.TlsConfig:
+        raise ValueError(f"no certificate for {host}")
+
+    async def client(sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(sock, HEAD)
+        assert await loop.sock_recv(sock, 4096) == ESTABLISHED
+        context = ssl.create_default_context()
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = context.wrap_bio(incoming, outgoing, server_hostname="origin.test")
+        with pytest.raises(ssl.SSLWantReadError):
+            tls.do_handshake()
+        await loop.sock_sendall(sock, outgoing.read())
+        assert await closed_after(sock) < DEADLINE
+
+    assert serve(client, tls_config=no_leaf) == [0]
+    assert "no certificate for origin.test" in caplog.text
 
 
 def tls_in_pieces(sidecar: Sidecar, origin: OriginServer, pause: float) -> bytes:

@@ -15,8 +15,8 @@
 //!   server side of TLS (`secure`), waits for the rest of the hello (`peek_later`), or
 //!   takes the socket (`detach`).
 //! - `secured()`: the handshake is done; the handler takes the stream.
-//! - `ended(error)`: the client left, or the handshake failed; the socket is
-//!   closed.
+//! - `ended(error)`: the client left, the handshake failed, or the handler raised
+//!   `error` itself; the socket is closed.
 //!
 //! Every step runs inside the loop's callback: no task, future or reader of Python's
 //! per step, a handful of plain calls per connection. Deadlines are the handler's
@@ -135,7 +135,8 @@ impl Arrival {
 }
 
 /// Take a step, and ask or tell the handler what it came to, with the arrival no
-/// longer borrowed. A handler that raises (a bug of ours) leaves the connection closed.
+/// longer borrowed. A handler that raises (a bug of ours) closes the connection, and
+/// hears of its own error as the connection's end.
 fn advance(slf: &Bound<'_, Arrival>) -> PyResult<()> {
     let py = slf.py();
     let step = slf.borrow_mut().step(py)?;
@@ -157,7 +158,7 @@ fn advance(slf: &Bound<'_, Arrival>) -> PyResult<()> {
     };
     if let Err(e) = told {
         Arrival::abort(slf)?;
-        return Err(e);
+        handler.call_method1(py, "ended", (e.into_value(py),))?;
     }
     Ok(())
 }
