@@ -52,7 +52,7 @@ def run(profile: Profile, lab: Lab) -> Result:
             one(warm_up.tally["bytes"] / 1e6), "the warm-up"),
         Row("failed requests and wrong bytes", "req", one(sum(figures.failures.values())),
             required=within(0, 0, "none")),
-        Row("peak RSS, largest process", "MB", one(figures.peak.rss / 1e6),
+        Row("peak RSS (shared memory aside), largest process", "MB", one(figures.peak.rss / 1e6),
             one(baseline.rss / 1e6), "after the warm-up", below(RSS_LIMIT_MB, "MB")),
         Row("peak descriptors, every process", "fds", one(figures.peak.fds),
             one(baseline.fds), "after the warm-up"),

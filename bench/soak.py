@@ -55,11 +55,15 @@ SAMPLE_INTERVAL = 0.5  # seconds between samples of the sidecar's memory and des
 
 @dataclass(frozen=True)
 class Footprint:
-    """What the sidecar's processes hold: descriptors, threads, the largest RSS."""
+    """What the sidecar's processes hold: descriptors, threads, the largest RSS.
+
+    The RSS leaves shared memory out: the pages of the shared memory file (its tables
+    of claims, clients and answers, bounded by the file's size and held once for all
+    processes) count in a process's RSS as it first touches them, which is no leak."""
 
     fds: int
     threads: int
-    rss: int  # bytes, of its largest process
+    rss: int  # bytes, of its largest process, shared memory aside
 
     @classmethod
     def of(cls, pid: int) -> Footprint:
@@ -67,7 +71,10 @@ class Footprint:
         return cls(
             fds=open_fds(pid),
             threads=sum(len(list(Path(f"/proc/{m}/task").iterdir())) for m in members),
-            rss=max(memory.status_kb(m, "VmRSS") * 1024 for m in members),
+            rss=max(
+                (memory.status_kb(m, "VmRSS") - memory.status_kb(m, "RssShmem")) * 1024
+                for m in members
+            ),
         )
 
 

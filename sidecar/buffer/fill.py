@@ -44,14 +44,14 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sidecar.buffer.keeper import BUFFER_UNAVAILABLE, SMALL, UNSIZED, Buffer
 from sidecar.buffer.progress import Progress, State
 from sidecar.buffer.segments import SegmentedCopy, SegmentFailed, Target, may_split, pwrite_all
-from sidecar.buffer.store import StoreError
+from sidecar.buffer.store import StoredObject, StoreError
 from sidecar.cache import policy
 from sidecar.ipc import Message
 from sidecar.metrics import Metrics
@@ -407,7 +407,7 @@ class UnsizedFill:
             self._abandon("the connection closed without TLS's closure alert")
             return
         try:
-            committed = await self._buffer.commit(
+            stored = await self._buffer.commit(
                 self._rid,
                 self._key,
                 self._size,
@@ -420,7 +420,7 @@ class UnsizedFill:
             self._metrics.buffer_trouble("committing a body", e)
             self._abandon("the buffer could not commit it")
             return
-        if not committed:
+        if stored is None:
             self._abandon("written to while it was fetched")
             return
         self._rid = None
@@ -516,6 +516,9 @@ class Fills:
         self._active: dict[str, Fill] = {}
         self._claiming: dict[str, asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # Told of each object a fill of known length committed: its URL, its key, what
+        # the index holds and the generation it was committed under.
+        self.on_stored: Callable[[str, str, StoredObject, int], None] | None = None
 
     def __len__(self) -> int:
         return len(self._active)
@@ -745,7 +748,7 @@ class Fills:
         started = time.monotonic()
         head = fill.head.result()
         failure: BaseException | None = None
-        committed = False
+        stored: StoredObject | None = None
         try:
             sha256, overlong, body = await self._copy(fill, head, response)
             if overlong:
@@ -758,20 +761,21 @@ class Fills:
                     head.size,
                 )
                 return
+            generation = self._buffer.generation_now
             if body is not None:
                 # Kept in memory (from the lease): its readers have it (`hand_over`).
-                committed = self._buffer.commit_small(
+                stored = self._buffer.commit_small(
                     rid, body, sha256, head.headers, head.generated_at, head.lifetime
                 )
             else:
                 fill.committing = True
                 fill._last = head.size
                 fill._advance_to(head.size)
-                committed = await self._buffer.commit(
+                stored = await self._buffer.commit(
                     rid, fill.key, head.size, sha256, head.headers, head.generated_at, head.lifetime
                 )
             elapsed = time.monotonic() - started
-            if committed and self._log_objects:
+            if stored is not None and self._log_objects:
                 logger.info(
                     "stored %s: %d bytes in %.2fs (%.1f MB/s)",
                     loggable_url(fill.url),
@@ -779,7 +783,7 @@ class Fills:
                     elapsed,
                     head.size / max(elapsed, 1e-6) / 1e6,
                 )
-            elif not committed:
+            elif stored is None:
                 # Its readers finish it; what a later request gets comes from the origin.
                 logger.info(
                     "not stored %s: written to while it was fetched", loggable_url(fill.url)
@@ -800,9 +804,11 @@ class Fills:
             failure = FillFailed(f"{type(e).__name__}: {e}")
             logger.exception("fill %s failed unexpectedly", loggable_url(fill.url))
         finally:
-            if not committed:
+            if stored is None:
                 self._buffer.abort(rid)
             self._end(fill, failure)
+        if stored is not None and self.on_stored is not None:
+            self.on_stored(fill.url, fill.key, stored, generation)
 
     async def _copy(
         self, fill: Fill, head: Head, response: Response

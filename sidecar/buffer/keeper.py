@@ -563,6 +563,12 @@ class Buffer:
         when it last looked)."""
         return self._known_generation
 
+    @property
+    def generation_now(self) -> int:
+        """The index generation at this moment: what a commit that follows is valid
+        for."""
+        return self._shared.generation
+
     def touch(self, keys: Iterable[str]) -> None:
         """Count `keys` as used now, as `lookup` does for those it finds (the hits the
         core's table sent: see `sidecar.runtime.worker`); and report what was used
@@ -676,10 +682,11 @@ class Buffer:
         headers: tuple[tuple[str, str], ...],
         generated_at: float,
         lifetime: float,
-    ) -> bool:
-        """Make a complete body of `size` bytes servable: False if a write invalidated it
-        meanwhile (the caller aborts it), StoreError if it could not be stored (the
-        caller aborts it too). A small fill from the lease is stored by `commit_small`."""
+    ) -> StoredObject | None:
+        """Make a complete body of `size` bytes servable: what the index now holds for it,
+        None if a write invalidated it meanwhile (the caller aborts it), StoreError if it
+        could not be stored (the caller aborts it too). A small fill from the lease is
+        stored by `commit_small`."""
         reply = await self._call(
             "commit",
             rid=rid,
@@ -692,7 +699,9 @@ class Buffer:
         )
         if "error" in reply:
             raise StoreError(reply["error"])
-        return "invalidated" not in reply
+        if "invalidated" in reply:
+            return None
+        return StoredObject(rid, size, sha256, headers, time.time(), generated_at, lifetime)
 
     def commit_small(
         self,
@@ -702,7 +711,7 @@ class Buffer:
         headers: tuple[tuple[str, str], ...],
         generated_at: float,
         lifetime: float,
-    ) -> bool:
+    ) -> StoredObject | None:
         """Store a small fill from the lease (`lease_room`), whose fill kept `body` in
         memory, here and now: written into its partial file, then committed (see
         `Claims.commit`). Returns and raises as `commit` does; OSError if the body
@@ -726,9 +735,9 @@ class Buffer:
                 raise
 
         if not self._claims.commit(key, self._worker, charged, insert):
-            return False
+            return None
         del self._small[rid]
-        return True
+        return entry
 
     async def invalidate(self, keys: list[str]) -> None:
         """Remove the objects of `keys` and keep their running fills from committing;

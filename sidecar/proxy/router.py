@@ -216,6 +216,8 @@ class Router:
         # which follows at once, need not ask the index again (a miss would cost two
         # queries). Used once; an object stored meanwhile is found by the claim.
         self._just_missed: str | None = None
+        if self.answers is not None:
+            fills.on_stored = self._record
 
     async def handle(self, request: Request, channel: Channel, body: Body | None = None) -> None:
         """Answer one request; whatever goes wrong, the client never sees a short success.
@@ -546,29 +548,37 @@ class Router:
                 return None
         size = plan.end - plan.start
         if (
-            self.answers is not None
-            and body is not None
+            body is not None
             and plan.status == 200
             and request.method == "GET"
             and policy.HIT_FIELDS.isdisjoint(request.fields)
-            and not self._by_freshness(key)
         ):
             # The same request gets the same answer while the generation stays: the
             # core's table sends it from now on, in every worker.
-            self.answers.record(
-                request.url.encode(),
-                representation.head_lines,
-                self.buffer.body_path(entry).encode(),
-                size,
-                representation.generated_at,
-                self.buffer.generation,
-            )
+            self._record(request.url, key, entry, self.buffer.generation)
         counters = self.metrics.counters
         counters.hits += 1
         counters.bytes_from_buffer += size
         if self.settings.access_log:
             _log_object("hit", request, plan.status, size, started)
         return Immediate(plan.status, plan.headers, body)
+
+    def _record(self, url: str, key: str, entry: StoredObject, generation: int) -> None:
+        """Record the whole 200 of `entry` for a GET of `url` with no field the decision
+        reads in the core's table, valid while the index stays at `generation`: after
+        `hit_now` answered it so, and after a fill of `url` was committed (the answer
+        `hit_now` would give), so that the first request after a miss is the table's."""
+        if self.answers is None or self._by_freshness(key):
+            return
+        representation = self._representation(entry)
+        self.answers.record(
+            url.encode(),
+            representation.head_lines,
+            self.buffer.body_path(entry).encode(),
+            entry.size,
+            representation.generated_at,
+            generation,
+        )
 
     def _representation(self, entry: StoredObject) -> Representation:
         known = self._representations.get(entry.file)
