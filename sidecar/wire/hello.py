@@ -226,16 +226,25 @@ def _read_hello(body: memoryview) -> tuple[int, memoryview, Iterator[tuple[int, 
     hello.vector(1)
     if hello.done:
         return legacy_version, ciphers, iter(())
-    extensions = _Reader(hello.vector(2))
+    extensions = hello.vector(2)
     if not hello.done:
         raise ValueError("bytes after the ClientHello's extensions")
     return legacy_version, ciphers, _each_extension(extensions)
 
 
-def _each_extension(extensions: _Reader) -> Iterator[tuple[int, memoryview]]:
-    while not extensions.done:
-        kind = extensions.number(2)
-        yield kind, extensions.vector(2)
+def _each_extension(extensions: memoryview) -> Iterator[tuple[int, memoryview]]:
+    """Each extension's type and data. Read byte by byte rather than through `_Reader`:
+    every intercepted connection's hello is read, and a hello has a dozen or more."""
+    offset, end = 0, len(extensions)
+    while offset < end:
+        start = offset + 4
+        if start > end:
+            raise ValueError("a ClientHello field runs past its end")
+        kind = extensions[offset] << 8 | extensions[offset + 1]
+        offset = start + (extensions[offset + 2] << 8 | extensions[offset + 3])
+        if offset > end:
+            raise ValueError("a ClientHello field runs past its end")
+        yield kind, extensions[start:offset]
 
 
 def _protocol_names(data: memoryview) -> list[bytes]:
