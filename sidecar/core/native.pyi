@@ -87,7 +87,6 @@ class Arrival:
         """The socket, with what the client sent still in it."""
     def abort(self) -> None:
         """Close now; the handler hears nothing more."""
-    def fileno(self) -> int: ...
 
 class Stream:
     """A connection: the socket `fd` (taken over), driven by `event_loop`, plain until

@@ -18,6 +18,9 @@
 //! - `ended(error)`: the client left, the handshake failed, or the handler raised
 //!   `error` itself; the socket is closed.
 //!
+//! A question is answered by one of those calls before the handler returns: the
+//! socket stays readable until its bytes are taken.
+//!
 //! Every step runs inside the loop's callback: no task, future or reader of Python's
 //! per step, a handful of plain calls per connection. Deadlines are the handler's
 //! (`abort`).
@@ -301,10 +304,6 @@ impl Arrival {
             core.shut();
         }
         Ok(())
-    }
-
-    fn fileno(&self) -> RawFd {
-        self.fd()
     }
 }
 
