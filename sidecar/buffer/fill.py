@@ -328,9 +328,11 @@ class UnsizedFill:
         reserved: tuple[str, int, int],
         fetched: Fetched,
         log_objects: bool,
+        on_stored: Callable[[str, str, StoredObject, int], None],
     ) -> None:
         """`reserved`: the keeper's room (rid, its size) and the partial body open for
-        writing; `fetched`: the origin's response."""
+        writing; `fetched`: the origin's response; `on_stored`: told once it is
+        committed, as `Fills.on_stored` is."""
         self._buffer = buffer
         self._metrics = metrics
         self._key = key
@@ -342,6 +344,7 @@ class UnsizedFill:
         self._generated_at = fetched.generated_at
         self._lifetime = fetched.lifetime(self._headers)
         self._log_objects = log_objects
+        self._on_stored = on_stored
         self._size = 0
         self._stored = False
         self.abandoned: str | None = None  # why it is not stored, once it never will be
@@ -406,6 +409,7 @@ class UnsizedFill:
         if not response.whole:
             self._abandon("the connection closed without TLS's closure alert")
             return
+        generation = self._buffer.generation_now
         try:
             stored = await self._buffer.commit(
                 self._rid,
@@ -425,6 +429,7 @@ class UnsizedFill:
             return
         self._rid = None
         self._stored = True
+        self._on_stored(self._url, self._key, stored, generation)
         if self._log_objects:
             elapsed = time.monotonic() - self._started
             logger.info(
@@ -516,8 +521,8 @@ class Fills:
         self._active: dict[str, Fill] = {}
         self._claiming: dict[str, asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        # Told of each object a fill of known length committed: its URL, its key, what
-        # the index holds and the generation it was committed under.
+        # Told of each object a fill committed: its URL, its key, what the index holds
+        # and the generation it was committed under.
         self.on_stored: Callable[[str, str, StoredObject, int], None] | None = None
 
     def __len__(self) -> int:
@@ -683,7 +688,14 @@ class Fills:
         self._end(fill, Declined(UNSIZED))
         reserved = (rid, answer["size"], fd)
         unsized = UnsizedFill(
-            self._buffer, self._metrics, fill.key, fill.url, reserved, fetched, self._log_objects
+            self._buffer,
+            self._metrics,
+            fill.key,
+            fill.url,
+            reserved,
+            fetched,
+            self._log_objects,
+            self._tell_stored,
         )
         return Acquired(None, "miss", response, unsized=unsized)
 
@@ -807,8 +819,12 @@ class Fills:
             if stored is None:
                 self._buffer.abort(rid)
             self._end(fill, failure)
-        if stored is not None and self.on_stored is not None:
-            self.on_stored(fill.url, fill.key, stored, generation)
+        if stored is not None:
+            self._tell_stored(fill.url, fill.key, stored, generation)
+
+    def _tell_stored(self, url: str, key: str, stored: StoredObject, generation: int) -> None:
+        if self.on_stored is not None:
+            self.on_stored(url, key, stored, generation)
 
     async def _copy(
         self, fill: Fill, head: Head, response: Response

@@ -188,6 +188,18 @@ def recorded_over_raw_connections(sidecar: Sidecar, raw_origin: RawOrigin, name:
     assert by_core(sidecar) == 1
 
 
+def test_a_body_of_unknown_length_is_recorded_at_its_commit_too(
+    sidecar: Sidecar, origin: OriginServer, dataset: Path
+) -> None:
+    url = origin.url(SMALL, chunked=1)
+    answered_by_core(sidecar, url)
+    again = curl(sidecar, url, "-D", "-")
+    assert again.returncode == 0 and again.body == (dataset / SMALL).read_bytes()
+    assert "content-length" in head_of(again.stdout)  # the stored length, not chunks
+    assert by_core(sidecar) == 2
+    assert origin.count(SMALL, chunked=1) == 1
+
+
 def test_a_request_that_ends_its_connection_is_answered_by_the_core_which_then_closes(
     sidecar: Sidecar, raw_origin: RawOrigin
 ) -> None:
