@@ -81,8 +81,9 @@ class Arrival:
     def secure(self, config: TlsConfig) -> None:
         """Start the server side of TLS on the hello that came; `secured` or `ended`
         follows."""
-    def take_stream(self) -> Stream:
-        """The connection as a stream (plain inside the tunnel, or secured)."""
+    def take_stream(self, protocol: object, requests: bool = False) -> Stream:
+        """The connection as a stream (plain inside the tunnel, or secured), started
+        with `protocol` as `Stream.start` starts one."""
     def detach(self) -> int:
         """The socket, with what the client sent still in it."""
     def abort(self) -> None:

@@ -202,11 +202,11 @@ class Front:
 
         self._spawn(hand_off())
 
-    def _serve_requests(self, stream: native.Stream, tunnel: Tunnel) -> None:
+    def _serve_requests(self, arrival: native.Arrival, tunnel: Tunnel) -> None:
         """The lean server answers the requests inside the tunnel, the core's table of
         answers first where it can."""
         protocol = Http1Connection(tunnel, self._router, self._balance.closed, self._router.answers)
-        stream.start(protocol, requests=True)
+        arrival.take_stream(protocol, requests=True)
 
     async def _tunnel(self, client: socket.socket, to: Tunnel, reason: str) -> None:
         """Relay the client's own TLS to the origin untouched."""
@@ -300,8 +300,9 @@ class _Arrival:
         assert self._tunnel is not None
         if first[:1] != _TLS_HANDSHAKE_RECORD:
             self._settle()
-            stream = self._arrival.take_stream()
-            self._front._serve_requests(stream, dataclasses.replace(self._tunnel, tls=False))
+            self._front._serve_requests(
+                self._arrival, dataclasses.replace(self._tunnel, tls=False)
+            )
             return
         try:
             alpn = hello.client_hello_alpn(first)
@@ -326,7 +327,7 @@ class _Arrival:
     def secured(self) -> None:
         assert self._tunnel is not None
         self._settle()
-        self._front._serve_requests(self._arrival.take_stream(), self._tunnel)
+        self._front._serve_requests(self._arrival, self._tunnel)
 
     def ended(self, error: BaseException) -> None:
         """The client left, or the handshake failed (a client that refused the

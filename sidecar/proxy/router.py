@@ -555,7 +555,7 @@ class Router:
         ):
             # The same request gets the same answer while the generation stays: the
             # core's table sends it from now on, in every worker.
-            self._record(request.url, key, entry, self.buffer.generation)
+            self._record(request.url, key, entry, self.buffer.generation, representation)
         counters = self.metrics.counters
         counters.hits += 1
         counters.bytes_from_buffer += size
@@ -563,14 +563,23 @@ class Router:
             _log_object("hit", request, plan.status, size, started)
         return Immediate(plan.status, plan.headers, body)
 
-    def _record(self, url: str, key: str, entry: StoredObject, generation: int) -> None:
-        """Record the whole 200 of `entry` for a GET of `url` with no field the decision
-        reads in the core's table, valid while the index stays at `generation`: after
-        `hit_now` answered it so, and after a fill of `url` was committed (the answer
-        `hit_now` would give), so that the first request after a miss is the table's."""
+    def _record(
+        self,
+        url: str,
+        key: str,
+        entry: StoredObject,
+        generation: int,
+        representation: Representation | None = None,
+    ) -> None:
+        """Record the whole 200 of `entry` (its `representation`, when the caller has
+        it) for a GET of `url` with no field the decision reads in the core's table,
+        valid while the index stays at `generation`: after `hit_now` answered it so, and
+        after a fill of `url` was committed (the answer `hit_now` would give), so that
+        the first request after a miss is the table's."""
         if self.answers is None or self._by_freshness(key):
             return
-        representation = self._representation(entry)
+        if representation is None:
+            representation = self._representation(entry)
         self.answers.record(
             url.encode(),
             representation.head_lines,

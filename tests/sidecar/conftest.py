@@ -213,12 +213,14 @@ class Terminator:
     """The core's way into an intercepted tunnel (`native.Arrival`) for one accepted
     socket `fd`: the CONNECT that comes is answered, and TLS with `config` is terminated
     inside it, whatever the request and the hello say. `stream` resolves to the secured
-    stream, or to the error that ended the connection."""
+    stream, started with `protocol` (its bytes), or to the error that ended the
+    connection."""
 
-    def __init__(self, fd: int, config: native.TlsConfig) -> None:
+    def __init__(self, fd: int, config: native.TlsConfig, protocol: asyncio.Protocol) -> None:
         loop = asyncio.get_running_loop()
         self.stream: asyncio.Future[native.Stream] = loop.create_future()
         self._config = config
+        self._protocol = protocol
         self._arrival = native.Arrival(fd, loop, self)
         self._arrival.start()
 
@@ -233,7 +235,7 @@ class Terminator:
         self._arrival.secure(self._config)
 
     def secured(self) -> None:
-        self.stream.set_result(self._arrival.take_stream())
+        self.stream.set_result(self._arrival.take_stream(self._protocol))
 
     def ended(self, error: OSError) -> None:
         self.stream.set_exception(error)

@@ -87,14 +87,13 @@ def _serve(
         loop = asyncio.get_running_loop()
         client, _ = await loop.sock_accept(listener)
         client.setblocking(False)
+        protocol = Recorder(answer)
         if leaf is None:
-            stream = native.Stream(client.detach(), loop)
+            native.Stream(client.detach(), loop).start(protocol)
         else:
             chain = b"".join(pem.bytes() for pem in leaf.cert_chain_pems)
             config = native.TlsConfig(chain, leaf.private_key_pem.bytes())
-            stream = await Terminator(client.detach(), config).stream
-        protocol = Recorder(answer)
-        stream.start(protocol)
+            await Terminator(client.detach(), config, protocol).stream
         return protocol
 
     return listener, lambda: asyncio.ensure_future(accept())

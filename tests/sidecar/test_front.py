@@ -212,6 +212,8 @@ def tls_in_pieces(sidecar: Sidecar, origin: OriginServer, pause: float) -> bytes
                 sock.sendall(outgoing.read())
         request = f"GET /files/small.bin?pieces={pause} HTTP/1.1\r\nHost: {authority}\r\n"
         tls.write(f"{request}Connection: close\r\n\r\n".encode())
+        # The client's Finished and its request in one write: the request is in the
+        # server's TLS session before the lean server starts, not in the socket.
         sock.sendall(outgoing.read())
         response = b""
         while data := sock.recv(65536):

@@ -92,7 +92,7 @@ def server_handshake(
         thread.start()
         try:
             async with asyncio.timeout(5):
-                stream = await Terminator(far.detach(), config).stream
+                stream = await Terminator(far.detach(), config, asyncio.Protocol()).stream
             stream.abort()
         except BaseException as e:
             return e

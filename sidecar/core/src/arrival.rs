@@ -93,7 +93,7 @@ impl Arrival {
                 return match core.handshake() {
                     Ok(HANDSHAKE_DONE) => {
                         self.phase = Phase::Secured;
-                        self.watcher.reads(py, fd, false)?;
+                        // Reading goes on, handed to the stream (`take_stream`).
                         self.watcher.writes(py, fd, false)?;
                         Ok(Step::Ask("secured", None))
                     }
@@ -211,7 +211,8 @@ impl Arrival {
     /// Look at what has come (a client sends its request head at once), and watch
     /// for the rest.
     fn start(slf: &Bound<'_, Self>) -> PyResult<()> {
-        slf.borrow_mut().watcher.bind(slf.as_any())?;
+        let fd = slf.borrow().fd();
+        slf.borrow_mut().watcher.bind(slf.as_any(), fd)?;
         advance(slf)
     }
 
@@ -277,14 +278,27 @@ impl Arrival {
         advance(slf)
     }
 
-    /// The connection as a stream (plain inside the tunnel, or secured), for its
-    /// protocol's `start`.
-    fn take_stream(&mut self, py: Python<'_>) -> PyResult<Stream> {
-        self.expect(&[Phase::Tunnel, Phase::Secured], "make a stream")?;
-        let event_loop = self.watcher.event_loop().clone_ref(py);
-        self.over(py)?;
-        let core = self.core.take().expect("checked above");
-        Ok(Stream::of(core, event_loop))
+    /// The connection as a stream (plain inside the tunnel, or secured), started with
+    /// `protocol` as `Stream.start` starts one. The loop's watch of the socket goes
+    /// over to it as it is (no change the kernel sees), so the stream starts here and
+    /// now: a stream that never started would leave the loop watching its socket.
+    #[pyo3(signature = (protocol, requests=false))]
+    fn take_stream(
+        slf: &Bound<'_, Self>,
+        protocol: Py<PyAny>,
+        requests: bool,
+    ) -> PyResult<Py<Stream>> {
+        let py = slf.py();
+        let stream = {
+            let mut arrival = slf.borrow_mut();
+            arrival.expect(&[Phase::Tunnel, Phase::Secured], "make a stream")?;
+            let watcher = arrival.watcher.hand_over(py);
+            arrival.over(py)?;
+            let core = arrival.core.take().expect("checked above");
+            Bound::new(py, Stream::of(core, watcher))?
+        };
+        Stream::start(&stream, protocol, requests, false)?;
+        Ok(stream.unbind())
     }
 
     /// The socket, with whatever the client sent still in it, for someone else (the

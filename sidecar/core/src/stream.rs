@@ -213,6 +213,16 @@ impl Core {
         }
     }
 
+    /// Whether the TLS session holds plaintext (or the peer's closure) it decrypted
+    /// while reading for the handshake; an error there is for `read` to tell.
+    fn holds_plaintext(&mut self) -> bool {
+        self.tls.as_deref_mut().is_some_and(|session| {
+            session.process_new_packets().map_or(true, |state| {
+                state.plaintext_bytes_to_read() > 0 || state.peer_has_closed()
+            })
+        })
+    }
+
     /// Read what has arrived: plaintext for the protocol, and whether the client ended.
     fn read(&mut self) -> io::Result<(Vec<u8>, bool)> {
         let socket = self.raw();
@@ -334,11 +344,12 @@ pub struct Stream {
 }
 
 impl Stream {
-    /// The stream of a connection whose socket (and TLS session, if any) `core` holds.
-    pub(crate) fn of(core: Core, event_loop: Py<PyAny>) -> Self {
+    /// The stream of a connection whose socket (and TLS session, if any) `core` holds,
+    /// and which the loop watches as `watcher` says.
+    pub(crate) fn of(core: Core, watcher: Watcher) -> Self {
         Self {
             core,
-            watcher: Watcher::new(event_loop),
+            watcher,
             protocol: None,
             parser: None,
             paused: true,
@@ -567,7 +578,8 @@ impl Stream {
     /// `secure` may put under the client side of TLS.
     #[new]
     fn new(fd: RawFd, event_loop: Py<PyAny>) -> PyResult<Self> {
-        Ok(Self::of(Core::new(owned_fd(fd)?, None), event_loop))
+        let core = Core::new(owned_fd(fd)?, None);
+        Ok(Self::of(core, Watcher::new(event_loop)))
     }
 
     /// Start the client side of TLS towards `server_name` (a DNS name or an IP
@@ -607,7 +619,7 @@ impl Stream {
     /// `message_complete`, `response_refused`, `unasked_received`); else its bytes
     /// (`data_received`).
     #[pyo3(signature = (protocol, requests=false, responses=false))]
-    fn start(
+    pub(crate) fn start(
         slf: &Bound<'_, Self>,
         protocol: Py<PyAny>,
         requests: bool,
@@ -617,7 +629,8 @@ impl Stream {
         {
             let mut stream = slf.borrow_mut();
             stream.protocol = Some(protocol.clone_ref(py));
-            stream.watcher.bind(slf.as_any())?;
+            let fd = stream.core.raw();
+            stream.watcher.bind(slf.as_any(), fd)?;
             stream.parser = if responses {
                 Some(Parser::responses())
             } else {
@@ -625,9 +638,18 @@ impl Stream {
             };
         }
         protocol.call_method1(py, "connection_made", (slf,))?;
-        // Requests that came with the handshake's last flight are inside the session
-        // already, which the socket does not say: resuming reads once at once.
-        Self::resume_reading(slf)
+        let mut stream = slf.borrow_mut();
+        if stream.core.closing || stream.core.closed() || !stream.paused {
+            return Ok(());
+        }
+        stream.paused = false;
+        stream.watch_reads(py, true)?;
+        if stream.core.holds_plaintext() {
+            // A request that came with the handshake's last flight is inside the
+            // session already, which the socket's readiness does not say.
+            stream.watcher.read_later(py, 0.0)?;
+        }
+        Ok(())
     }
 
     /// The loop's reader callback: read what arrived, then hand over what it makes.
