@@ -45,6 +45,7 @@ from bench import (
     bench_scale,
     bench_small,
     bench_soak,
+    bench_workers,
     plot,
     report,
 )
@@ -65,6 +66,7 @@ BENCHMARKS: dict[str, ModuleType] = {
         bench_ready,
         bench_small,
         bench_loader,
+        bench_workers,
         bench_first_epoch,
         bench_nezha,
         bench_momenta,
