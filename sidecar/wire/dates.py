@@ -37,14 +37,19 @@ def parse_http_date(value: str) -> datetime | None:
     two-digit rfc850 year more than 50 years ahead is "the most recent year in the past
     that had the same last two digits".
     """
-    text = value.strip()
+    return _parsed(value.strip(), datetime.now(UTC).year)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed(text: str, this_year: int) -> datetime | None:
+    # Remembered: an origin's responses share their Date within each second, and a data
+    # set's files often their Last-Modified; a miss reads both more than once.
     if match := _IMF_FIXDATE.fullmatch(text):
         day, month, year, hour, minute, second = match.groups()
     elif match := _ASCTIME_DATE.fullmatch(text):
         month, day, hour, minute, second, year = match.groups()
     elif match := _RFC850_DATE.fullmatch(text):
         day, month, short_year, hour, minute, second = match.groups()
-        this_year = datetime.now(UTC).year
         year_value = this_year - this_year % 100 + int(short_year)
         year = str(year_value - 100 if year_value > this_year + 50 else year_value)
     else:

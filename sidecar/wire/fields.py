@@ -9,7 +9,9 @@ through `header()`.
 
 from __future__ import annotations
 
+import functools
 import re
+import types
 from collections.abc import Mapping, Sequence
 
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -92,14 +94,20 @@ def unquote(value: str) -> str:
     return value
 
 
-def cache_directives(headers: Headers) -> dict[str, str | None]:
+def cache_directives(headers: Headers) -> Mapping[str, str | None]:
     """The Cache-Control directives (RFC 9111 §5.2): lower-cased name -> argument or None."""
-    value = header(headers, "Cache-Control")
+    return _directives(header(headers, "Cache-Control") or "")
+
+
+@functools.lru_cache(maxsize=256)
+def _directives(value: str) -> Mapping[str, str | None]:
+    # Remembered by value: an origin sends the same Cache-Control with every object, and
+    # a miss asks for it several times. Read-only, as it is shared.
     directives: dict[str, str | None] = {}
-    for member in split_list(value or ""):
+    for member in split_list(value):
         name, sep, argument = member.partition("=")
         directives.setdefault(name.strip().lower(), unquote(argument.strip()) if sep else None)
-    return directives
+    return types.MappingProxyType(directives)
 
 
 def content_length(headers: Headers) -> int | None:

@@ -789,3 +789,13 @@ def test_freshness_honours_no_cache_request_max_age_and_stale_prohibitions() -> 
     assert policy.may_serve_stale([("Cache-Control", "max-age=0")])
     assert not policy.may_serve_stale([("Cache-Control", "max-age=0, must-revalidate")])
     assert not policy.may_serve_stale([("Cache-Control", "no-cache")])
+
+
+def test_directives_remembered_by_value_are_the_same_for_every_reader() -> None:
+    # One origin's Cache-Control is parsed once and shared: no reader may change it.
+    first = fields.cache_directives([("Cache-Control", "max-age=60, no-cache")])
+    with pytest.raises(TypeError):
+        first["max-age"] = "0"  # type: ignore[index]
+    again = fields.cache_directives({"cache-control": "max-age=60, no-cache"})
+    assert again is first
+    assert dict(again) == {"max-age": "60", "no-cache": None}
