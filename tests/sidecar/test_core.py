@@ -216,3 +216,39 @@ def test_a_plain_stream_half_closes_and_still_reads(tmp_path: Path) -> None:
     protocol, received = asyncio.run(main())
     assert received == b"bye"
     assert protocol.events == ["data", "data", "eof"], protocol.events
+
+
+def test_a_protocol_that_cannot_start_leaves_a_closed_connection_unwatched(
+    leaf: trustme.LeafCert, issuer: trustme.CA
+) -> None:
+    class Failing(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            raise RuntimeError("cannot start")
+
+    async def main() -> tuple[BaseException, bool, list[bytes | BaseException]]:
+        loop = asyncio.get_running_loop()
+        chain = b"".join(pem.bytes() for pem in leaf.cert_chain_pems)
+        config = native.TlsConfig(chain, leaf.private_key_pem.bytes())
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.setblocking(False)
+        with listener:
+            reading = _tls_client(listener.getsockname()[1], issuer, lambda c: c.recv(1024))
+            client, _ = await loop.sock_accept(listener)
+            client.setblocking(False)
+            fd = client.detach()
+            try:
+                await asyncio.wait_for(Terminator(fd, config, Failing()).stream, 10)
+            except RuntimeError as e:
+                error: BaseException = e
+            # The arrival handed its watch of the socket to the stream: the stream's
+            # failed start must not leave it on (the loop would call it for ever).
+            watched = loop.remove_reader(fd)
+            thread, got = reading
+            await asyncio.to_thread(thread.join, 10)
+        return error, watched, got
+
+    error, watched, got = asyncio.run(main())
+    assert str(error) == "cannot start"
+    assert not watched
+    assert got, "the client was left waiting on a connection nobody serves"
+    assert got[0] == b"" or isinstance(got[0], OSError), got

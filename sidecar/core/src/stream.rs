@@ -637,7 +637,16 @@ impl Stream {
                 requests.then(Parser::default)
             };
         }
-        protocol.call_method1(py, "connection_made", (slf,))?;
+        if let Err(error) = protocol.call_method1(py, "connection_made", (slf,)) {
+            // A protocol that cannot start hears nothing more: the connection closes, and
+            // the loop stops watching it (a watch handed over is on already).
+            let mut stream = slf.borrow_mut();
+            let fd = stream.core.raw();
+            stream.watcher.stop(py, fd)?;
+            stream.core.shut();
+            stream.protocol = None;
+            return Err(error);
+        }
         let mut stream = slf.borrow_mut();
         if stream.core.closing || stream.core.closed() || !stream.paused {
             return Ok(());
