@@ -1,6 +1,7 @@
 """The Rust core's API as Python sees it (`sidecar/core/src/`)."""
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 ANSWER_SLOT: int
@@ -132,6 +133,8 @@ class Stream:
     def readable(self) -> None: ...
     def writable(self) -> None: ...
     def write(self, data: bytes) -> None: ...
+    def writelines(self, parts: Sequence[bytes]) -> None:
+        """`parts` in order, as one write (a head and its first body bytes together)."""
     def send_file(self, head: bytes, fd: int, start: int, end: int) -> None:
         """Send `head`, then bytes [start, end) of file `fd`, which the stream takes over."""
     def pause_reading(self) -> None: ...

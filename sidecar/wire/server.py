@@ -160,8 +160,10 @@ class _Response:
     async def write(self, data: bytes) -> None:
         self.body_bytes += len(data)
         if self._head is not None:
-            data, self._head = self._head + data, None
-        await self._connection.send(data)
+            head, self._head = self._head, None
+            await self._connection.send(head, data)
+        else:
+            await self._connection.send(data)
 
     async def send_file(self, file: BodyFile) -> None:
         self.body_bytes += file.end - file.start
@@ -403,11 +405,11 @@ class Http1Connection(asyncio.Protocol):
         if close:
             self._close()
 
-    async def send(self, data: bytes) -> None:
-        """Write to the client, waiting while its buffer is full."""
+    async def send(self, *parts: bytes) -> None:
+        """Write `parts` to the client as one write, waiting while its buffer is full."""
         if self._closed or self._transport is None or self._transport.is_closing():
             raise ClientGone("the client closed the connection")
-        self._transport.write(data)
+        self._transport.writelines(parts)
         if not self._writable.is_set():
             await self._writable.wait()
             if self._closed:

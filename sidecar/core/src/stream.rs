@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use pyo3::exceptions::{PyConnectionResetError, PyOSError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::PyBytes;
 use pyo3::{PyTraverseError, PyVisit, create_exception};
 use rustls::{ClientConnection, Connection};
@@ -268,6 +269,27 @@ impl Core {
         }
     }
 
+    /// Queue `parts` after what waits; while nothing does, the socket (or the TLS
+    /// session) takes what it can of them at once, without a copy in between.
+    fn write(&mut self, parts: &[&[u8]]) -> io::Result<()> {
+        let socket = Socket(self.raw());
+        match self.tls.as_deref_mut() {
+            Some(session) => {
+                let mut sink = Tls::new(session, socket);
+                for part in parts {
+                    self.outbox.write(&mut sink, part)?;
+                }
+            }
+            None => {
+                let mut socket = socket;
+                for part in parts {
+                    self.outbox.write(&mut socket, part)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Send what the socket takes; true once nothing waits. A closing TLS stream ends
     /// with the closure alert, sent like the rest: it tells the client that what it got
     /// is all there is (RFC 9112 §9.8), so it never goes after a failure or an abort.
@@ -404,6 +426,24 @@ impl Stream {
         self.core.shut();
         notices.push(Notice::Lost(error));
         Ok(())
+    }
+
+    /// Send `parts` after what waits, and what the protocol must hear of it.
+    fn send_parts(slf: &Bound<'_, Self>, parts: &[&[u8]]) -> PyResult<()> {
+        let mut notices = Vec::new();
+        {
+            let mut stream = slf.borrow_mut();
+            let nothing = parts.iter().all(|part| part.is_empty());
+            if stream.core.closing || stream.core.closed() || nothing {
+                return Ok(());
+            }
+            let py = slf.py();
+            match stream.core.write(parts) {
+                Ok(()) => stream.flush(py, &mut notices)?,
+                Err(e) => stream.finish(py, Some(e), &mut notices)?,
+            }
+        }
+        deliver(slf, notices)
     }
 }
 
@@ -795,17 +835,14 @@ impl Stream {
     }
 
     fn write(slf: &Bound<'_, Self>, data: &[u8]) -> PyResult<()> {
-        let mut notices = Vec::new();
-        {
-            let mut stream = slf.borrow_mut();
-            if stream.core.closing || stream.core.closed() || data.is_empty() {
-                return Ok(());
-            }
-            stream.core.outbox.push_bytes(data);
-            let py = slf.py();
-            stream.flush(py, &mut notices)?;
-        }
-        deliver(slf, notices)
+        Self::send_parts(slf, &[data])
+    }
+
+    /// Write `parts` in order, as one write: a response head and its first body bytes
+    /// leave together, neither copied into the other first.
+    fn writelines(slf: &Bound<'_, Self>, parts: Vec<PyBackedBytes>) -> PyResult<()> {
+        let parts: Vec<&[u8]> = parts.iter().map(|part| &part[..]).collect();
+        Self::send_parts(slf, &parts)
     }
 
     /// Send `head`, then bytes [start, end) of the file `fd`, which the stream takes
