@@ -428,6 +428,22 @@ impl Stream {
         Ok(())
     }
 
+    /// Reading goes on (the protocol asked for it, or starts); `held`: bytes are held
+    /// already that no readiness of the socket will announce, so `readable` runs on the
+    /// loop's next turn as well.
+    fn reading_on(&mut self, py: Python<'_>, held: bool) -> PyResult<()> {
+        if self.core.closing || self.core.closed() || !self.paused {
+            return Ok(());
+        }
+        self.paused = false;
+        let more_from_socket = !self.eof;
+        self.watch_reads(py, more_from_socket)?;
+        if held {
+            self.watcher.read_later(py, 0.0)?;
+        }
+        Ok(())
+    }
+
     /// Send `parts` after what waits, and what the protocol must hear of it.
     fn send_parts(slf: &Bound<'_, Self>, parts: &[&[u8]]) -> PyResult<()> {
         let mut notices = Vec::new();
@@ -687,18 +703,11 @@ impl Stream {
             stream.protocol = None;
             return Err(error);
         }
+        // A request that came with the handshake's last flight is inside the TLS
+        // session already, which the socket's readiness does not say.
         let mut stream = slf.borrow_mut();
-        if stream.core.closing || stream.core.closed() || !stream.paused {
-            return Ok(());
-        }
-        stream.paused = false;
-        stream.watch_reads(py, true)?;
-        if stream.core.holds_plaintext() {
-            // A request that came with the handshake's last flight is inside the
-            // session already, which the socket's readiness does not say.
-            stream.watcher.read_later(py, 0.0)?;
-        }
-        Ok(())
+        let decrypted = stream.core.holds_plaintext();
+        stream.reading_on(py, decrypted)
     }
 
     /// The loop's reader callback: read what arrived, then hand over what it makes.
@@ -880,17 +889,9 @@ impl Stream {
     }
 
     fn resume_reading(slf: &Bound<'_, Self>) -> PyResult<()> {
-        let py = slf.py();
-        let mut stream = slf.borrow_mut();
-        if stream.core.closing || stream.core.closed() || !stream.paused {
-            return Ok(());
-        }
-        stream.paused = false;
-        let more_from_socket = !stream.eof;
-        stream.watch_reads(py, more_from_socket)?;
         // What was read and not handed over yet (requests parsed ahead, the client's
         // end) makes the socket no more readable.
-        stream.watcher.read_later(py, 0.0)
+        slf.borrow_mut().reading_on(slf.py(), true)
     }
 
     fn is_reading(&self) -> bool {
