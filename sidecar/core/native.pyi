@@ -62,6 +62,10 @@ class Answers:
     def bytes(self) -> int:
         """Body bytes of those answers."""
 
+def accept(listener: int) -> int:
+    """A client accepted on the listening socket `listener`: its descriptor,
+    non-blocking, close-on-exec, TCP_NODELAY. BlockingIOError when none waits."""
+
 class Arrival:
     """A client of the lean front end until its first request: the accepted socket `fd`
     (taken over), driven by `event_loop`. It peeks at what the client sends and asks

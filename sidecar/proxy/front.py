@@ -149,7 +149,7 @@ class Front:
 
         def take() -> None:
             try:
-                client, _ = sock.accept()
+                client = native.accept(fd)
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 return  # another worker took it, or its client is gone already
             except OSError as e:
@@ -159,13 +159,11 @@ class Front:
                 loop.remove_reader(fd)
                 loop.call_later(ACCEPT_BACKOFF, resume, False)
                 return
-            client.setblocking(False)
-            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._balance.opened()
             if lean:
                 _Arrival(self, listener, client)
             else:
-                self._hand_off(listener, client)
+                self._hand_off(listener, _socket(client))
 
         def acceptable() -> None:
             if self._balance.eligible():
@@ -259,7 +257,8 @@ class _Arrival:
 
     __slots__ = ("_arrival", "_deadline", "_front", "_hello", "_listener", "_tunnel")
 
-    def __init__(self, front: Front, listener: int, client: socket.socket) -> None:
+    def __init__(self, front: Front, listener: int, client: int) -> None:
+        """`client`: the accepted socket's descriptor, which the arrival takes."""
         loop = asyncio.get_running_loop()
         self._front = front
         self._listener = listener
@@ -268,7 +267,7 @@ class _Arrival:
         self._deadline = loop.call_later(
             FIRST_BYTES_TIMEOUT, self._expire, "no request within the first-bytes timeout"
         )
-        self._arrival = native.Arrival(client.detach(), loop, self)
+        self._arrival = native.Arrival(client, loop, self)
         front._arrivals.add(self)
         self._arrival.start()
 
@@ -282,7 +281,7 @@ class _Arrival:
         connect = parse_connect(head)
         if connect is None or not host_matches(connect.tunnel.host, self._front._intercept):
             self._settle()
-            self._front._hand_off(self._listener, self._socket())
+            self._front._hand_off(self._listener, _socket(self._arrival.detach()))
             return
         self._arrival.answer_connect(connect.head_length)
         self._tunnel = connect.tunnel
@@ -319,7 +318,9 @@ class _Arrival:
             reason = CLIENT_REJECTED_CA
         if reason is not None:
             self._settle()
-            self._front._spawn(self._front._tunnel(self._socket(), self._tunnel, reason))
+            self._front._spawn(
+                self._front._tunnel(_socket(self._arrival.detach()), self._tunnel, reason)
+            )
             return
         self._hello = first
         self._arrival.secure(self._front._tls_config(host))
@@ -356,7 +357,9 @@ class _Arrival:
         self._deadline.cancel()
         self._front._arrivals.discard(self)
 
-    def _socket(self) -> socket.socket:
-        client = socket.socket(fileno=self._arrival.detach())
-        client.setblocking(False)
-        return client
+
+def _socket(fd: int) -> socket.socket:
+    """A socket object for descriptor `fd`, for asyncio's socket calls (non-blocking)."""
+    client = socket.socket(fileno=fd)
+    client.setblocking(False)
+    return client

@@ -183,6 +183,36 @@ fn peek(fd: RawFd, limit: usize) -> io::Result<Option<Vec<u8>>> {
     Ok(Some(data))
 }
 
+/// Accept a client on the listening socket `listener`: its descriptor, non-blocking and
+/// close-on-exec, with Nagle's delay off (a response leaves as soon as it is written).
+/// No socket object of Python's per connection: the arrival takes the descriptor.
+#[pyfunction]
+pub fn accept(listener: RawFd) -> PyResult<RawFd> {
+    Ok(accept_client(listener)?)
+}
+
+fn accept_client(listener: RawFd) -> io::Result<RawFd> {
+    let flags = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
+    // SAFETY: no peer address is asked for.
+    let fd = unsafe { libc::accept4(listener, std::ptr::null_mut(), std::ptr::null_mut(), flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let on: libc::c_int = 1;
+    // SAFETY: `fd` is open and `on` outlives the call. A socket that is not TCP's
+    // refuses the option, which is then no matter.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            (&raw const on).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    Ok(fd)
+}
+
 #[pymethods]
 impl Arrival {
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -323,9 +353,11 @@ impl Arrival {
 
 #[cfg(test)]
 mod tests {
-    use super::peek;
+    use super::{accept_client, peek};
     use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
     use std::os::fd::AsRawFd;
+    use std::os::fd::{FromRawFd, OwnedFd};
     use std::os::unix::net::UnixStream;
 
     #[test]
@@ -341,5 +373,40 @@ mod tests {
         assert_eq!(&all, b"CONNECT a:443 HTTP/1.1\r\n");
         drop(near);
         assert_eq!(peek(fd, 16).unwrap(), Some(Vec::new()));
+    }
+
+    #[test]
+    fn an_accepted_client_is_non_blocking_close_on_exec_and_without_delay() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let error = accept_client(listener.as_raw_fd()).unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::WouldBlock);
+        let _client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let fd = accept_client(listener.as_raw_fd()).unwrap();
+        // SAFETY: `fd` was just accepted, and is closed by this owner only.
+        let accepted = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: plain queries of an open descriptor.
+        let (status, descriptor) = unsafe {
+            (
+                libc::fcntl(fd, libc::F_GETFL),
+                libc::fcntl(fd, libc::F_GETFD),
+            )
+        };
+        assert_ne!(status & libc::O_NONBLOCK, 0);
+        assert_ne!(descriptor & libc::FD_CLOEXEC, 0);
+        let mut on: libc::c_int = 0;
+        let mut length = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `on` and `length` are valid for the option's size.
+        let got = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_NODELAY,
+                (&raw mut on).cast(),
+                &raw mut length,
+            )
+        };
+        assert_eq!((got, on), (0, 1));
+        drop(accepted);
     }
 }

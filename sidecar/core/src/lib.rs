@@ -1,7 +1,7 @@
 //! The sidecar's byte path, under the decisions of its Python packages.
 //!
-//! `sidecar.core.native` to Python: a client of the front end until its first request
-//! (`Arrival`: the CONNECT answered, the ClientHello peeked, the TLS handshake), a
+//! `sidecar.core.native` to Python: a client of the front end from its accept
+//! (`accept`) until its first request (`Arrival`: the CONNECT answered, the ClientHello peeked, the TLS handshake), a
 //! connection's stream (`Stream`: plain, the server
 //! side of TLS by `TlsConfig` for the lean front end's clients, or the client side by
 //! `ClientTls` towards origins) that moves every byte between the socket and its
@@ -10,8 +10,8 @@
 //! (`Answers`).
 
 pub mod answers;
-pub mod clock;
 pub mod arrival;
+pub mod clock;
 pub mod http1;
 pub mod outbox;
 pub mod sink;
@@ -28,6 +28,7 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<answers::Answers>()?;
     module.add_class::<stream::TlsConfig>()?;
     module.add_class::<stream::ClientTls>()?;
+    module.add_function(wrap_pyfunction!(arrival::accept, module)?)?;
     module.add("CertificateRejected", module.py().get_type::<stream::CertificateRejected>())?;
     module.add("Truncated", module.py().get_type::<stream::Truncated>())?;
     module.add("ANSWER_SLOT", answers::SLOT)?;
