@@ -74,25 +74,21 @@ def run(profile: Profile, lab: Lab) -> Result:
 
     one = measured[1]
     for workers in WORKER_COUNTS:
-        ours = measured[workers]
         label = f"{workers} worker{'s' if workers > 1 else ''}"
-        result.rows += [
-            Row(
-                f"{label}, CPU per 1,000 kept-alive hits",
-                "s",
-                Sample.of([e.cpu_per_1000 for e in ours]),
-                Sample.of([e.cpu_per_1000 for e in one]),
-                "1 worker",
-                _same_cost(),
-            ),
-            Row(
-                f"{label}, throughput",
-                "files/s",
-                Sample.of([e.files_per_s for e in ours]),
-                Sample.of([e.files_per_s for e in one]),
-                "1 worker",
-            ),
-        ]
+        for what, unit, pick, required in (
+            ("CPU per 1,000 kept-alive hits", "s", lambda e: e.cpu_per_1000, _same_cost()),
+            ("throughput", "files/s", lambda e: e.files_per_s, None),
+        ):
+            result.rows.append(
+                Row(
+                    f"{label}, {what}",
+                    unit,
+                    Sample.of([pick(e) for e in measured[workers]]),
+                    Sample.of([pick(e) for e in one]),
+                    "1 worker",
+                    required,
+                )
+            )
     result.notes.append(
         f"medians of {profile.runs} warm epochs (min–max) per worker count, the three "
         f"sidecars measured in turn; clients: bench.loader_client ({clients} http.client "
