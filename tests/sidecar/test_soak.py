@@ -52,19 +52,24 @@ def test_a_mixed_load_leaves_the_sidecar_as_it_found_it(
     baseline = Footprint.of(sidecar.pid)
 
     # Two rounds: memory may rise to a high-water mark in the first (allocators keep
-    # what they had), a leak keeps growing in the second.
+    # what they had), a leak keeps growing past it in the second.
     after = []
+    peaks = []
     for round_ in ("soak-1", "soak-2"):
         figures = soak(sidecar, origin, files, SECONDS, SOAK_CLIENTS, label=round_)
         print(f"\n{round_}: {SOAK_CLIENTS} clients, {figures.summary()}")
         assert not figures.failures, figures.failures
         assert all(figures.tally[kind] for kind in ("hit", "miss", "dropped", "abort", "tunnel"))
         assert figures.peak.rss < RSS_LIMIT
+        peaks.append(figures.peak.rss)
         wait_until(lambda: sidecar.stats()["fills_in_progress"] == 0, "the soak's fills")
         back_to(baseline)
         after.append(Footprint.of(sidecar.pid))
         assert after[-1].threads <= baseline.threads + sidecar.stats()["workers"] * POOL_THREADS
-    assert after[1].rss < after[0].rss + RSS_GROWTH
+    # Where the first round ended depends on when its last buffers were freed: what the
+    # second may come back to is the first's high-water mark, and a leak goes past it.
+    high_water = max(after[0].rss, peaks[0])
+    assert after[1].rss < high_water + RSS_GROWTH, (after, peaks)
     stats = sidecar.stats()
     assert stats["client_aborts"] > 0
     assert stats["tunnelled_connections"] > 0
