@@ -455,6 +455,8 @@ def test_plain_http_to_an_intercepted_host_is_cached_too(
         download = curl(sidecar, url)
         assert download.returncode == 0, download.stderr
         assert download.body == body_of(dataset, "small.bin")
+        # The next is a hit once this object is committed (during the commit it joins).
+        wait_until(lambda: sidecar.stats()["fills_in_progress"] == 0, "the commit")
     stats = sidecar.stats()
     assert (stats["misses"], stats["hits"]) == (1, 1)
 
@@ -468,6 +470,8 @@ def test_plain_http_tunnelled_through_connect_is_cached(
         download = curl(sidecar, url, "--proxytunnel")
         assert download.returncode == 0, download.stderr
         assert download.body == body_of(dataset, "small.bin")
+        # The next is a hit once this object is committed (during the commit it joins).
+        wait_until(lambda: sidecar.stats()["fills_in_progress"] == 0, "the commit")
     stats = sidecar.stats()
     assert (stats["misses"], stats["hits"]) == (1, 1)
 
