@@ -21,12 +21,14 @@ way). A request for the object that comes meanwhile waits for the commit, and is
 answered as a hit (revalidated with `--revalidate`), never as a late joiner of the
 fill: in this worker it waits for the fill to end; in another, its claim finds the
 fill's until the commit, which frees it once the object is indexed
-(`sidecar.buffer.claims`). A small body is handed over whole (its client gets it in one
-write, rather than piece by piece): waiting for all of it costs its time to first byte a
-fraction of a millisecond from a fast origin, and takes nothing from its whole. One
-stored from this worker's lease is kept in memory until then, and is hashed, written
-and committed only once its readers have it: a miss then costs its client little more
-than the origin's time. If the origin drops the connection mid-body, the pump resumes
+(`sidecar.buffer.claims`). A small body is handed to Python's readers whole, rather
+than piece by piece: waiting for all of it costs its time to first byte a fraction of a
+millisecond from a fast origin, and takes nothing from its whole. One stored from this
+worker's lease is kept in memory by the core (`Fill.tee`, a `native.Tee`), which takes
+its digest as it arrives and sends it on at once to the clients of the lean front end
+that follow it: no piece of it passes through Python. It is written and committed once
+whole, after its readers have it: a miss then costs its client little more than the
+origin's time. If the origin drops the connection mid-body, the pump resumes
 from the byte it had with a Range request validated by If-Range, a few times with
 backoff; if it cannot, every reader's connection is
 aborted, so no client ever sees a short body with a success status.
@@ -53,6 +55,7 @@ from sidecar.buffer.progress import Progress, State
 from sidecar.buffer.segments import SegmentedCopy, SegmentFailed, Target, may_split, pwrite_all
 from sidecar.buffer.store import StoredObject, StoreError
 from sidecar.cache import policy
+from sidecar.core import native
 from sidecar.ipc import Message
 from sidecar.metrics import Metrics
 from sidecar.origins.upstream import Upstream, Validators, forwarded_headers, loggable_url
@@ -160,6 +163,8 @@ class Fill:
         # Every byte is written and handed out; only the commit is pending.
         self.committing = False
         self._memory: bytes | None = None  # a small body kept in memory, once whole
+        # A small body the core keeps while it arrives, and sends on to its followers.
+        self.tee: native.Tee | None = None
 
     def attach(self) -> None:
         """Count a reader in; every attach() is paired with a detach()."""
@@ -187,6 +192,7 @@ class Fill:
         """A body kept in memory is whole: its readers get it now, and a request that
         comes meanwhile waits for its commit."""
         self._memory = body
+        self.tee = None  # its followers have it all; readers from now on take `body`
         self.committing = True
         self._last = len(body)
         self._advance_to(len(body))
@@ -238,6 +244,16 @@ class Fill:
             for chunk in read_file(self._fd, offset, min(end, self.written)):
                 offset += len(chunk)
                 yield chunk
+
+    async def whole(self) -> None:
+        """Wait until every byte of the body is written (FillFailed if it never is).
+
+        Only after `head` resolved."""
+        size = self.head.result().size
+        while self.written < size:
+            if self.failure is not None:
+                raise FillFailed(str(self.failure))
+            await self._progress_event.wait()
 
     async def outcome(self) -> int:
         """Wait until the fill has ended: its size if stored, else FillFailed."""
@@ -654,6 +670,8 @@ class Fills:
                 fill._shared = Progress(path)
             except OSError as e:
                 return self._cannot_open(fill, response, rid, e)
+        if fill._fd is None:
+            fill.tee = native.Tee(size)
         fill.attach()
         fill._last = 0 if size <= WHOLE_AT_END else size - 1
         fill.head.set_result(head)
@@ -838,7 +856,9 @@ class Fills:
         """
         accept_ranges = response.headers.get("Accept-Ranges")
         splittable = may_split(self._connections, head.size, accept_ranges, head.validators)
-        target = Target(fill.url, head.request_headers, head.validators, head.size, fill._fd)
+        target = Target(
+            fill.url, head.request_headers, head.validators, head.size, fill._fd, fill.tee
+        )
 
         def advance(prefix: int) -> None:
             if copy.body is None:

@@ -5,9 +5,10 @@ the connection or stalls, the segment is resumed from the byte it had with a Ran
 request validated by If-Range (so bytes of a changed object are never appended to an
 older one), a few times with backoff; from the origin when a parent cache broke off.
 A small body, or one whose origin cannot serve ranges, is a single segment: the
-fill's original response. A small body may also be copied into memory rather than a
-file (`Target.fd` None): its fill hands it to its readers whole, and only then hashes it
-and writes it into the buffer, off its clients' way.
+fill's original response. A small body may also be kept in memory rather than in a
+file (`Target.tee`): the core keeps it as it arrives, takes its digest and sends it on
+to the clients that follow it, and its fill has it written into the buffer once whole,
+off its clients' way.
 
 Many dataset hosts cap throughput per connection (Nezha measured 3.49 MB/s to a far
 host). A fill always starts on the original response alone; if, after PROBE_SECONDS,
@@ -33,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+from sidecar.core import native
 from sidecar.metrics import Metrics
 from sidecar.origins.upstream import CannotResume, Upstream, Validators, loggable_url
 from sidecar.wire.client import Response, UpstreamError
@@ -89,8 +91,9 @@ class Target:
     validators: Validators
     size: int
     # The file, read and written (segments land at their offsets; the digest reads back
-    # what became contiguous); None: into memory (`SegmentedCopy.body`), one segment.
+    # what became contiguous); None: into `tee`, in memory, one segment.
     fd: int | None
+    tee: native.Tee | None = None
 
 
 class SegmentedCopy:
@@ -117,7 +120,6 @@ class SegmentedCopy:
         self._hashed = 0  # bytes submitted to the digest, always a prefix of the body
         self._digest = hashlib.sha256()
         self._hashing: concurrent.futures.Future[None] | None = None
-        self._pieces: list[bytes] | None = [] if target.fd is None else None
         self.body: bytes | None = None  # an in-memory body, once complete
         self._group: asyncio.TaskGroup | None = None
         self._started = time.monotonic()
@@ -128,14 +130,15 @@ class SegmentedCopy:
     async def run(self, first: Response) -> str:
         """Copy the whole body; the SHA-256 hex digest of it when done.
 
-        An in-memory body is `advance`d to its end as soon as it is `body`, and hashed
-        after the response was settled (`Response.settle`): a turn of the event loop
-        that lets its readers send it first."""
+        An in-memory body is `advance`d to its end as soon as it is `body`."""
         if self._connections <= 1:
             # Never split: no tasks of its own (most fills are small, and take this way).
             await self._worker(first)
-            if self.body is not None:
-                return hashlib.sha256(self.body).hexdigest()
+            tee = self._target.tee
+            if tee is not None:
+                digest = tee.hexdigest()
+                assert digest is not None  # the copy ended whole, or raised
+                return digest
             return await self._hexdigest()
         try:
             async with asyncio.TaskGroup() as group:
@@ -251,17 +254,30 @@ class SegmentedCopy:
             await asyncio.sleep(SEGMENT_BACKOFF * 2 ** (attempt - 1))
 
     async def _copy(self, index: int, response: Response) -> None:
+        tee = self._target.tee
+        if tee is not None:
+            await self._into(tee, response)
+            return
         async for data in response.chunks():
             start, end = self._bounds[index]  # segment 0 may shrink when the body is split
             position = start + self._progress[index]
             piece = data[: end - position]
             self._metrics.counters.bytes_from_upstream += len(piece)
-            if self._pieces is not None:
-                self._keep(piece)
-            else:
-                self._write(index, piece, position)
+            self._write(index, piece, position)
             if position + len(piece) >= end:
                 return
+
+    async def _into(self, tee: native.Tee, response: Response) -> None:
+        """An in-memory body's one segment, from where the tee has it to its end."""
+        before = tee.received
+        try:
+            await response.into(tee)
+        finally:
+            self._metrics.counters.bytes_from_upstream += tee.received - before
+            self._progress[0] = tee.received
+        self.body = tee.body()
+        if self.body is not None:
+            self._advance(self._target.size)
 
     def _write(self, index: int, piece: bytes, position: int) -> None:
         assert self._target.fd is not None
@@ -275,15 +291,6 @@ class SegmentedCopy:
             self._move_frontier()
         if index == 0:
             self._maybe_split()
-
-    def _keep(self, piece: bytes) -> None:
-        """An in-memory body's next piece (one segment: they come in order)."""
-        assert self._pieces is not None
-        self._pieces.append(piece)
-        self._progress[0] += len(piece)
-        if self._progress[0] == self._target.size:
-            self.body = b"".join(self._pieces)
-            self._advance(self._target.size)
 
     def _move_frontier(self) -> None:
         while self._first_incomplete < len(self._bounds) and self._progress[

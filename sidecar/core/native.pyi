@@ -134,6 +134,9 @@ class Stream:
         never)."""
     def expect_response(self, method: str) -> None:
         """A request with `method` is about to be sent: its response is parsed next."""
+    def body_into(self, tee: Tee) -> None:
+        """The rest of the current response's body goes into `tee`, not to the protocol
+        (which still hears of its end)."""
     def readable(self) -> None: ...
     def writable(self) -> None: ...
     def write(self, data: bytes) -> None: ...
@@ -156,3 +159,19 @@ class Stream:
     def get_write_buffer_size(self) -> int: ...
     def get_extra_info(self, name: str, default: Any = None) -> Any: ...
     def fileno(self) -> int: ...
+
+class Tee:
+    """A small body on its way from an origin into the buffer: kept whole in memory,
+    its SHA-256 taken as it arrives, and sent on at once to the clients that follow it."""
+
+    def __init__(self, size: int) -> None: ...
+    def write(self, data: bytes) -> None:
+        """The body's next bytes (those that came before the origin's stream fed it)."""
+    def follow(self, stream: Stream, head: bytes, start: int, end: int) -> None:
+        """Send `head` on `stream`, then bytes [start, end) of the body as they arrive."""
+    @property
+    def received(self) -> int: ...
+    def body(self) -> bytes | None:
+        """The whole body; None while some is missing."""
+    def hexdigest(self) -> str | None:
+        """The whole body's SHA-256 (hex); None while some is missing."""

@@ -25,7 +25,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from mitmproxy import http
 from mitmproxy.addons.proxyserver import Proxyserver
@@ -44,6 +44,7 @@ from mitmproxy.proxy.server import ConnectionHandler
 from OpenSSL import SSL
 
 from sidecar.buffer.fill import read_file
+from sidecar.core import native
 from sidecar.metrics import Counters
 from sidecar.mitm.handoff import CountingWriter
 from sidecar.wire.exchange import BodyFile, ClientGone
@@ -201,6 +202,12 @@ class ClientChannel:
                 await self.write(chunk)
         finally:
             os.close(file.fd)
+
+    async def follow(
+        self, tee: native.Tee, start: int, end: int, whole: Callable[[], Awaitable[None]]
+    ) -> bool:
+        """mitmproxy holds the client's connection, not the core: the caller writes."""
+        return False
 
     def finish(self) -> None:
         """Hand the exchange back to mitmproxy: it completes it without writing."""

@@ -28,6 +28,7 @@ from sidecar.buffer.fill import (
     AnyFill,
     Declined,
     Fetched,
+    Fill,
     FillFailed,
     Fills,
     StoredMeanwhile,
@@ -351,6 +352,10 @@ class Router:
             self.metrics.counters.coalesced += 1
 
         async def follow(start: int, end: int) -> None:
+            # A small body the core keeps: it sends the client its bytes as they come.
+            if isinstance(fill, Fill) and fill.tee is not None:
+                if await channel.follow(fill.tee, start, end, fill.whole):
+                    return
             async for chunk in self.fills.read(fill, start, end):
                 await channel.write(chunk)
 

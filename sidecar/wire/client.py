@@ -213,6 +213,15 @@ class Response:
             else:
                 await connection.wait_body()
 
+    async def into(self, tee: native.Tee) -> None:
+        """The body into `tee` (the core keeps it and sends it on: no piece of it comes
+        through Python), until it ends; UpstreamError if it stops short or stalls."""
+        connection = self._connection
+        connection.body_into(tee)
+        while not connection.complete:
+            connection.raise_failure()
+            await connection.wait_body(lambda: tee.received)
+
     @property
     def complete(self) -> bool:
         """The whole response has arrived (its body may still wait to be read)."""
@@ -468,12 +477,27 @@ class _Connection(asyncio.Protocol):
             self._fail(e)
             self._close()
 
+    def body_into(self, tee: native.Tee) -> None:
+        """The body goes into `tee` from here on: what has arrived first."""
+        while self._chunks:
+            tee.write(self._chunks.popleft())
+        self._buffered = 0
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        if not self.complete and self.transport is not None:
+            self.transport.body_into(tee)
+
+    def raise_failure(self) -> None:
+        """Raise what broke the response off, if anything did."""
+        if self._error is not None and not self.complete:
+            raise self._error
+
     def next_chunk(self) -> bytes | None:
         """All the body that has arrived and not been read, in one piece (each of them
         costs its reader a turn: a write, a digest update)."""
         if not self._chunks:
-            if self._error is not None and not self.complete:
-                raise self._error
+            self.raise_failure()
             return None
         if len(self._chunks) == 1:
             chunk = self._chunks.popleft()
@@ -486,15 +510,19 @@ class _Connection(asyncio.Protocol):
             self.transport.resume_reading()
         return chunk
 
-    async def wait_body(self) -> None:
-        """Wait for more body, its end, or a failure; a stall is a failure."""
+    async def wait_body(self, received: Callable[[], int] | None = None) -> None:
+        """Wait for more body, its end, or a failure; a stall is a failure. `received`:
+        how much of the body arrived where this connection is not told of it (a tee),
+        which shows that the origin did not stall."""
+        before = received() if received is not None else 0
         self._waiter = self._loop.create_future()
         try:
             async with asyncio.timeout(self._read_timeout):
                 await self._waiter
         except TimeoutError:
-            self._fail(UpstreamError(f"the origin sent nothing for {self._read_timeout:g}s"))
-            self._close()
+            if received is None or received() == before:
+                self._fail(UpstreamError(f"the origin sent nothing for {self._read_timeout:g}s"))
+                self._close()
         finally:
             self._waiter = None
 

@@ -13,11 +13,12 @@ read and tested without the cache above it.
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from sidecar.core import native
 from sidecar.wire.fields import Fields, Headers, header
 
 
@@ -83,6 +84,16 @@ class Channel(Protocol):
     async def send_file(self, file: BodyFile) -> None:
         """Write body bytes from a file, which the channel takes over (it closes the file,
         whatever happens), waiting while the client is slow; ClientGone if it left."""
+        ...
+
+    async def follow(
+        self, tee: native.Tee, start: int, end: int, whole: Callable[[], Awaitable[None]]
+    ) -> bool:
+        """Have the core send bytes [start, end) of the body `tee` keeps, as they arrive;
+        return once `whole()` says the body is complete and the client has taken them
+        (`whole()`'s error if it fails, ClientGone if the client left). False, having
+        sent nothing, where the core does not hold the client's connection: the caller
+        writes the bytes itself."""
         ...
 
     def finish(self) -> None:

@@ -27,7 +27,7 @@ import collections
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, cast
@@ -169,6 +169,14 @@ class _Response:
         self.body_bytes += file.end - file.start
         head, self._head = self._head or b"", None
         await self._connection.send_file(head, file)
+
+    async def follow(
+        self, tee: native.Tee, start: int, end: int, whole: Callable[[], Awaitable[None]]
+    ) -> bool:
+        self.body_bytes += end - start
+        head, self._head = self._head or b"", None
+        await self._connection.follow(head, tee, start, end, whole)
+        return True
 
     def finish(self) -> None:
         if self._head is not None:
@@ -426,6 +434,25 @@ class Http1Connection(asyncio.Protocol):
             await self._writable.wait()
             if self._closed:
                 raise ClientGone("the client closed the connection")
+
+    async def follow(
+        self,
+        head: bytes,
+        tee: native.Tee,
+        start: int,
+        end: int,
+        whole: Callable[[], Awaitable[None]],
+    ) -> None:
+        """Write `head`, then have the core send bytes [start, end) of `tee`'s body as
+        they arrive; return once `whole()` does and the client's buffer is not full."""
+        if self._closed or self._transport is None or self._transport.is_closing():
+            raise ClientGone("the client closed the connection")
+        tee.follow(self._transport, head, start, end)
+        await whole()
+        if not self._writable.is_set():
+            await self._writable.wait()
+        if self._closed:
+            raise ClientGone("the client closed the connection")
 
     def send_now(self, data: bytes) -> None:
         """Write without waiting (a response head without a body)."""

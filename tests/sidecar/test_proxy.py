@@ -430,6 +430,38 @@ def test_a_stalled_origin_is_resumed_after_the_upstream_timeout(
     assert sidecar.stats()["entries"] == 1
 
 
+def test_a_small_miss_reaches_its_client_as_the_origin_sends_it(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    # The origin sends 40,000 of small.bin's 100 KiB, then goes silent until the
+    # sidecar gives up on it (after 2 s) and asks for the rest with a Range request.
+    sidecar = start_sidecar("--upstream-timeout", "2")
+    query = {"stall": 40_000, "case": "streamed"}
+    download = curl(sidecar, origin.url("small.bin", **query), "-w", "%{time_starttransfer}")
+    assert download.returncode == 0, download.stderr
+    assert download.body == body_of(dataset, "small.bin")
+    # The core sent the first bytes as they came, not once the whole body was in.
+    assert float(download.stdout) < 1.5
+    assert origin.requests()["ranges"][origin.target("small.bin", **query)] == 1
+    wait_until(lambda: sidecar.stats()["entries"] == 1, "the commit")
+    assert curl(sidecar, origin.url("small.bin", **query)).body == body_of(dataset, "small.bin")
+    assert sidecar.stats()["hits"] == 1
+
+
+def test_a_cold_range_of_a_small_object_is_cut_from_its_fill_as_it_comes(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    # The range straddles the byte where the origin stalls: half of it comes with the
+    # first response, the rest with the one that resumes it.
+    sidecar = start_sidecar("--upstream-timeout", "1")
+    url = origin.url("small.bin", stall=40_000, case="cold-range")
+    download = curl(sidecar, url, "-r", "30000-49999")
+    assert download.returncode == 0, download.stderr
+    assert download.body == body_of(dataset, "small.bin")[30000:50000]
+    wait_until(lambda: sidecar.stats()["entries"] == 1, "the commit")
+    assert curl(sidecar, url).body == body_of(dataset, "small.bin")
+
+
 @pytest.mark.parametrize("connections", ["4", "1"])
 def test_a_large_cold_object_is_fetched_over_parallel_ranges(
     connections: str, start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path

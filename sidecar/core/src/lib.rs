@@ -6,8 +6,9 @@
 //! side of TLS by `TlsConfig` for the lean front end's clients, or the client side by
 //! `ClientTls` towards origins) that moves every byte between the socket and its
 //! protocol, and sends stored body files to a client without Python touching them;
-//! and the table of answers Python recorded, which any worker's streams send again
-//! (`Answers`).
+//! the table of answers Python recorded, which any worker's streams send again
+//! (`Answers`); and a small body on its way from an origin into the buffer, which the
+//! origin's stream feeds and the clients' streams send on as it comes (`Tee`).
 
 pub mod answers;
 pub mod arrival;
@@ -16,6 +17,7 @@ pub mod http1;
 pub mod outbox;
 pub mod sink;
 pub mod stream;
+pub mod tee;
 pub mod tls;
 pub mod watch;
 
@@ -28,6 +30,7 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<answers::Answers>()?;
     module.add_class::<stream::TlsConfig>()?;
     module.add_class::<stream::ClientTls>()?;
+    module.add_class::<tee::Tee>()?;
     module.add_function(wrap_pyfunction!(arrival::accept, module)?)?;
     module.add("CertificateRejected", module.py().get_type::<stream::CertificateRejected>())?;
     module.add("Truncated", module.py().get_type::<stream::Truncated>())?;

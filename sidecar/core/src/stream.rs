@@ -38,6 +38,7 @@ use crate::clock::{monotonic, now};
 use crate::http1::{Event, Head, Parser, ResponseHead};
 use crate::outbox::{Outbox, Sink};
 use crate::sink::{Socket, TLS_BATCH, Tls};
+use crate::tee::Tee;
 use crate::watch::Watcher;
 
 /// Plaintext handed to the protocol per readable event, at most.
@@ -363,6 +364,9 @@ pub struct Stream {
     skip_end: bool,
     /// When the table last answered a request on this connection (`monotonic`).
     answered_at: f64,
+    /// Where the rest of the current response's body goes instead of the protocol
+    /// (`body_into`).
+    tee: Option<Py<Tee>>,
 }
 
 impl Stream {
@@ -381,6 +385,7 @@ impl Stream {
             busy: false,
             skip_end: false,
             answered_at: 0.0,
+            tee: None,
         }
     }
 
@@ -445,7 +450,7 @@ impl Stream {
     }
 
     /// Send `parts` after what waits, and what the protocol must hear of it.
-    fn send_parts(slf: &Bound<'_, Self>, parts: &[&[u8]]) -> PyResult<()> {
+    pub(crate) fn send_parts(slf: &Bound<'_, Self>, parts: &[&[u8]]) -> PyResult<()> {
         let mut notices = Vec::new();
         {
             let mut stream = slf.borrow_mut();
@@ -467,14 +472,22 @@ impl Stream {
 /// longer borrowed.
 fn tell(slf: &Bound<'_, Stream>, event: Event) -> PyResult<()> {
     let py = slf.py();
-    let (protocol, responses) = {
-        let stream = slf.borrow();
+    let (protocol, responses, tee) = {
+        let mut stream = slf.borrow_mut();
         let responses = stream.parser.as_ref().is_some_and(Parser::reads_responses);
+        // A body's end is its tee's too: the next response is the protocol's again.
+        let tee = match event {
+            Event::Body(_) => stream.tee.as_ref().map(|tee| tee.clone_ref(py)),
+            _ => stream.tee.take(),
+        };
         match stream.protocol.as_ref() {
-            Some(protocol) => (protocol.clone_ref(py), responses),
+            Some(protocol) => (protocol.clone_ref(py), responses, tee),
             None => return Ok(()),
         }
     };
+    if let (Event::Body(data), Some(tee)) = (&event, &tee) {
+        return Tee::feed(tee.bind(py), data);
+    }
     match event {
         Event::Response(head) => {
             let head: ResponseHead = *head;
@@ -622,11 +635,13 @@ impl Stream {
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         self.watcher.traverse(&visit)?;
         visit.call(&self.protocol)?;
+        visit.call(&self.tee)?;
         Ok(())
     }
 
     fn __clear__(&mut self) {
         self.protocol = None;
+        self.tee = None;
         self.watcher.clear();
     }
 
@@ -811,10 +826,21 @@ impl Stream {
         match self.parser.as_mut() {
             Some(parser) if parser.reads_responses() => {
                 parser.expect(method);
+                self.tee = None;
                 Ok(())
             }
             _ => Err(PyValueError::new_err("the stream does not read responses")),
         }
+    }
+
+    /// The rest of the body of the response being read goes into `tee`, not to the
+    /// protocol, which hears of its end as before (`message_complete`).
+    fn body_into(&mut self, tee: Py<Tee>) -> PyResult<()> {
+        if !self.parser.as_ref().is_some_and(Parser::reads_responses) {
+            return Err(PyValueError::new_err("the stream does not read responses"));
+        }
+        self.tee = Some(tee);
+        Ok(())
     }
 
     /// Answer this connection's requests from `answers` where it can (`Answers`):

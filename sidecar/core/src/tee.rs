@@ -1,0 +1,233 @@
+//! A small body on its way from the origin into the buffer (a miss stored from a
+//! worker's lease): kept whole in memory with its SHA-256 taken as it arrives, and sent
+//! on at once to the clients of the lean front end that follow it, each the byte range
+//! it asked for.
+//!
+//! The origin's stream feeds it (`Stream.body_into`) instead of handing each piece of
+//! the body to Python; the clients' streams send what it gives them as any other bytes.
+//! Python hears of the body at its end only (`message_complete`), takes it whole with
+//! its digest, and stores it.
+
+use std::ops::Range;
+
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use pyo3::{PyTraverseError, PyVisit};
+use ring::digest::{Context, SHA256};
+
+use crate::stream::Stream;
+
+/// The body and its digest, apart from Python objects.
+pub struct Body {
+    bytes: Vec<u8>,
+    size: usize,
+    digest: Context,
+}
+
+impl Body {
+    pub fn new(size: usize) -> Self {
+        Self {
+            bytes: Vec::with_capacity(size),
+            size,
+            digest: Context::new(&SHA256),
+        }
+    }
+
+    /// Keep the next bytes of the body; what lies past its announced size (which the
+    /// framing of the origin's responses never lets through) is not kept. The range of
+    /// the body they were.
+    pub fn append(&mut self, data: &[u8]) -> Range<usize> {
+        let start = self.bytes.len();
+        let kept = &data[..data.len().min(self.size - start)];
+        self.bytes.extend_from_slice(kept);
+        self.digest.update(kept);
+        start..self.bytes.len()
+    }
+
+    pub fn received(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn is_whole(&self) -> bool {
+        self.bytes.len() == self.size
+    }
+
+    /// The SHA-256 of the body (hex), once whole.
+    pub fn hexdigest(&self) -> Option<String> {
+        use std::fmt::Write;
+        self.is_whole().then(|| {
+            let digest = self.digest.clone().finish();
+            digest
+                .as_ref()
+                .iter()
+                .fold(String::with_capacity(64), |mut hex, byte| {
+                    let _ = write!(hex, "{byte:02x}");
+                    hex
+                })
+        })
+    }
+}
+
+/// The part of `arrived` (bytes of the body) that a client asking for `wanted` gets:
+/// always inside `arrived`, empty at its start when there is none.
+pub fn overlap(wanted: &Range<usize>, arrived: &Range<usize>) -> Range<usize> {
+    let start = wanted.start.max(arrived.start);
+    let end = wanted.end.min(arrived.end);
+    if start < end {
+        start..end
+    } else {
+        arrived.start..arrived.start
+    }
+}
+
+/// A client connection that follows the body, and the bytes it still waits for.
+struct Follower {
+    stream: Py<Stream>,
+    wanted: Range<usize>,
+}
+
+#[pyclass(module = "sidecar.core.native")]
+pub struct Tee {
+    body: Body,
+    followers: Vec<Follower>,
+}
+
+impl Tee {
+    /// Keep the next bytes of the body, and send every follower its part of them.
+    pub(crate) fn feed(slf: &Bound<'_, Self>, data: &[u8]) -> PyResult<()> {
+        let py = slf.py();
+        let sends = {
+            let mut tee = slf.borrow_mut();
+            let arrived = tee.body.append(data);
+            let offset = arrived.start;
+            let sends: Vec<(Py<Stream>, Range<usize>)> = tee
+                .followers
+                .iter()
+                .map(|follower| {
+                    let part = overlap(&follower.wanted, &arrived);
+                    (
+                        follower.stream.clone_ref(py),
+                        part.start - offset..part.end - offset,
+                    )
+                })
+                .filter(|(_, part)| !part.is_empty())
+                .collect();
+            let received = tee.body.received();
+            tee.followers
+                .retain(|follower| follower.wanted.end > received);
+            sends
+        };
+        // The tee is not borrowed while a stream tells its protocol what happened.
+        for (stream, part) in sends {
+            Stream::send_parts(stream.bind(py), &[&data[part]])?;
+        }
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl Tee {
+    /// A body of `size` bytes, kept in memory: only for small ones.
+    #[new]
+    fn new(size: usize) -> Self {
+        Self {
+            body: Body::new(size),
+            followers: Vec::new(),
+        }
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for follower in &self.followers {
+            visit.call(&follower.stream)?;
+        }
+        Ok(())
+    }
+
+    fn __clear__(&mut self) {
+        self.followers.clear();
+    }
+
+    /// Bytes of the body that came before the origin's stream fed the tee itself.
+    fn write(slf: &Bound<'_, Self>, data: &[u8]) -> PyResult<()> {
+        Self::feed(slf, data)
+    }
+
+    /// Send `head` on `stream`, then bytes [start, end) of the body: what has arrived
+    /// now, the rest as it arrives.
+    fn follow(
+        slf: &Bound<'_, Self>,
+        stream: Bound<'_, Stream>,
+        head: &[u8],
+        start: usize,
+        end: usize,
+    ) -> PyResult<()> {
+        let arrived = {
+            let mut tee = slf.borrow_mut();
+            let wanted = start..end.min(tee.body.size);
+            let part = overlap(&wanted, &(0..tee.body.received()));
+            if wanted.end > tee.body.received() {
+                tee.followers.push(Follower {
+                    stream: stream.clone().unbind(),
+                    wanted,
+                });
+            }
+            // A copy: the stream may call Python, which may use the tee meanwhile.
+            tee.body.bytes[part].to_vec()
+        };
+        Stream::send_parts(&stream, &[head, &arrived])
+    }
+
+    /// How many bytes of the body have arrived.
+    #[getter]
+    fn received(&self) -> usize {
+        self.body.received()
+    }
+
+    /// The whole body, or None while some is missing.
+    fn body<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.body
+            .is_whole()
+            .then(|| PyBytes::new(py, &self.body.bytes))
+    }
+
+    /// The SHA-256 of the whole body (hex), or None while some is missing.
+    fn hexdigest(&self) -> Option<String> {
+        self.body.hexdigest()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_digest_is_sha256_of_the_whole_body_however_it_came() {
+        let mut body = Body::new(3);
+        assert_eq!(body.append(b"a"), 0..1);
+        assert_eq!(body.hexdigest(), None);
+        assert_eq!(body.append(b"bc"), 1..3);
+        assert_eq!(
+            body.hexdigest().as_deref(),
+            Some("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+        );
+    }
+
+    #[test]
+    fn bytes_past_the_announced_size_are_not_kept() {
+        let mut body = Body::new(2);
+        assert_eq!(body.append(b"abc"), 0..2);
+        assert_eq!(body.append(b"d"), 2..2);
+        assert!(body.is_whole());
+        assert_eq!(body.received(), 2);
+    }
+
+    #[test]
+    fn a_follower_gets_only_the_part_of_what_arrived_that_it_asked_for() {
+        assert_eq!(overlap(&(0..10), &(0..4)), 0..4);
+        assert_eq!(overlap(&(2..6), &(4..8)), 4..6);
+        // None of it: an empty range where the body's bytes can still be sliced.
+        assert_eq!(overlap(&(6..8), &(0..4)), 0..0);
+        assert_eq!(overlap(&(0..2), &(4..8)), 4..4);
+        assert_eq!(overlap(&(30..50), &(0..0)), 0..0);
+    }
+}
