@@ -18,6 +18,7 @@
 //! return what the protocol must hear (`Notice`), and it is told afterwards, so that it
 //! may write from inside `data_received`.
 
+use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read};
@@ -43,6 +44,15 @@ use crate::watch::Watcher;
 
 /// Plaintext handed to the protocol per readable event, at most.
 const READ_SIZE: usize = 256 * 1024;
+/// Ciphertext read from a socket at once: a TLS session reads 4 KiB at a time, which
+/// would be a system call each, straight from the socket.
+const CIPHERTEXT_READ: usize = 256 * 1024;
+
+thread_local! {
+    /// Where ciphertext lands on its way into a TLS session (streams run on the event
+    /// loop's thread, one read at a time).
+    static CIPHERTEXT: RefCell<Vec<u8>> = RefCell::new(vec![0; CIPHERTEXT_READ]);
+}
 /// Bytes waiting to be sent before the protocol is told to pause (asyncio's default
 /// is 64 KiB; a stored body file is counted whole).
 const DEFAULT_HIGH_WATER: u64 = 256 * 1024;
@@ -146,6 +156,8 @@ pub(crate) struct Core {
     notified: bool, // the TLS closure alert was queued
     write_eof: bool,
     truncated: bool, // an origin ended the TCP connection without the closure alert
+    /// Ciphertext read from the socket that the TLS session has not taken yet.
+    unread: Vec<u8>,
 }
 
 impl Core {
@@ -162,6 +174,7 @@ impl Core {
             notified: false,
             write_eof: false,
             truncated: false,
+            unread: Vec::new(),
         }
     }
 
@@ -228,46 +241,31 @@ impl Core {
     /// Read what has arrived: plaintext for the protocol, and whether the client ended.
     fn read(&mut self) -> io::Result<(Vec<u8>, bool)> {
         let socket = self.raw();
-        let mut plain = Vec::new();
         let Some(session) = self.tls.as_deref_mut() else {
             self.read_buffer.resize(READ_SIZE, 0);
             return match Socket(socket).read(&mut self.read_buffer) {
-                Ok(0) => Ok((plain, true)),
+                Ok(0) => Ok((Vec::new(), true)),
                 Ok(n) => Ok((self.read_buffer[..n].to_vec(), false)),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok((plain, false)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok((Vec::new(), false)),
                 Err(e) => Err(e),
             };
         };
-        loop {
-            let mut blocked = false;
-            let mut tcp_ended = false;
-            match session.read_tls(&mut Socket(socket)) {
-                Ok(0) => tcp_ended = true,
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => blocked = true,
-                Err(e) => return Err(e),
-            }
-            let state = session.process_new_packets().map_err(|e| {
-                let _ = session.write_tls(&mut Socket(socket));
-                io::Error::new(io::ErrorKind::InvalidData, e)
-            })?;
-            let available = state.plaintext_bytes_to_read();
-            let closure_alert = state.peer_has_closed();
-            if available > 0 {
-                let start = plain.len();
-                plain.resize(start + available, 0);
-                session.reader().read_exact(&mut plain[start..])?;
-            }
+        let unread = std::mem::take(&mut self.unread);
+        let (plain, ended, rest) = CIPHERTEXT
+            .with_borrow_mut(|buffer| decrypt_arrived(session, Socket(socket), unread, buffer))?;
+        self.unread = rest;
+        if ended.is_some_and(|closure_alert| !closure_alert) {
             // A TCP end without TLS's closure alert: a client is gone all the same; an
             // origin may have cut a body that only the connection's end delimits.
-            if closure_alert || tcp_ended {
-                self.truncated = !closure_alert && is_client(session);
-                return Ok((plain, true));
-            }
-            if blocked || plain.len() >= READ_SIZE {
-                return Ok((plain, false));
-            }
+            self.truncated = is_client(session);
         }
+        Ok((plain, ended.is_some()))
+    }
+
+    /// Whether ciphertext was read that the TLS session has not taken: the socket's
+    /// readiness no longer announces it.
+    fn holds_unread(&self) -> bool {
+        !self.unread.is_empty()
     }
 
     /// Queue `parts` after what waits; while nothing does, the socket (or the TLS
@@ -340,6 +338,7 @@ impl Core {
         }
         self.fd = None;
         self.outbox.clear();
+        self.unread = Vec::new();
     }
 }
 
@@ -465,6 +464,61 @@ impl Stream {
             }
         }
         deliver(slf, notices)
+    }
+}
+
+/// Decrypt what has arrived on `socket` for `session`, starting with `unread` (ciphertext
+/// an earlier call read and left), reading the socket into `buffer` in large reads:
+/// the plaintext, whether the peer ended (`Some(true)`: with TLS's closure alert,
+/// `Some(false)`: the TCP connection only) and the ciphertext read and not taken,
+/// which is left when `READ_SIZE` of plaintext is reached first.
+fn decrypt_arrived(
+    session: &mut Connection,
+    mut socket: Socket,
+    unread: Vec<u8>,
+    buffer: &mut [u8],
+) -> io::Result<(Vec<u8>, Option<bool>, Vec<u8>)> {
+    let mut plain = Vec::new();
+    buffer[..unread.len()].copy_from_slice(&unread);
+    let (mut taken, mut filled) = (0, unread.len());
+    let (mut blocked, mut tcp_ended) = (false, false);
+    loop {
+        if taken == filled && !blocked && !tcp_ended {
+            (taken, filled) = (0, 0);
+            match socket.read(buffer) {
+                Ok(0) => tcp_ended = true,
+                Ok(n) => filled = n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => blocked = true,
+                Err(e) => return Err(e),
+            }
+        }
+        if taken < filled {
+            match session.read_tls(&mut &buffer[taken..filled])? {
+                0 => {
+                    let stuck = "the TLS session took none of the bytes that arrived";
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, stuck));
+                }
+                n => taken += n,
+            }
+        }
+        let state = session.process_new_packets().map_err(|e| {
+            let _ = session.write_tls(&mut socket);
+            io::Error::new(io::ErrorKind::InvalidData, e)
+        })?;
+        let available = state.plaintext_bytes_to_read();
+        let closure_alert = state.peer_has_closed();
+        if available > 0 {
+            let start = plain.len();
+            plain.resize(start + available, 0);
+            session.reader().read_exact(&mut plain[start..])?;
+        }
+        let all_taken = taken == filled;
+        if closure_alert || (tcp_ended && all_taken) {
+            return Ok((plain, Some(closure_alert), Vec::new()));
+        }
+        if (blocked && all_taken) || plain.len() >= READ_SIZE {
+            return Ok((plain, None, buffer[taken..filled].to_vec()));
+        }
     }
 }
 
@@ -745,6 +799,8 @@ impl Stream {
                         if ended {
                             stream.eof = true;
                             stream.watch_reads(py, false)?;
+                        } else if stream.core.holds_unread() {
+                            stream.watcher.read_later(py, 0.0)?;
                         }
                         // Reading may have made the session want to write (a key update).
                         if stream.core.tls.as_ref().is_some_and(|s| s.wants_write()) {
@@ -1162,6 +1218,16 @@ mod tests {
     /// closure alert (`notify`) or only the TCP end; what the stream reads, and whether
     /// it saw the end as a cut.
     fn from_origin(name: &str, reply: &'static [u8], notify: bool) -> io::Result<(Vec<u8>, bool)> {
+        from_origin_reading(name, reply, notify, |_| {})
+    }
+
+    /// `from_origin`, with `after_read` shown the stream after each of its reads.
+    fn from_origin_reading(
+        name: &str,
+        reply: &'static [u8],
+        notify: bool,
+        mut after_read: impl FnMut(&Core),
+    ) -> io::Result<(Vec<u8>, bool)> {
         let (near, far) = UnixStream::pair().unwrap();
         near.set_nonblocking(true).unwrap();
         let origin = std::thread::spawn(move || {
@@ -1185,6 +1251,7 @@ mod tests {
             let mut received = Vec::new();
             loop {
                 let (data, ended) = client.read()?;
+                after_read(&client);
                 received.extend_from_slice(&data);
                 if ended {
                     return Ok((received, client.truncated));
@@ -1202,6 +1269,21 @@ mod tests {
         let reply = b"HTTP/1.1 200 OK\r\n\r\nbody";
         assert_eq!(from_origin("localhost", reply, true).unwrap(), (reply.to_vec(), false));
         assert_eq!(from_origin("localhost", reply, false).unwrap(), (reply.to_vec(), true));
+    }
+
+    #[test]
+    fn a_reply_larger_than_a_read_arrives_whole_what_a_read_leaves_read_next() {
+        let reply: Vec<u8> = (0..4_000_000u32).map(|i| (i % 251) as u8).collect();
+        let reply: &'static [u8] = Box::leak(reply.into_boxed_slice());
+        let mut reads_left_ciphertext = 0;
+        let (received, cut) = from_origin_reading("localhost", reply, true, |client| {
+            assert!(client.unread.len() <= CIPHERTEXT_READ);
+            reads_left_ciphertext += usize::from(client.holds_unread());
+        })
+        .unwrap();
+        assert!(received == reply && !cut);
+        // Reads stop at READ_SIZE of plaintext, mid-way through what the socket gave.
+        assert!(reads_left_ciphertext > 0);
     }
 
     #[test]
