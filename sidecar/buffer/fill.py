@@ -68,6 +68,10 @@ logger = logging.getLogger(__name__)
 CHUNK = 256 * 1024
 # Bodies up to this size reach their readers whole, once all of it is in.
 WHOLE_AT_END = 256 * 1024  # bytes
+# Bytes of small bodies one worker keeps in memory at once (`Fill.tee`, at most SMALL
+# each): a small body beyond them is stored through the keeper, in a partial file, as a
+# larger one is, so that many concurrent misses never hold more than this.
+IN_MEMORY = 16 * 1024 * 1024  # bytes
 # A reader following a fill in another worker polls its progress this often at first,
 # backing off to _POLL_MAX while nothing new arrives.
 _POLL_MIN = 0.001  # seconds
@@ -165,6 +169,7 @@ class Fill:
         self._memory: bytes | None = None  # a small body kept in memory, once whole
         # A small body the core keeps while it arrives, and sends on to its followers.
         self.tee: native.Tee | None = None
+        self.in_memory = 0  # its bytes counted against the worker's IN_MEMORY
 
     def attach(self) -> None:
         """Count a reader in; every attach() is paired with a detach()."""
@@ -537,6 +542,7 @@ class Fills:
         self._active: dict[str, Fill] = {}
         self._claiming: dict[str, asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._in_memory = 0  # bytes of the small bodies of running fills (IN_MEMORY)
         # Told of each object a fill committed: its URL, its key, what the index holds
         # and the generation it was committed under.
         self.on_stored: Callable[[str, str, StoredObject, int], None] | None = None
@@ -658,7 +664,8 @@ class Fills:
         # A small body is stored from this worker's lease, kept in memory until it is
         # whole: nobody follows it (see `sidecar.buffer.keeper`). Any other asks for its
         # room, and is written into a partial body that readers in any worker follow.
-        rid = self._buffer.lease_room(fill.key, size) if size <= SMALL else None
+        small = size <= SMALL and self._in_memory + size <= IN_MEMORY
+        rid = self._buffer.lease_room(fill.key, size) if small else None
         if rid is None:
             answer = await self._room(self._buffer.start_fill(fill.key, size, head.to_message()))
             if "refused" in answer:
@@ -672,6 +679,8 @@ class Fills:
                 return self._cannot_open(fill, response, rid, e)
         if fill._fd is None:
             fill.tee = native.Tee(size)
+            fill.in_memory = size
+            self._in_memory += size
         fill.attach()
         fill._last = 0 if size <= WHOLE_AT_END else size - 1
         fill.head.set_result(head)
@@ -772,6 +781,8 @@ class Fills:
     def _end(self, fill: Fill, failure: BaseException | None) -> None:
         if self._active.get(fill.key) is fill:
             del self._active[fill.key]
+        self._in_memory -= fill.in_memory
+        fill.in_memory = 0
         fill._finish(failure)
 
     async def _pump(self, fill: Fill, response: Response, rid: str) -> None:

@@ -37,14 +37,17 @@ by its fill and stored from that lease by the worker itself (`Buffer.commit_smal
 writes the body into a partial file of its own (which the keeper deletes if the worker
 dies), then renames it into objects/, inserts its index row and frees its claim under
 the claims' lock (`claims.Claims.commit`), and the keeper moves those bytes and objects
-from the lease to its totals the next time it looks (`Claims.fold`). Nobody follows
-such a fill while it runs: its readers get it whole at its end anyway
-(`fill.WHOLE_AT_END`), so a worker that finds its key claimed waits until the claim is
-gone, and then finds the object stored (it counts as coalesced, and is served from the
-buffer). A larger body, one of unknown length, an object replacing one this worker
-asked the keeper to remove (outdated or corrupt: the keeper removes it first, as it
-handles messages in order), or one that finds too little left of its lease asks the
-keeper for room (`start_fill`) and for its commit: two round trips. Leases are lent
+from the lease to its totals the next time it looks (`Claims.fold`). No other worker
+follows such a fill while it runs (its body is in this worker's memory): a worker that
+finds its key claimed waits until the claim is gone, and then finds the object stored
+(it counts as coalesced, and is served from the buffer). From a fast origin that wait
+is shorter than the keeper's two round trips; readers of a body of up to
+`fill.WHOLE_AT_END` get it whole at its end anyway. A larger body, one of unknown
+length, one beyond what a worker keeps in memory at once (`fill.IN_MEMORY`), an object
+replacing one this worker asked the keeper to remove (outdated or corrupt: the keeper
+removes it first, as it handles messages in order), or one that finds too little left
+of its lease asks the keeper for room (`start_fill`) and for its commit: two round
+trips. Leases are lent
 only out of free room, and only while at least as much stays free besides
 (`lease_grant`): so lending never makes `lru` evict, and never turns away an object
 that fits in half the room that is free; a reservation that finds too little room
@@ -106,11 +109,11 @@ UNSTORED = "fill-not-stored"
 # Served keys are reported to the keeper (for `lru`) at most this often.
 TOUCH_INTERVAL = 0.5  # seconds
 # Bodies up to this size are stored by the worker that fetched them, from its lease:
-# nine in ten of an ImageNet-like set's files.
-SMALL = 256 * 1024  # bytes
-# Room lent to a worker at most (see the module docstring): sixteen of the largest small
+# nearly all of an ImageNet-like set's files (their median is about 110 KiB).
+SMALL = 1024 * 1024  # bytes
+# Room lent to a worker at most (see the module docstring): four of the largest small
 # bodies, forty of a typical one, per message to the keeper.
-LEASE = 16 * SMALL  # bytes
+LEASE = 4 * SMALL  # bytes
 # A worker asks for more lease at most this often while it finds too little left.
 LEASE_ASK_INTERVAL = 0.02  # seconds
 # A worker waiting for a claim nobody follows looks again this often, at first every
@@ -121,7 +124,7 @@ CLAIM_POLL_MAX = 0.01  # seconds
 # far more than it ever has on its way to the keeper.
 REMOVALS_REMEMBERED = 1024
 # Room a fill of unknown length starts with (it grows as the body comes).
-UNSIZED_ROOM = SMALL  # bytes
+UNSIZED_ROOM = 256 * 1024  # bytes
 # Bytes a worker spends remembering stored objects (so that a hit costs no SQLite
 # query and no decoding): about 1.2 KB each with three response fields (`_cost`).
 REMEMBERED_BYTES = 16 * 2**20

@@ -16,6 +16,7 @@ import pytest
 
 from bench.harness import OriginServer, Sidecar, wait_until
 from bench.procs import ESTABLISHED, sockets
+from sidecar.buffer.fill import IN_MEMORY
 from sidecar.runtime.supervisor import cpu_limit
 from tests.sidecar.conftest import FILES, curl
 
@@ -77,6 +78,30 @@ def test_clients_on_every_worker_share_one_upstream_fetch(
     sidecar.wait_for_entries(1)
     assert curl(sidecar, url).body == expected
     assert sidecar.stats()["hits"] == 1
+
+
+def test_a_worker_keeps_at_most_in_memory_of_small_bodies_and_stores_the_rest_in_files(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    name, size = "mebibyte.bin", 1024 * 1024  # the largest small body
+    if not (dataset / name).exists():
+        (dataset / name).write_bytes(os.urandom(size))
+    expected = (dataset / name).read_bytes()
+    in_files = 4  # the fills beyond what one worker keeps in memory at once
+    fills = IN_MEMORY // size + in_files
+    sidecar = start_sidecar("--workers", "1", "--buffer-size", "64MiB")
+    # Slow enough (2.6 s each) that every fill has started before any has ended.
+    urls = [origin.url(name, case=f"in-memory-{n}", rate=400_000) for n in range(fills)]
+
+    def keeper_fills() -> int:
+        return len(list((sidecar.buffer_dir / "partial").glob("*.progress")))
+
+    with ThreadPoolExecutor(fills) as pool:
+        downloads = pool.map(lambda url: curl(sidecar, url), urls)
+        wait_until(lambda: keeper_fills() == in_files, "the fills beyond IN_MEMORY")
+        assert all(download.body == expected for download in downloads)
+    sidecar.wait_for_entries(fills)
+    assert keeper_fills() == 0
 
 
 def test_kept_alive_connections_spread_evenly_over_the_workers(
