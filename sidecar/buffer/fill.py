@@ -661,9 +661,10 @@ class Fills:
         head = Head(
             size, stored, validators, headers, fetched.generated_at, fetched.lifetime(stored)
         )
-        # A small body is stored from this worker's lease, kept in memory until it is
-        # whole: nobody follows it (see `sidecar.buffer.keeper`). Any other asks for its
-        # room, and is written into a partial body that readers in any worker follow.
+        # A small body is stored from this worker's lease, kept in memory (while the
+        # worker holds few enough) until it is whole: no other worker follows it (see
+        # `sidecar.buffer.keeper`). Any other asks for its room, and is written into a
+        # partial body that readers in any worker follow.
         small = size <= SMALL and self._in_memory + size <= IN_MEMORY
         rid = self._buffer.lease_room(fill.key, size) if small else None
         if rid is None:

@@ -47,11 +47,10 @@ length, one beyond what a worker keeps in memory at once (`fill.IN_MEMORY`), an 
 replacing one this worker asked the keeper to remove (outdated or corrupt: the keeper
 removes it first, as it handles messages in order), or one that finds too little left
 of its lease asks the keeper for room (`start_fill`) and for its commit: two round
-trips. Leases are lent
-only out of free room, and only while at least as much stays free besides
-(`lease_grant`): so lending never makes `lru` evict, and never turns away an object
-that fits in half the room that is free; a reservation that finds too little room
-takes every lease's idle bytes back first (`Claims.revoke`).
+trips. Leases are lent only out of free room, and only while at least as much stays
+free besides (`lease_grant`): so lending never makes `lru` evict, and never turns away
+an object that fits in half the room that is free; a reservation that finds too little
+room takes every lease's idle bytes back first (`Claims.revoke`).
 
 A body whose length only its end tells (chunked, or delimited by the connection's
 close) is a fill of its own kind (`start_unsized`): its room grows as it is written
