@@ -24,6 +24,7 @@ from pathlib import Path
 from bench.cachedir import cache_dir
 from sidecar.buffer.store import Store
 from sidecar.cache import policy
+from sidecar.core import native
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def url(index: int) -> str:
 
 
 # The store's index format the buffers are made in: changed with it.
-FORMAT = "packed-rows"
+FORMAT = "packed-rows-blake3"
 
 
 def home() -> Path:
@@ -86,18 +87,20 @@ def make(directory: Path, count: int) -> list[str]:
     try:
         for index in range(count):
             body = os.urandom(chance.randint(SMALLEST, LARGEST))
-            digest = hashlib.sha256(body).hexdigest()
+            sha256 = hashlib.sha256(body).hexdigest()  # the client's own check
+            digest = native.Digest()
+            digest.update(body)
             reservation = store.reserve(len(body))
             assert reservation is not None, "the buffer is sized to hold every object"
             Path(reservation.path).write_bytes(body)
             headers = (
                 ("Content-Type", "image/jpeg"),
-                ("ETag", f'"{digest[:16]}"'),
+                ("ETag", f'"{sha256[:16]}"'),
                 ("Last-Modified", LAST_MODIFIED),
             )
             key = policy.cache_key(url(index))
-            store.commit(reservation, key, digest, headers, GENERATED_AT, 0.0)
-            lines.append(f"{url(index)} {len(body)} {digest}\n")
+            store.commit(reservation, key, digest.hexdigest(), headers, GENERATED_AT, 0.0)
+            lines.append(f"{url(index)} {len(body)} {sha256}\n")
             if (index + 1) % LOG_EVERY == 0:
                 logger.info("  %d objects stored", index + 1)
     finally:

@@ -42,7 +42,6 @@ why).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import time
@@ -369,7 +368,7 @@ class UnsizedFill:
         self._size = 0
         self._stored = False
         self.abandoned: str | None = None  # why it is not stored, once it never will be
-        self._digest = hashlib.sha256()
+        self._digest = native.Digest()
         self._started = time.monotonic()
 
     async def chunks(self, response: Response) -> AsyncIterator[bytes]:
@@ -792,7 +791,7 @@ class Fills:
         failure: BaseException | None = None
         stored: StoredObject | None = None
         try:
-            sha256, overlong, body = await self._copy(fill, head, response)
+            digest, overlong, body = await self._copy(fill, head, response)
             if overlong:
                 # Relayed as announced, as other caches do; the rest of it was a broken
                 # or hostile origin's, and nothing says the announced part is right.
@@ -807,14 +806,14 @@ class Fills:
             if body is not None:
                 # Kept in memory (from the lease): its readers have it (`hand_over`).
                 stored = self._buffer.commit_small(
-                    rid, body, sha256, head.headers, head.generated_at, head.lifetime
+                    rid, body, digest, head.headers, head.generated_at, head.lifetime
                 )
             else:
                 fill.committing = True
                 fill._last = head.size
                 fill._advance_to(head.size)
                 stored = await self._buffer.commit(
-                    rid, fill.key, head.size, sha256, head.headers, head.generated_at, head.lifetime
+                    rid, fill.key, head.size, digest, head.headers, head.generated_at, head.lifetime
                 )
             elapsed = time.monotonic() - started
             if stored is not None and self._log_objects:
@@ -860,7 +859,7 @@ class Fills:
         self, fill: Fill, head: Head, response: Response
     ) -> tuple[str, bool, bytes | None]:
         """Copy the body into the fill's file, or into memory when it has none; its
-        SHA-256 (hex) when complete, whether the origin sent more than it announced, and
+        digest (hex) when complete, whether the origin sent more than it announced, and
         the body if in memory.
 
         A large body from a slow origin that serves ranges is split over several
@@ -885,8 +884,8 @@ class Fills:
             advance,
             connections=self._connections if splittable else 1,
         )
-        sha256 = await copy.run(response)
-        return sha256, copy.overlong, copy.body
+        digest = await copy.run(response)
+        return digest, copy.overlong, copy.body
 
     async def close(self) -> None:
         for task in list(self._tasks):

@@ -23,7 +23,7 @@ Calls and their replies (`sidecar.ipc`):
 | `start_fill {key, size, head}` | `{rid, path}` (the claim is FOLLOWED) or `{refused: reason}` |
 | `start_unsized {key}` | `{rid, path, size}` (room of UNSIZED_ROOM bytes) or `{refused: reason}` |
 | `grow {rid, size}` | `{}` or `{refused: reason}` |
-| `commit {rid key size sha256 headers generated_at lifetime}` | `{}`, `{error}`, `{invalidated}` |
+| `commit {rid key size digest headers generated_at lifetime}` | `{}`, `{error}`, `{invalidated}` |
 | `invalidate {keys}` | `{}` once the objects are gone and their fills will not commit |
 | `update {key, file, headers, generated_at, lifetime}` (after a 304) | `{}` once recorded |
 
@@ -331,7 +331,7 @@ class Keeper:
                 lambda: self.store.commit(
                     reservation,
                     key,
-                    message["sha256"],
+                    message["digest"],
                     headers,
                     message["generated_at"],
                     message["lifetime"],
@@ -680,7 +680,7 @@ class Buffer:
         rid: str,
         key: str,
         size: int,
-        sha256: str,
+        digest: str,
         headers: tuple[tuple[str, str], ...],
         generated_at: float,
         lifetime: float,
@@ -694,7 +694,7 @@ class Buffer:
             rid=rid,
             key=key,
             size=size,
-            sha256=sha256,
+            digest=digest,
             headers=[list(h) for h in headers],
             generated_at=generated_at,
             lifetime=lifetime,
@@ -703,13 +703,13 @@ class Buffer:
             raise StoreError(reply["error"])
         if "invalidated" in reply:
             return None
-        return StoredObject(rid, size, sha256, headers, time.time(), generated_at, lifetime)
+        return StoredObject(rid, size, digest, headers, time.time(), generated_at, lifetime)
 
     def commit_small(
         self,
         rid: str,
         body: bytes,
-        sha256: str,
+        digest: str,
         headers: tuple[tuple[str, str], ...],
         generated_at: float,
         lifetime: float,
@@ -722,7 +722,7 @@ class Buffer:
         if len(body) != size:
             raise StoreError(f"body has {len(body)} bytes, expected {size}")
         _write_new(partial, body)
-        entry = StoredObject(rid, size, sha256, headers, time.time(), generated_at, lifetime)
+        entry = StoredObject(rid, size, digest, headers, time.time(), generated_at, lifetime)
         stored = self._index.body_path(entry)
 
         def insert() -> None:

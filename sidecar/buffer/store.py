@@ -30,14 +30,15 @@ the cap in a one-row table (`Buffer`) that triggers update in the transaction of
 insert and delete, from the `tag` column (each object's charge). Start reads those and
 the largest rowid, a few pages whatever the number of objects; rowids say what was
 found at start: every row up to that largest one (`found_through`). A background check
-reads those rows in rowid order and hashes their bodies against the size and SHA-256
-recorded at commit in several threads (CHECKERS: each waits on its own reads, so the disk,
-not one thread's latency, sets the pace), drops those that do not match, and publishes how
-far it has come (`checked_through`). A row found at start and not checked yet is verified
-by the worker that serves it first (`keeper.Buffer`), so the check's threads run at a lower
-priority than the workers (BACKGROUND_NICE): a hit never waits for them. New commits get
-larger rowids, and an object moved to the end of the `lru` order (a new rowid) was served,
-hence verified. What was found at start is neither rewritten nor held in memory.
+reads those rows in rowid order and hashes their bodies against the size and digest
+(BLAKE3, `native.Digest`) recorded at commit in several threads (CHECKERS: each waits on
+its own reads, so the disk, not one thread's latency, sets the pace), drops those that
+do not match, and publishes how far it has come (`checked_through`). A row found at
+start and not checked yet is verified by the worker that serves it first
+(`keeper.Buffer`), so the check's threads run at a lower priority than the workers
+(BACKGROUND_NICE): a hit never waits for them. New commits get larger rowids, and an
+object moved to the end of the `lru` order (a new rowid) was served, hence verified.
+What was found at start is neither rewritten nor held in memory.
 
 A row is small because a buffer holds up to a million of them, in the same volume as the
 bodies (and, on tmpfs, in the pod's memory): its key is a 16-byte digest of the cache key
@@ -82,6 +83,7 @@ from typing import NamedTuple
 import diskcache
 
 from sidecar.buffer import progress
+from sidecar.core import native
 from sidecar.settings import Eviction
 
 logger = logging.getLogger(__name__)
@@ -106,12 +108,13 @@ BACKGROUND_NICE = 10
 # map: an index of a million rows is hundreds of MB, and each process mapping the part
 # it touched would hold it again. Lookups are one indexed query; the OS caches pages.
 SQLITE_CACHE_KIB = 4096
-# The index's format (`Buffer.format`): an index of another one is emptied at start.
-FORMAT = 2
+# The index's format (`Buffer.format`): an index of another one is emptied at start
+# (3: bodies' digests are BLAKE3, where 2's were SHA-256).
+FORMAT = 3
 # Bytes of the key digest that names an object in the index: 128 bits, so that a
 # collision among a million keys is about as likely as 10^-26.
 _KEY_BYTES = 16
-# A packed index value: body file (a uuid4's 16 bytes), SHA-256, size, stored_at,
+# A packed index value: body file (a uuid4's 16 bytes), digest, size, stored_at,
 # generated_at, lifetime; then the fields, names and values separated by NUL, which
 # no field may hold (RFC 9110 §5.5).
 _RECORD = struct.Struct("<16s32sQddd")
@@ -176,7 +179,7 @@ class StoredObject(NamedTuple):
 
     file: str  # body file name inside objects/
     size: int  # body bytes (== Content-Length of the stored 200 response)
-    sha256: str  # hex digest of the body, computed while filling
+    digest: str  # hex digest of the body, computed while filling
     headers: tuple[tuple[str, str], ...]  # end-to-end response headers to replay
     stored_at: float  # time.time() of the commit
     # time.time() the origin generated or last validated it (`policy.generated_at`);
@@ -460,7 +463,7 @@ class Store:
         self,
         reservation: Reservation,
         key: str,
-        sha256: str,
+        digest: str,
         headers: tuple[tuple[str, str], ...],
         generated_at: float,
         lifetime: float,
@@ -478,7 +481,7 @@ class Store:
         self.reserved -= reservation.charged
         name = reservation.name
         entry = StoredObject(
-            name, reservation.size, sha256, headers, time.time(), generated_at, lifetime
+            name, reservation.size, digest, headers, time.time(), generated_at, lifetime
         )
         body = os.path.join(self._objects, name)
         try:
@@ -721,7 +724,7 @@ def encode(entry: StoredObject) -> bytes:
         raise ValueError("a response field holds NUL")
     record = _RECORD.pack(
         bytes.fromhex(entry.file),
-        bytes.fromhex(entry.sha256),
+        bytes.fromhex(entry.digest),
         entry.size,
         entry.stored_at,
         entry.generated_at,
@@ -733,7 +736,7 @@ def encode(entry: StoredObject) -> bytes:
 def decode(encoded: bytes) -> StoredObject | None:
     """The StoredObject of an index value, or None for anything else."""
     try:
-        file, sha256, size, stored_at, generated_at, lifetime = _RECORD.unpack_from(encoded)
+        file, digest, size, stored_at, generated_at, lifetime = _RECORD.unpack_from(encoded)
         text = encoded[_RECORD.size :].decode("utf-8", "surrogatepass")
     except (struct.error, UnicodeDecodeError):
         return None
@@ -744,12 +747,12 @@ def decode(encoded: bytes) -> StoredObject | None:
     # record on every first hit); their number is even, checked above.
     names_and_values = iter(fields)
     headers = tuple(zip(names_and_values, names_and_values, strict=False))
-    return StoredObject(file.hex(), size, sha256.hex(), headers, stored_at, generated_at, lifetime)
+    return StoredObject(file.hex(), size, digest.hex(), headers, stored_at, generated_at, lifetime)
 
 
 def check_body(fd: int, entry: StoredObject) -> None:
     """Raise Corrupt unless the body open as `fd` has the size and digest of `entry`."""
-    digest = hashlib.sha256()
+    digest = native.Digest()
     offset = 0
     try:
         while True:
@@ -763,7 +766,7 @@ def check_body(fd: int, entry: StoredObject) -> None:
                 break
     except OSError as e:
         raise Corrupt(f"cannot read a stored body: {_describe(e)}") from e
-    if offset != entry.size or digest.hexdigest() != entry.sha256:
+    if offset != entry.size or digest.hexdigest() != entry.digest:
         raise Corrupt("a stored body does not match its digest")
 
 

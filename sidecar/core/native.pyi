@@ -162,7 +162,8 @@ class Stream:
 
 class Tee:
     """A small body on its way from an origin into the buffer: kept whole in memory,
-    its SHA-256 taken as it arrives, and sent on at once to the clients that follow it."""
+    its digest (as `Digest`'s) taken as it arrives, and sent on at once to the clients
+    that follow it."""
 
     def __init__(self, size: int) -> None: ...
     def write(self, data: bytes) -> None:
@@ -174,4 +175,13 @@ class Tee:
     def body(self) -> bytes | None:
         """The whole body; None while some is missing."""
     def hexdigest(self) -> str | None:
-        """The whole body's SHA-256 (hex); None while some is missing."""
+        """The whole body's digest (hex); None while some is missing."""
+
+class Digest:
+    """The digest stored bodies are checked against: BLAKE3, updated in order (without
+    the GIL for large pieces)."""
+
+    def __init__(self) -> None: ...
+    def update(self, data: bytes) -> None: ...
+    def hexdigest(self) -> str:
+        """The digest of every byte so far, 64 lowercase hex digits."""

@@ -3,7 +3,7 @@
 A stored body goes from its file to a TLS client whatever pace the client reads at, with
 the protocol told to pause and resume; a file shorter than the range it was sent for
 cuts the connection, so the client never takes a part for the whole; a plain stream
-half-closes.
+half-closes; the digest stored bodies are checked against is BLAKE3's.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ import os
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+import blake3
 import pytest
 import trustme
 
@@ -255,3 +257,38 @@ def test_a_protocol_that_cannot_start_leaves_a_closed_connection_unwatched(
     assert not watched
     assert got, "the client was left waiting on a connection nobody serves"
     assert got[0] == b"" or isinstance(got[0], OSError), got
+
+
+def test_the_digest_is_blake3_of_the_pieces_in_order_and_hashes_without_the_gil() -> None:
+    """`native.Digest` against BLAKE3's own bindings, over pieces of every size; while it
+    hashes a large one, another thread runs Python (with the GIL held through the call,
+    it could not even come back from its sleeps)."""
+    body = os.urandom(64 * 1024 * 1024 + 17)
+    digest = native.Digest()
+    offset = 0
+    for size in (0, 1, 1023, 64 * 1024):
+        digest.update(body[offset : offset + size])
+        offset += size
+    rest = body[offset:]
+    woke = 0
+    stop = threading.Event()
+
+    def sleeper() -> None:
+        nonlocal woke
+        while not stop.is_set():
+            time.sleep(0.0001)
+            woke += 1
+
+    thread = threading.Thread(target=sleeper)
+    thread.start()
+    try:
+        time.sleep(0.01)
+        before = woke
+        digest.update(rest)
+        woke_while_hashing = woke - before
+    finally:
+        stop.set()
+        thread.join()
+    assert digest.hexdigest() == blake3.blake3(body).hexdigest()
+    assert native.Digest().hexdigest() == blake3.blake3(b"").hexdigest()
+    assert woke_while_hashing > 5, woke_while_hashing

@@ -5,7 +5,6 @@ by their worker without a call; the leases never cost other objects room."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import socket
 from collections.abc import AsyncIterator, Callable
@@ -14,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import blake3
 import pytest
 
 from sidecar import ipc
@@ -116,7 +116,7 @@ async def store_small(buffer: Buffer, key: str, size: int) -> str:
     assert buffer.lookup(key) is None
     body = os.urandom(size)
     rid = await begin_small(buffer, key, size)
-    digest = hashlib.sha256(body).hexdigest()
+    digest = blake3.blake3(body).hexdigest()
     assert buffer.commit_small(rid, body, digest, (("ETag", '"e"'),), 0.0, 0.0)
     return rid
 

@@ -4,10 +4,10 @@ index, and the background check, without a sidecar around it."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import shutil
 from pathlib import Path
 
+import blake3
 import diskcache
 import pytest
 
@@ -19,7 +19,7 @@ def commit(store: Store, key: str, body: bytes) -> StoredObject:
     reservation = store.reserve(len(body))
     assert reservation is not None
     Path(reservation.path).write_bytes(body)
-    digest = hashlib.sha256(body).hexdigest()
+    digest = blake3.blake3(body).hexdigest()
     return store.commit(reservation, key, digest, (("ETag", '"e"'),), 0.0, 0.0)
 
 
@@ -149,7 +149,7 @@ def test_an_index_value_is_packed_and_read_back() -> None:
     assert decode(encode(entry)) == entry
     assert decode(b"short") is None
     with pytest.raises(ValueError):
-        encode(StoredObject(entry.file, 1, entry.sha256, (("X", "a\0b"),), 0.0))
+        encode(StoredObject(entry.file, 1, entry.digest, (("X", "a\0b"),), 0.0))
 
 
 def test_lru_evicts_the_least_recently_touched_across_a_restart(tmp_path: Path) -> None:
@@ -222,7 +222,7 @@ def test_room_of_unknown_length_grows_within_the_cap_and_shrinks_to_its_body(
     store.abort(other)
     body = b"z" * (4 * block + block // 2)
     Path(reservation.path).write_bytes(body)
-    store.commit(reservation, "k", hashlib.sha256(body).hexdigest(), (), 0.0, 0.0, len(body))
+    store.commit(reservation, "k", blake3.blake3(body).hexdigest(), (), 0.0, 0.0, len(body))
     assert (store.used, store.reserved, store.entries) == (5 * block, 0, 1)
     store.close()
 

@@ -8,11 +8,13 @@
 //! protocol, and sends stored body files to a client without Python touching them;
 //! the table of answers Python recorded, which any worker's streams send again
 //! (`Answers`); and a small body on its way from an origin into the buffer, which the
-//! origin's stream feeds and the clients' streams send on as it comes (`Tee`).
+//! origin's stream feeds and the clients' streams send on as it comes (`Tee`); the
+//! digest stored bodies are checked against (`Digest`).
 
 pub mod answers;
 pub mod arrival;
 pub mod clock;
+pub mod digest;
 pub mod http1;
 pub mod outbox;
 pub mod sink;
@@ -31,6 +33,7 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<stream::TlsConfig>()?;
     module.add_class::<stream::ClientTls>()?;
     module.add_class::<tee::Tee>()?;
+    module.add_class::<digest::Digest>()?;
     module.add_function(wrap_pyfunction!(arrival::accept, module)?)?;
     module.add("CertificateRejected", module.py().get_type::<stream::CertificateRejected>())?;
     module.add("Truncated", module.py().get_type::<stream::Truncated>())?;

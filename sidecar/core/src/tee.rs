@@ -1,5 +1,5 @@
 //! A small body on its way from the origin into the buffer (a miss stored from a
-//! worker's lease): kept whole in memory with its SHA-256 taken as it arrives, and sent
+//! worker's lease): kept whole in memory with its digest taken as it arrives, and sent
 //! on at once to the clients of the lean front end that follow it, each the byte range
 //! it asked for.
 //!
@@ -13,15 +13,15 @@ use std::ops::Range;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use pyo3::{PyTraverseError, PyVisit};
-use ring::digest::{Context, SHA256};
 
+use crate::digest::hex;
 use crate::stream::Stream;
 
 /// The body and its digest, apart from Python objects.
 pub struct Body {
     bytes: Vec<u8>,
     size: usize,
-    digest: Context,
+    digest: blake3::Hasher,
 }
 
 impl Body {
@@ -29,7 +29,7 @@ impl Body {
         Self {
             bytes: Vec::with_capacity(size),
             size,
-            digest: Context::new(&SHA256),
+            digest: blake3::Hasher::new(),
         }
     }
 
@@ -52,19 +52,9 @@ impl Body {
         self.bytes.len() == self.size
     }
 
-    /// The SHA-256 of the body (hex), once whole.
+    /// The digest of the body (hex, `digest::hex`), once whole.
     pub fn hexdigest(&self) -> Option<String> {
-        use std::fmt::Write;
-        self.is_whole().then(|| {
-            let digest = self.digest.clone().finish();
-            digest
-                .as_ref()
-                .iter()
-                .fold(String::with_capacity(64), |mut hex, byte| {
-                    let _ = write!(hex, "{byte:02x}");
-                    hex
-                })
-        })
+        self.is_whole().then(|| hex(&self.digest))
     }
 }
 
@@ -190,7 +180,7 @@ impl Tee {
             .then(|| PyBytes::new(py, &self.body.bytes))
     }
 
-    /// The SHA-256 of the whole body (hex), or None while some is missing.
+    /// The digest of the whole body (hex), or None while some is missing.
     fn hexdigest(&self) -> Option<String> {
         self.body.hexdigest()
     }
@@ -201,14 +191,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_digest_is_sha256_of_the_whole_body_however_it_came() {
+    fn the_digest_is_of_the_whole_body_however_it_came() {
         let mut body = Body::new(3);
         assert_eq!(body.append(b"a"), 0..1);
         assert_eq!(body.hexdigest(), None);
         assert_eq!(body.append(b"bc"), 1..3);
         assert_eq!(
-            body.hexdigest().as_deref(),
-            Some("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+            body.hexdigest(),
+            Some(blake3::hash(b"abc").to_hex().to_string())
         );
     }
 
