@@ -208,16 +208,22 @@ impl Parser {
         refuse(if self.reads_responses() { 502 } else { 400 }, why)
     }
 
-    /// Bytes received, in order.
-    pub fn feed(&mut self, data: &[u8]) {
+    /// Bytes received, in order. Taken over whole when nothing waits before them: a
+    /// body's bytes then leave as they came (`body`), never copied.
+    pub fn feed(&mut self, data: impl Into<Vec<u8>>) {
         if self.state == State::Stopped {
+            return;
+        }
+        if self.pending().is_empty() {
+            self.buffer = data.into();
+            self.start = 0;
             return;
         }
         if self.start > 0 && self.start >= self.buffer.len() / 2 {
             self.buffer.drain(..self.start);
             self.start = 0;
         }
-        self.buffer.extend_from_slice(data);
+        self.buffer.extend_from_slice(&data.into());
     }
 
     /// True once nothing more will be parsed (an upgrade, a closing message, a refusal).
@@ -237,6 +243,17 @@ impl Parser {
         &self.buffer[self.start..]
     }
 
+    /// The next `take` pending bytes, a body's: the buffer itself when they are all of
+    /// it (most of a large body, read after read), else a copy.
+    fn body(&mut self, take: usize) -> Vec<u8> {
+        if self.start == 0 && take == self.buffer.len() {
+            return std::mem::take(&mut self.buffer);
+        }
+        let body = self.pending()[..take].to_vec();
+        self.start += take;
+        body
+    }
+
     /// The next event the buffered bytes make, or None until more arrive.
     pub fn event(&mut self) -> Option<Event> {
         match std::mem::replace(&mut self.state, State::Stopped) {
@@ -249,8 +266,7 @@ impl Parser {
             State::Idle => Some(Event::Unasked),
             State::UntilClose => {
                 self.state = State::UntilClose;
-                let body = self.pending().to_vec();
-                self.start += body.len();
+                let body = self.body(self.pending().len());
                 (!body.is_empty()).then_some(Event::Body(body))
             }
             State::Ending { after } => {
@@ -263,8 +279,7 @@ impl Parser {
                     self.state = State::Length(left);
                     return None;
                 }
-                let body = self.pending()[..take].to_vec();
-                self.start += take;
+                let body = self.body(take);
                 self.state = if left == take as u64 {
                     self.ending()
                 } else {
@@ -278,8 +293,7 @@ impl Parser {
                     self.state = State::ChunkData(left);
                     return None;
                 }
-                let body = self.pending()[..take].to_vec();
-                self.start += take;
+                let body = self.body(take);
                 self.state = if left == take as u64 {
                     State::ChunkDataEnd
                 } else {
@@ -739,7 +753,7 @@ mod tests {
         let mut parser = Parser::default();
         let mut got = Vec::new();
         for byte in data {
-            parser.feed(&[*byte]);
+            parser.feed([*byte]);
             got.extend(std::iter::from_fn(|| parser.event()));
         }
         let body: Vec<u8> = got
@@ -875,6 +889,29 @@ mod tests {
             assert!(!response(&got[0]).keep_alive && response(&got[0]).until_close);
             assert_eq!(got[1..], [Event::Body(b"to the end".to_vec())]);
         }
+    }
+
+    #[test]
+    fn a_body_read_after_its_head_leaves_as_it_came_without_a_copy() {
+        let mut parser = Parser::responses();
+        parser.expect("GET");
+        parser.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nab".to_vec());
+        assert!(matches!(parser.event(), Some(Event::Response(_))));
+        assert_eq!(parser.event(), Some(Event::Body(b"ab".to_vec())));
+        let read = b"cdefgh".to_vec();
+        let at = read.as_ptr();
+        parser.feed(read);
+        match parser.event() {
+            Some(Event::Body(body)) => {
+                assert_eq!((body.as_slice(), body.as_ptr()), (&b"cdefgh"[..], at))
+            }
+            other => panic!("{other:?}"),
+        }
+        // Past the body's end: the part that is its own is copied, the rest kept.
+        parser.feed(b"ijHTTP".to_vec());
+        assert_eq!(parser.event(), Some(Event::Body(b"ij".to_vec())));
+        assert_eq!(parser.event(), Some(Event::End));
+        assert_eq!(parser.event(), Some(Event::Unasked));
     }
 
     #[test]

@@ -792,7 +792,7 @@ impl Stream {
                 match stream.core.read() {
                     Ok((data, ended)) => {
                         match stream.parser.as_mut() {
-                            Some(parser) => parser.feed(&data),
+                            Some(parser) => parser.feed(data),
                             None if !data.is_empty() => notices.push(Notice::Data(data)),
                             None => {}
                         }
