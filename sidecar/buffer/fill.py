@@ -8,7 +8,9 @@ in that worker follow it through its `Fill`, clients in other workers through a
 The pump copies the origin's body into a partial file in the buffer at the origin's
 pace; every client reading the object (the one that
 started it, those that joined, Range readers) follows the file at its own pace, so a
-slow client never slows the fill and nothing is held in memory. Time to first byte
+slow client never slows the fill and little is held in memory: the fill's latest
+pieces (RECENT bytes), which a reader that keeps up takes from there rather than
+reading them back. Time to first byte
 is the origin's: a reader is handed bytes as soon as they are on the buffer (but for
 small bodies, below).
 
@@ -42,6 +44,7 @@ why).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import time
@@ -67,6 +70,10 @@ logger = logging.getLogger(__name__)
 CHUNK = 256 * 1024
 # Bodies up to this size reach their readers whole, once all of it is in.
 WHOLE_AT_END = 256 * 1024  # bytes
+# Bytes of a fill's latest pieces kept in memory after they were written (`Fill.wrote`):
+# a reader that keeps up with the origin takes them from there rather than reading them
+# back from the file.
+RECENT = 1024 * 1024  # bytes
 # Bytes of small bodies one worker keeps in memory at once (`Fill.tee`, at most SMALL
 # each): a small body beyond them is stored through the keeper, in a partial file, as a
 # larger one is, so that many concurrent misses never hold more than this.
@@ -169,6 +176,9 @@ class Fill:
         # A small body the core keeps while it arrives, and sends on to its followers.
         self.tee: native.Tee | None = None
         self.in_memory = 0  # its bytes counted against the worker's IN_MEMORY
+        # The latest pieces written into the file (position, bytes), RECENT bytes at most.
+        self._recent: collections.deque[tuple[int, bytes]] = collections.deque()
+        self._recent_bytes = 0
 
     def attach(self) -> None:
         """Count a reader in; every attach() is paired with a detach()."""
@@ -191,6 +201,23 @@ class Fill:
         if self._shared is not None:
             self._shared.advance(prefix)
         self._wake()
+
+    def wrote(self, position: int, piece: bytes) -> None:
+        """The pump wrote `piece` at `position` of the file: keep it for the readers."""
+        self._recent.append((position, piece))
+        self._recent_bytes += len(piece)
+        while self._recent_bytes > RECENT:
+            _, dropped = self._recent.popleft()
+            self._recent_bytes -= len(dropped)
+
+    def _written_piece(self, offset: int, end: int) -> bytes | None:
+        """Bytes from `offset`, up to `end`, out of a piece still in memory, if any."""
+        for position, piece in reversed(self._recent):
+            if position <= offset < position + len(piece):
+                if offset == position and end >= position + len(piece):
+                    return piece  # the whole piece: no copy
+                return piece[offset - position : end - position]
+        return None
 
     def hand_over(self, body: bytes) -> None:
         """A body kept in memory is whole: its readers get it now, and a request that
@@ -244,6 +271,11 @@ class Fill:
             if self._memory is not None:
                 yield self._memory[offset:end]
                 return
+            piece = self._written_piece(offset, min(end, self.written))
+            if piece is not None:
+                offset += len(piece)
+                yield piece
+                continue
             assert self._fd is not None
             for chunk in read_file(self._fd, offset, min(end, self.written)):
                 offset += len(chunk)
@@ -882,6 +914,7 @@ class Fills:
             self._metrics,
             target,
             advance,
+            fill.wrote,
             connections=self._connections if splittable else 1,
         )
         digest = await copy.run(response)

@@ -97,7 +97,8 @@ class Target:
 
 
 class SegmentedCopy:
-    """Fetch one body in segments; `advance(prefix)` is told the contiguous bytes."""
+    """Fetch one body in segments; `advance(prefix)` is told the contiguous bytes, and
+    `wrote(position, piece)` each piece as it is written into the file."""
 
     def __init__(
         self,
@@ -105,6 +106,7 @@ class SegmentedCopy:
         metrics: Metrics,
         target: Target,
         advance: Callable[[int], None],
+        wrote: Callable[[int, bytes], None],
         connections: int,
     ) -> None:
         """`connections`: how many the body may be split over (1: never split)."""
@@ -112,6 +114,7 @@ class SegmentedCopy:
         self._metrics = metrics
         self._target = target
         self._advance = advance
+        self._wrote = wrote
         self._connections = connections if target.fd is not None else 1
         self._bounds = [(0, target.size)]  # one segment until the probe says otherwise
         self._progress = [0]
@@ -282,6 +285,7 @@ class SegmentedCopy:
     def _write(self, index: int, piece: bytes, position: int) -> None:
         assert self._target.fd is not None
         pwrite_all(self._target.fd, piece, position)
+        self._wrote(position, piece)
         if position == self._hashed:
             # In order: hash it as it is rather than reading it back later.
             self._hash(partial(self._digest.update, piece))
