@@ -167,7 +167,8 @@ class Tee:
 
     def __init__(self, size: int) -> None: ...
     def write(self, data: bytes) -> None:
-        """The body's next bytes (those that came before the origin's stream fed it)."""
+        """The body's next bytes (those that came before the origin's stream fed it);
+        all of it at once is kept as this very object, not copied."""
     def follow(self, stream: Stream, head: bytes, start: int, end: int) -> None:
         """Send `head` on `stream`, then bytes [start, end) of the body as they arrive."""
     @property

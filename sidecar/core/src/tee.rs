@@ -19,7 +19,10 @@ use crate::stream::Stream;
 
 /// The body and its digest, apart from Python objects.
 pub struct Body {
-    bytes: Vec<u8>,
+    /// Its bytes as they came, unless they came whole at once (`arrived_whole`): then
+    /// whoever handed them keeps them.
+    kept: Vec<u8>,
+    received: usize,
     size: usize,
     digest: blake3::Hasher,
 }
@@ -27,7 +30,8 @@ pub struct Body {
 impl Body {
     pub fn new(size: usize) -> Self {
         Self {
-            bytes: Vec::with_capacity(size),
+            kept: Vec::new(),
+            received: 0,
             size,
             digest: blake3::Hasher::new(),
         }
@@ -37,19 +41,39 @@ impl Body {
     /// framing of the origin's responses never lets through) is not kept. The range of
     /// the body they were.
     pub fn append(&mut self, data: &[u8]) -> Range<usize> {
-        let start = self.bytes.len();
+        let start = self.received;
         let kept = &data[..data.len().min(self.size - start)];
-        self.bytes.extend_from_slice(kept);
+        if self.kept.capacity() == 0 {
+            self.kept.reserve_exact(self.size);
+        }
+        self.kept.extend_from_slice(kept);
         self.digest.update(kept);
-        start..self.bytes.len()
+        self.received += kept.len();
+        start..self.received
+    }
+
+    /// Take the digest of `data` if it is the whole body, nothing of it having come
+    /// before: true, and the caller keeps the bytes (they are not copied).
+    pub fn arrived_whole(&mut self, data: &[u8]) -> bool {
+        if self.received > 0 || data.len() != self.size {
+            return false;
+        }
+        self.digest.update(data);
+        self.received = self.size;
+        true
+    }
+
+    /// The bytes kept, [0, received) of the body; empty when the caller keeps them.
+    pub fn kept(&self) -> &[u8] {
+        &self.kept
     }
 
     pub fn received(&self) -> usize {
-        self.bytes.len()
+        self.received
     }
 
     pub fn is_whole(&self) -> bool {
-        self.bytes.len() == self.size
+        self.received == self.size
     }
 
     /// The digest of the body (hex, `digest::hex`), once whole.
@@ -79,16 +103,23 @@ struct Follower {
 #[pyclass(module = "sidecar.core.native")]
 pub struct Tee {
     body: Body,
+    /// The whole body, when it came at once as these bytes (`write`): kept as they are.
+    whole: Option<Py<PyBytes>>,
     followers: Vec<Follower>,
 }
 
 impl Tee {
     /// Keep the next bytes of the body, and send every follower its part of them.
     pub(crate) fn feed(slf: &Bound<'_, Self>, data: &[u8]) -> PyResult<()> {
+        let arrived = slf.borrow_mut().body.append(data);
+        Self::send_on(slf, data, arrived)
+    }
+
+    /// Send every follower its part of `data`, which are bytes `arrived` of the body.
+    fn send_on(slf: &Bound<'_, Self>, data: &[u8], arrived: Range<usize>) -> PyResult<()> {
         let py = slf.py();
         let sends = {
             let mut tee = slf.borrow_mut();
-            let arrived = tee.body.append(data);
             let offset = arrived.start;
             let sends: Vec<(Py<Stream>, Range<usize>)> = tee
                 .followers
@@ -122,6 +153,7 @@ impl Tee {
     fn new(size: usize) -> Self {
         Self {
             body: Body::new(size),
+            whole: None,
             followers: Vec::new(),
         }
     }
@@ -130,16 +162,24 @@ impl Tee {
         for follower in &self.followers {
             visit.call(&follower.stream)?;
         }
+        visit.call(&self.whole)?;
         Ok(())
     }
 
     fn __clear__(&mut self) {
         self.followers.clear();
+        self.whole = None;
     }
 
-    /// Bytes of the body that came before the origin's stream fed the tee itself.
-    fn write(slf: &Bound<'_, Self>, data: &[u8]) -> PyResult<()> {
-        Self::feed(slf, data)
+    /// Bytes of the body that came before the origin's stream fed the tee itself: all
+    /// of it, most often, which the tee then keeps as it is rather than copying it.
+    fn write(slf: &Bound<'_, Self>, data: Bound<'_, PyBytes>) -> PyResult<()> {
+        let bytes = data.as_bytes();
+        if slf.borrow_mut().body.arrived_whole(bytes) {
+            slf.borrow_mut().whole = Some(data.clone().unbind());
+            return Self::send_on(slf, bytes, 0..bytes.len());
+        }
+        Self::feed(slf, bytes)
     }
 
     /// Send `head` on `stream`, then bytes [start, end) of the body: what has arrived
@@ -151,6 +191,7 @@ impl Tee {
         start: usize,
         end: usize,
     ) -> PyResult<()> {
+        let py = slf.py();
         let arrived = {
             let mut tee = slf.borrow_mut();
             let wanted = start..end.min(tee.body.size);
@@ -162,7 +203,10 @@ impl Tee {
                 });
             }
             // A copy: the stream may call Python, which may use the tee meanwhile.
-            tee.body.bytes[part].to_vec()
+            match &tee.whole {
+                Some(whole) => whole.as_bytes(py)[part].to_vec(),
+                None => tee.body.kept()[part].to_vec(),
+            }
         };
         Stream::send_parts(&stream, &[head, &arrived])
     }
@@ -175,9 +219,13 @@ impl Tee {
 
     /// The whole body, or None while some is missing.
     fn body<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
-        self.body
-            .is_whole()
-            .then(|| PyBytes::new(py, &self.body.bytes))
+        match &self.whole {
+            Some(whole) => Some(whole.bind(py).clone()),
+            None => self
+                .body
+                .is_whole()
+                .then(|| PyBytes::new(py, self.body.kept())),
+        }
     }
 
     /// The digest of the whole body (hex), or None while some is missing.
@@ -200,6 +248,21 @@ mod tests {
             body.hexdigest(),
             Some(blake3::hash(b"abc").to_hex().to_string())
         );
+    }
+
+    #[test]
+    fn a_body_that_arrives_whole_at_once_is_hashed_and_left_with_its_caller() {
+        let mut body = Body::new(3);
+        assert!(!body.arrived_whole(b"ab"));
+        assert!(body.arrived_whole(b"abc"));
+        assert!(body.is_whole() && body.kept().is_empty());
+        assert_eq!(
+            body.hexdigest(),
+            Some(blake3::hash(b"abc").to_hex().to_string())
+        );
+        let mut started = Body::new(3);
+        started.append(b"a");
+        assert!(!started.arrived_whole(b"abc"));
     }
 
     #[test]
