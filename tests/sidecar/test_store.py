@@ -4,7 +4,9 @@ index, and the background check, without a sidecar around it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
+import sqlite3
 from pathlib import Path
 
 import blake3
@@ -103,6 +105,20 @@ def test_an_index_of_another_format_starts_empty(tmp_path: Path) -> None:
     assert (again.entries, again.used) == (0, 0)
     asyncio.run(again.verify_existing())
     assert not any((tmp_path / "objects").iterdir())  # the bodies went as leftovers
+    again.close()
+
+
+def test_an_index_whose_digests_are_sha256_starts_empty(tmp_path: Path) -> None:
+    """Format 2 recorded SHA-256 digests: its objects are fetched again, never each
+    dropped as corrupt by the check."""
+    store = reopened(tmp_path)
+    commit(store, "old", b"x" * 10)
+    store.close()
+    with contextlib.closing(sqlite3.connect(tmp_path / "index" / diskcache.core.DBNAME)) as index:
+        index.execute("UPDATE Buffer SET format = 2")
+        index.commit()
+    again = reopened(tmp_path)
+    assert (again.entries, again.used) == (0, 0)
     again.close()
 
 
