@@ -43,7 +43,7 @@ impl Body {
     pub fn append(&mut self, data: &[u8]) -> Range<usize> {
         let start = self.received;
         let kept = &data[..data.len().min(self.size - start)];
-        if self.kept.capacity() == 0 {
+        if !kept.is_empty() && self.kept.capacity() == 0 {
             self.kept.reserve_exact(self.size);
         }
         self.kept.extend_from_slice(kept);
