@@ -70,9 +70,9 @@ logger = logging.getLogger(__name__)
 CHUNK = 256 * 1024
 # Bodies up to this size reach their readers whole, once all of it is in.
 WHOLE_AT_END = 256 * 1024  # bytes
-# Bytes of a fill's latest pieces kept in memory after they were written (`Fill.wrote`):
-# a reader that keeps up with the origin takes them from there rather than reading them
-# back from the file.
+# Bytes of a fill's latest pieces kept in memory after they were written (`Fill.wrote`),
+# and always the last one whatever its size (it was in memory to be written): a reader
+# that keeps up with the origin takes them from there rather than reading them back.
 RECENT = 1024 * 1024  # bytes
 # Bytes of small bodies one worker keeps in memory at once (`Fill.tee`, at most SMALL
 # each): a small body beyond them is stored through the keeper, in a partial file, as a
@@ -172,11 +172,11 @@ class Fill:
         self._ended = False
         # Every byte is written and handed out; only the commit is pending.
         self.committing = False
-        self._memory: bytes | None = None  # a small body kept in memory, once whole
         # A small body the core keeps while it arrives, and sends on to its followers.
         self.tee: native.Tee | None = None
         self.in_memory = 0  # its bytes counted against the worker's IN_MEMORY
-        # The latest pieces written into the file (position, bytes), RECENT bytes at most.
+        # The latest pieces of the body (position, bytes): written into the file, RECENT
+        # bytes of them at most but always the last; or a small body kept whole in memory.
         self._recent: collections.deque[tuple[int, bytes]] = collections.deque()
         self._recent_bytes = 0
 
@@ -203,10 +203,11 @@ class Fill:
         self._wake()
 
     def wrote(self, position: int, piece: bytes) -> None:
-        """The pump wrote `piece` at `position` of the file: keep it for the readers."""
+        """`piece` of the body is at `position`, written into the file (or the whole of a
+        body kept in memory): keep it for the readers."""
         self._recent.append((position, piece))
         self._recent_bytes += len(piece)
-        while self._recent_bytes > RECENT:
+        while self._recent_bytes > RECENT and len(self._recent) > 1:
             _, dropped = self._recent.popleft()
             self._recent_bytes -= len(dropped)
 
@@ -222,7 +223,7 @@ class Fill:
     def hand_over(self, body: bytes) -> None:
         """A body kept in memory is whole: its readers get it now, and a request that
         comes meanwhile waits for its commit."""
-        self._memory = body
+        self.wrote(0, body)  # the only piece: readers take it whatever its size
         self.tee = None  # its followers have it all; readers from now on take `body`
         self.committing = True
         self._last = len(body)
@@ -268,9 +269,6 @@ class Fill:
                     raise FillFailed(str(self.failure))
                 await self._progress_event.wait()
                 continue
-            if self._memory is not None:
-                yield self._memory[offset:end]
-                return
             piece = self._written_piece(offset, min(end, self.written))
             if piece is not None:
                 offset += len(piece)

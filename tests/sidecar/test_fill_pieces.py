@@ -57,13 +57,16 @@ def test_a_reader_gets_exactly_its_range_from_pieces_in_memory_and_the_file(
     assert asyncio.run(_follow(path, body, cuts, start, end)) == body[start:end]
 
 
-def test_only_the_latest_recent_bytes_stay_in_memory() -> None:
-    async def main() -> list[int]:
+def test_only_the_latest_recent_bytes_stay_in_memory_and_always_the_last_piece() -> None:
+    async def main() -> tuple[list[int], list[int]]:
         fill = Fill("k", "https://example.test/k", 0)
         piece = b"x" * (RECENT // 4)
         for i in range(10):
             fill.wrote(i * len(piece), piece)
-        return [position for position, _ in fill._recent]
+        kept = [position for position, _ in fill._recent]
+        fill.wrote(10 * len(piece), b"y" * (2 * RECENT))  # larger than RECENT alone
+        return kept, [position for position, _ in fill._recent]
 
-    positions = asyncio.run(main())
-    assert positions == [i * (RECENT // 4) for i in range(6, 10)]
+    kept, then = asyncio.run(main())
+    assert kept == [i * (RECENT // 4) for i in range(6, 10)]
+    assert then == [10 * (RECENT // 4)]
