@@ -47,7 +47,7 @@ def run(profile: Profile, lab: Lab) -> Result:
     source = lab.make_file("shared.bin", size)
     origin = lab.origin(rate)
     sidecar = lab.sidecar(origin.ca_pem, "--parallel-fetch", "1")
-    routes = {"origin": Route(origin.ca_pem, lab.hosts), "sidecar": lab.through(sidecar)}
+    routes = {"origin": lab.route(origin.ca_pem), "sidecar": lab.through(sidecar)}
     # Untimed and checked byte for byte: the sidecar's leaf certificate and its
     # connection to the origin are made before the clock runs.
     lab.check_download(routes["sidecar"], origin.url(source.name, HOST, run="warmup"), source)

@@ -103,7 +103,7 @@ class Sides:
             # Not in the lab's private directory: Squid's own user must reach it.
             squid = start_squid(origin.ca_pem, [HOST], bump=self._bump_ca, under=tmpfs_root())
             try:
-                route = Route(self._bump_ca_pem, lab.hosts, squid.url)
+                route = lab.route(self._bump_ca_pem, squid.url)
                 yield Server(route, squid.process.popen.pid, origin.url)
             finally:
                 squid.remove()
@@ -111,7 +111,7 @@ class Sides:
             workdir = lab.scratch("nginx-cache")
             cache = start_nginx_cache(origin, lab.ca, [HOST], workdir, self._cores)
             try:
-                yield Server(Route(cache.ca_pem, lab.hosts), cache.process.popen.pid, cache.url)
+                yield Server(lab.route(cache.ca_pem), cache.process.popen.pid, cache.url)
             finally:
                 cache.stop()
                 shutil.rmtree(workdir, ignore_errors=True)
@@ -125,7 +125,7 @@ def parent_rows(
     # Not in the lab's private directory: Squid's own user must reach it.
     squid = start_squid(origin.ca_pem, [HOST], under=tmpfs_root())
     try:
-        direct = Route(origin.ca_pem, lab.hosts, squid.url)
+        direct = lab.route(origin.ca_pem, squid.url)
         parent = Server(direct, squid.process.popen.pid, origin.url)
         warm = Shape("warm-up", 1, "absolute-form", None)
         # Twice: Squid may still be storing the last object when the next request comes.

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 
 from bench import clients
-from bench.clients import Route
 from bench.lab import HOST, Lab, Profile, expect_stats, mb_per_s
 from bench.report import Result, Row, Sample, target_ratio
 
@@ -32,7 +31,7 @@ def run(profile: Profile, lab: Lab) -> Result:
     url = origin.url(source.name, host=HOST)
 
     logger.info("%s: direct download from the origin (about %.0f s)", NAME, size / rate)
-    direct = Sample.of([mb_per_s(size, clients.wget(Route(origin.ca_pem, lab.hosts), url))])
+    direct = Sample.of([mb_per_s(size, clients.wget(lab.route(origin.ca_pem), url))])
     logger.info("%s: cold download through the sidecar", NAME)
     cold = Sample.of([mb_per_s(size, lab.check_download(pod, url, source))])
     lab.check_download(pod, url, source)  # the first hit

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 
 from bench import clients
-from bench.clients import Route
 from bench.lab import HOST, MB, Lab, Profile, WrongPath, expect_stats, mb_per_s
 from bench.report import Requirement, Result, Row, Sample, ratio_at_least, target_ratio
 
@@ -43,7 +42,7 @@ def run(profile: Profile, lab: Lab) -> Result:
     origin = lab.origin(rate)
 
     logger.info("%s: wget straight from the origin (about %.0f s)", NAME, size / rate)
-    seconds = clients.wget(Route(origin.ca_pem, lab.hosts), origin.url(source.name, HOST))
+    seconds = clients.wget(lab.route(origin.ca_pem), origin.url(source.name, HOST))
     direct = Sample.of([mb_per_s(size, seconds)])
     for connections, (label, required) in SIDES.items():
         logger.info("%s: cold miss over up to %d connections", NAME, connections)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import filecmp
+import hashlib
 import os
 import tempfile
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from bench.harness import OriginServer, Sidecar, start_origin
 from bench.mitmdump import Mitmdump, start_mitmdump
 from bench.nginx import Nginx, start_nginx
 from bench.squid import Squid, start_squid
+from certs.bundle import public_roots_pem
 
 HOST = "datasets.bench.test"
 # Another name of the same servers, never intercepted: its connections are tunnelled.
@@ -250,16 +252,28 @@ class Lab:
         self._stack.callback(proxy.stop)
         return proxy
 
+    def route(self, ca_pem: Path, proxy: str | None = None) -> Route:
+        """A client of a reference server (an origin, a peer cache), through `proxy` if
+        given, trusting `ca_pem` as a client trusts a public origin: among the public
+        roots. The pod bundle holds them too (`through`), and a client that starts a TLS
+        session reads its whole bundle first (tens of milliseconds for curl's OpenSSL),
+        so every side pays the same for it."""
+        ca = ca_pem.read_bytes()
+        bundle = self.dir / f"trust-{hashlib.sha256(ca).hexdigest()[:16]}.pem"
+        if not bundle.exists():
+            bundle.write_bytes(public_roots_pem() + b"\n" + ca)
+        return Route(bundle, self.hosts, proxy)
+
     def direct(self, server: Nginx) -> Route:
-        """A client talking to nginx itself, trusting nginx's CA."""
-        return Route(server.ca_pem, self.hosts)
+        """A client talking to nginx itself, trusting nginx's CA among the public roots."""
+        return self.route(server.ca_pem)
 
     def through(self, sidecar: Sidecar) -> Route:
         """A client of the sidecar, trusting the pod bundle, as an injected pod does."""
         return Route(sidecar.bundle, self.hosts, sidecar.proxy)
 
     def through_mitmdump(self, proxy: Mitmdump) -> Route:
-        return Route(proxy.ca_pem, self.hosts, proxy.proxy)
+        return self.route(proxy.ca_pem, proxy.proxy)
 
     def scratch(self, prefix: str) -> Path:
         """A new directory of the lab's (deleted with it)."""
