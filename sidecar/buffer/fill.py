@@ -8,11 +8,16 @@ in that worker follow it through its `Fill`, clients in other workers through a
 The pump copies the origin's body into a partial file in the buffer at the origin's
 pace; every client reading the object (the one that
 started it, those that joined, Range readers) follows the file at its own pace, so a
-slow client never slows the fill and little is held in memory: the fill's latest
-pieces (RECENT bytes), which a reader that keeps up takes from there rather than
-reading them back. Time to first byte
-is the origin's: a reader is handed bytes as soon as they are on the buffer (but for
-small bodies, below).
+slow client never slows the fill and little is held in memory. The core does the
+copying (`Fill.tee`, a `native.Tee` on the file): the origin's stream writes each
+piece into the file, takes its digest, and sends it on to the clients of the lean
+front end that follow the tee, straight from the piece while a client keeps up and
+as a range of the file when it does not; the fill hears how far the file has come
+after each piece. Other readers (mitmproxy's front end, other workers) follow the file
+itself, and the segments of a body split over several connections are written by
+Python, whose latest pieces (RECENT bytes) stay in memory for the readers that keep
+up. Time to first byte is the origin's: a reader is handed bytes as soon as they are
+on the buffer (but for small bodies, below).
 
 When the body is complete and its length matches Content-Length the partial file is
 renamed into the buffer (commit); any failure deletes it. The body's last byte is
@@ -172,7 +177,8 @@ class Fill:
         self._ended = False
         # Every byte is written and handed out; only the commit is pending.
         self.committing = False
-        # A small body the core keeps while it arrives, and sends on to its followers.
+        # The body on its way in the core, which sends it on to its followers: a small
+        # one kept in memory while it arrives, or a larger one written into the file.
         self.tee: native.Tee | None = None
         self.in_memory = 0  # its bytes counted against the worker's IN_MEMORY
         # The latest pieces of the body (position, bytes): written into the file, RECENT
@@ -192,6 +198,7 @@ class Fill:
         if self._ended and self._readers == 0 and self._fd is not None:
             os.close(self._fd)
             self._fd = None
+            self.tee = None  # and the tee's own descriptor (its followers have theirs)
 
     def _advance_to(self, prefix: int) -> None:
         self._complete = prefix
@@ -200,6 +207,8 @@ class Fill:
         self.written = prefix
         if self._shared is not None:
             self._shared.advance(prefix)
+        if self.tee is not None:
+            self.tee.publish(prefix)
         self._wake()
 
     def wrote(self, position: int, piece: bytes) -> None:
@@ -280,11 +289,14 @@ class Fill:
                 yield chunk
 
     async def whole(self) -> None:
-        """Wait until every byte of the body is written (FillFailed if it never is).
+        """Wait until every byte of the body is written (FillFailed if it never is,
+        BufferFailed if the buffer refused it).
 
         Only after `head` resolved."""
         size = self.head.result().size
         while self.written < size:
+            if isinstance(self.failure, OSError):
+                raise BufferFailed(str(self.failure))
             if self.failure is not None:
                 raise FillFailed(str(self.failure))
             await self._progress_event.wait()
@@ -707,12 +719,15 @@ class Fills:
                 fill._shared = Progress(path)
             except OSError as e:
                 return self._cannot_open(fill, response, rid, e)
+        fill._last = 0 if size <= WHOLE_AT_END else size - 1
         if fill._fd is None:
             fill.tee = native.Tee(size)
             fill.in_memory = size
             self._in_memory += size
+        else:
+            # The core writes it into its file and sends it on, its last byte held back.
+            fill.tee = native.Tee(size, fill._fd, fill._last)
         fill.attach()
-        fill._last = 0 if size <= WHOLE_AT_END else size - 1
         fill.head.set_result(head)
         task = asyncio.get_running_loop().create_task(self._pump(fill, response, rid))
         if not task.done():
@@ -781,11 +796,15 @@ class Fills:
                 yield chunk
         except BufferFailed:
             buffer_failed = True
-        if buffer_failed and offset < end:
-            async for chunk in self._from_upstream(fill, offset, end):
+        if buffer_failed:
+            async for chunk in self.from_origin(fill, offset, end):
                 yield chunk
 
-    async def _from_upstream(self, fill: AnyFill, start: int, end: int) -> AsyncIterator[bytes]:
+    async def from_origin(self, fill: AnyFill, start: int, end: int) -> AsyncIterator[bytes]:
+        """Bytes [start, end) of a fill's body from its origin, with a Range request
+        validated by If-Range: for a reader whose bytes the buffer failed to keep."""
+        if start >= end:
+            return
         head = fill.head.result()
         self._metrics.counters.upstream_requests += 1
         try:
@@ -900,19 +919,13 @@ class Fills:
         target = Target(
             fill.url, head.request_headers, head.validators, head.size, fill._fd, fill.tee
         )
-
-        def advance(prefix: int) -> None:
-            if copy.body is None:
-                fill._advance_to(prefix)
-            else:
-                fill.hand_over(copy.body)
-
         copy = SegmentedCopy(
             self._upstream,
             self._metrics,
             target,
-            advance,
+            fill._advance_to,
             fill.wrote,
+            fill.hand_over,
             connections=self._connections if splittable else 1,
         )
         digest = await copy.run(response)

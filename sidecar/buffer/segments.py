@@ -5,10 +5,10 @@ the connection or stalls, the segment is resumed from the byte it had with a Ran
 request validated by If-Range (so bytes of a changed object are never appended to an
 older one), a few times with backoff; from the origin when a parent cache broke off.
 A small body, or one whose origin cannot serve ranges, is a single segment: the
-fill's original response. A small body may also be kept in memory rather than in a
-file (`Target.tee`): the core keeps it as it arrives, takes its digest and sends it on
-to the clients that follow it, and its fill has it written into the buffer once whole,
-off its clients' way.
+fill's original response. The first segment's bytes never pass through Python: the
+core takes them (`Target.tee`), takes their digest and sends them on to the clients
+that follow it, and writes them into the file, or, for a small body, keeps them in
+memory until its fill has it written into the buffer once whole, off its clients' way.
 
 Many dataset hosts cap throughput per connection (Nezha measured 3.49 MB/s to a far
 host). A fill always starts on the original response alone; if, after PROBE_SECONDS,
@@ -97,8 +97,9 @@ class Target:
 
 
 class SegmentedCopy:
-    """Fetch one body in segments; `advance(prefix)` is told the contiguous bytes, and
-    `wrote(position, piece)` each piece as it is written into the file."""
+    """Fetch one body in segments; `advance(prefix)` is told the contiguous bytes in the
+    file, `wrote(position, piece)` each piece Python writes into it, and `whole(body)`
+    a body kept in memory once it is complete."""
 
     def __init__(
         self,
@@ -107,6 +108,7 @@ class SegmentedCopy:
         target: Target,
         advance: Callable[[int], None],
         wrote: Callable[[int, bytes], None],
+        whole: Callable[[bytes], None],
         connections: int,
     ) -> None:
         """`connections`: how many the body may be split over (1: never split)."""
@@ -115,6 +117,7 @@ class SegmentedCopy:
         self._target = target
         self._advance = advance
         self._wrote = wrote
+        self._whole = whole
         self._connections = connections if target.fd is not None else 1
         self._bounds = [(0, target.size)]  # one segment until the probe says otherwise
         self._progress = [0]
@@ -125,6 +128,10 @@ class SegmentedCopy:
         self._hashing: concurrent.futures.Future[None] | None = None
         self.body: bytes | None = None  # an in-memory body, once complete
         self._group: asyncio.TaskGroup | None = None
+        # The response whose body the core writes into the file (`_into_file`).
+        self._writing: Response | None = None
+        if target.tee is not None and target.fd is not None:
+            target.tee.on_progress = self._tee_wrote
         self._started = time.monotonic()
         # A response went on past its announced end: the copy may be whole, but is not
         # trusted enough to be stored.
@@ -133,7 +140,14 @@ class SegmentedCopy:
     async def run(self, first: Response) -> str:
         """Copy the whole body; its digest (hex) when done.
 
-        An in-memory body is `advance`d to its end as soon as it is `body`."""
+        An in-memory body is told `whole` as soon as it is `body`."""
+        try:
+            return await self._run(first)
+        finally:
+            if self._target.tee is not None:
+                self._target.tee.on_progress = None  # the tee no longer keeps this alive
+
+    async def _run(self, first: Response) -> str:
         if self._connections <= 1:
             # Never split: no tasks of its own (most fills are small, and take this way).
             await self._worker(first)
@@ -258,7 +272,10 @@ class SegmentedCopy:
 
     async def _copy(self, index: int, response: Response) -> None:
         tee = self._target.tee
-        if tee is not None:
+        if tee is not None and self._target.fd is not None and index == 0:
+            await self._into_file(tee, response)
+            return
+        if tee is not None and self._target.fd is None:
             await self._into(tee, response)
             return
         async for data in response.chunks():
@@ -280,7 +297,49 @@ class SegmentedCopy:
             self._progress[0] = tee.received
         self.body = tee.body()
         if self.body is not None:
-            self._advance(self._target.size)
+            self._whole(self.body)
+
+    async def _into_file(self, tee: native.Tee, response: Response) -> None:
+        """The first segment of a body the core writes into the file itself, with its
+        digest, from where the tee has it to the segment's end (`_tee_wrote`)."""
+        self._writing = response
+        try:
+            await response.into(tee)
+        except UpstreamError:
+            # Or stopped by `_tee_wrote`: the segment is whole, or the file cannot be
+            # written.
+            if tee.error is None and tee.received < self._bounds[0][1]:
+                raise
+        finally:
+            self._writing = None
+        if tee.error is not None:
+            raise OSError(tee.error)
+
+    def _tee_wrote(self, received: int) -> None:
+        """The core wrote the first segment's bytes up to `received` into the file, and
+        took their digest: what `_write` does for a piece of any other segment."""
+        tee = self._target.tee
+        assert tee is not None
+        self._metrics.counters.bytes_from_upstream += received - self._progress[0]
+        self._progress[0] = self._hashed = received
+        if received == self._bounds[0][1]:
+            # The rest of a split body is hashed here, going on from the tee's digest.
+            self._digest = tee.digest()
+        if self._first_incomplete == 0:
+            self._move_frontier()
+        self._maybe_split()
+        tee.stop_at(self._bounds[0][1])
+        if self._writing is None:
+            return
+        # The origin's response goes on past what the tee may write: stopped (on the
+        # loop's next turn, out of the origin's stream that called).
+        if tee.error is not None:
+            reason = f"cannot write the body: {tee.error}"
+        elif received == self._bounds[0][1] < self._target.size:
+            reason = "the first segment is whole"
+        else:
+            return
+        asyncio.get_running_loop().call_soon(self._writing.stop, reason)
 
     def _write(self, index: int, piece: bytes, position: int) -> None:
         assert self._target.fd is not None

@@ -1,7 +1,7 @@
 """The Rust core's API as Python sees it (`sidecar/core/src/`)."""
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 ANSWER_SLOT: int
@@ -161,22 +161,42 @@ class Stream:
     def fileno(self) -> int: ...
 
 class Tee:
-    """A small body on its way from an origin into the buffer: kept whole in memory,
-    its digest (as `Digest`'s) taken as it arrives, and sent on at once to the clients
-    that follow it."""
+    """A body on its way from an origin into the buffer, its digest (as `Digest`'s)
+    taken as it arrives, and sent on at once to the clients that follow it: a small one
+    kept whole in memory, a larger one written into its partial file."""
 
-    def __init__(self, size: int) -> None: ...
+    def __init__(self, size: int, fd: int | None = None, cap: int | None = None) -> None:
+        """`fd`: the partial file, written at each piece's place (the tee keeps a
+        descriptor of its own); `cap`: followers get no byte at or past it until
+        `publish` (None: the whole body)."""
     def write(self, data: bytes) -> None:
         """The body's next bytes (those that came before the origin's stream fed it);
-        all of it at once is kept as this very object, not copied."""
+        all of a small body at once is kept as this very object, not copied."""
     def follow(self, stream: Stream, head: bytes, start: int, end: int) -> None:
         """Send `head` on `stream`, then bytes [start, end) of the body as they arrive."""
+    def publish(self, n: int) -> None:
+        """Followers may have the body's bytes up to `n`, which the file holds (the last
+        byte at the commit, or bytes other connections wrote); nothing for a body kept
+        in memory."""
+    def stop_at(self, n: int) -> None:
+        """Write no byte of the body at or past `n` (the rest goes over other
+        connections)."""
+    on_progress: Callable[[int], None] | None
+    """Told how many bytes are written, after each piece a larger body's tee writes."""
     @property
     def received(self) -> int: ...
+    @property
+    def published(self) -> int:
+        """How many bytes of the body its followers have been offered."""
+    @property
+    def error(self) -> str | None:
+        """Why the file could not be written, if it could not (the tee stops there)."""
     def body(self) -> bytes | None:
-        """The whole body; None while some is missing."""
+        """The whole body kept in memory; None while some is missing, or in a file."""
     def hexdigest(self) -> str | None:
         """The whole body's digest (hex); None while some is missing."""
+    def digest(self) -> Digest:
+        """The digest of the bytes received so far, to be continued."""
 
 class Digest:
     """The digest stored bodies are checked against: BLAKE3, updated in order (without

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 from sidecar.buffer.fill import (
     Acquired,
     AnyFill,
+    BufferFailed,
     Declined,
     Fetched,
     Fill,
@@ -352,9 +353,17 @@ class Router:
             self.metrics.counters.coalesced += 1
 
         async def follow(start: int, end: int) -> None:
-            # A small body the core keeps: it sends the client its bytes as they come.
+            # A body on its way in the core: it sends the client its bytes as they come.
             if isinstance(fill, Fill) and fill.tee is not None:
-                if await channel.follow(fill.tee, start, end, fill.whole):
+                tee = fill.tee
+                try:
+                    if await channel.follow(tee, start, end, fill.whole):
+                        return
+                except BufferFailed:
+                    # What the core sent stays sent; the rest comes from the origin.
+                    rest = min(end, max(start, tee.published))
+                    async for chunk in self.fills.from_origin(fill, rest, end):
+                        await channel.write(chunk)
                     return
             async for chunk in self.fills.read(fill, start, end):
                 await channel.write(chunk)

@@ -273,6 +273,11 @@ class Response:
             self._done = True
             self._connection.finish(reuse=False)
 
+    def stop(self, reason: str) -> None:
+        """Read no more of the body: the connection closes, and its reader (`chunks`,
+        `into`) gets UpstreamError(reason)."""
+        self._connection.stop(reason)
+
 
 class _Connection(asyncio.Protocol):
     """One connection, one exchange at a time."""
@@ -525,6 +530,10 @@ class _Connection(asyncio.Protocol):
                 self._close()
         finally:
             self._waiter = None
+
+    def stop(self, reason: str) -> None:
+        self._fail(UpstreamError(reason))
+        self._close()
 
     def finish(self, reuse: bool) -> None:
         """The caller is done with the exchange: keep the connection or close it."""

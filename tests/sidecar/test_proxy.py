@@ -14,8 +14,10 @@ import pytest
 from bench.harness import (
     OriginServer,
     Sidecar,
+    process_tree,
     wait_until,
 )
+from bench.memory import RssSampler
 from tests.sidecar.conftest import (
     FILES,
     Download,
@@ -483,6 +485,29 @@ def test_a_large_cold_object_is_fetched_over_parallel_ranges(
     wait_until(lambda: sidecar.stats()["entries"] == 1, "the commit")
     assert curl(sidecar, origin.url("big.bin", **query)).body == body_of(dataset, "big.bin")
     assert sidecar.stats()["hits"] == 1
+
+
+def test_a_client_slower_than_the_origin_costs_no_memory_for_the_body(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, plain_origin: int, dataset: Path
+) -> None:
+    """The core writes a large miss into its file and sends it on as it comes; what a
+    client does not take at once it gets later from the file, so the fill ends at the
+    origin's pace while the client still reads, and no worker holds the body."""
+    sidecar = start_sidecar("--workers", "1")
+    # A request through mitmproxy first: the worker has loaded it before RSS is read.
+    curl(sidecar, f"http://origin.test:{plain_origin}/files/small.bin")
+    workers = process_tree(sidecar.pid)
+    with RssSampler(workers) as before:
+        pass
+    url = origin.url("big.bin", case="slow-client")
+    with ThreadPoolExecutor(1) as pool, RssSampler(workers) as during:
+        reading = pool.submit(curl, sidecar, url, "--limit-rate", "6M")  # ~4 s for 24 MiB
+        wait_until(lambda: sidecar.stats()["entries"] == 1, "the commit", timeout=3)
+        assert not reading.done()
+        download = reading.result()
+    assert download.body == body_of(dataset, "big.bin")
+    grown = during.max_mb - before.max_mb
+    assert grown < FILES["big.bin"] / 1e6 / 3, f"a worker grew by {grown:.1f} MB"
 
 
 def test_plain_http_to_an_intercepted_host_is_cached_too(

@@ -24,6 +24,13 @@ pub struct Digest {
     hasher: blake3::Hasher,
 }
 
+impl Digest {
+    /// A digest that goes on from `hasher`'s bytes.
+    pub fn of(hasher: blake3::Hasher) -> Self {
+        Self { hasher }
+    }
+}
+
 #[pymethods]
 impl Digest {
     #[new]

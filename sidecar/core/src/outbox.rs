@@ -7,6 +7,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
 
 /// Bytes read from a body file per step: a few TLS records, one pread.
 pub const FILE_CHUNK: usize = 64 * 1024;
@@ -58,8 +59,17 @@ pub fn pread_some(fd: RawFd, buf: &mut [u8], pos: u64) -> io::Result<usize> {
 }
 
 enum Item {
-    Bytes { data: Vec<u8>, sent: usize },
-    File { fd: OwnedFd, pos: u64, end: u64 },
+    Bytes {
+        data: Vec<u8>,
+        sent: usize,
+    },
+    /// A range of a file: a stored body, or a partial one that several clients follow
+    /// (`push_shared`), one descriptor for all of its ranges.
+    File {
+        fd: Arc<OwnedFd>,
+        pos: u64,
+        end: u64,
+    },
 }
 
 /// The queue of one connection's output.
@@ -117,14 +127,32 @@ impl Outbox {
     /// Queue bytes [start, end) of `fd`, which the outbox owns from now on (closed
     /// once sent, or when the outbox is dropped).
     pub fn push_file(&mut self, fd: OwnedFd, start: u64, end: u64) {
-        if end > start {
-            self.queued += end - start;
-            self.items.push_back(Item::File {
-                fd,
-                pos: start,
-                end,
-            });
+        self.push_shared(&Arc::new(fd), start, end);
+    }
+
+    /// Queue bytes [start, end) of a file others read too; a range that goes on where
+    /// the last one queued of the same file ends joins it.
+    pub fn push_shared(&mut self, fd: &Arc<OwnedFd>, start: u64, end: u64) {
+        if end <= start {
+            return;
         }
+        self.queued += end - start;
+        if let Some(Item::File {
+            fd: last,
+            end: last_end,
+            ..
+        }) = self.items.back_mut()
+            && Arc::ptr_eq(last, fd)
+            && *last_end == start
+        {
+            *last_end = end;
+            return;
+        }
+        self.items.push_back(Item::File {
+            fd: Arc::clone(fd),
+            pos: start,
+            end,
+        });
     }
 
     /// Drop everything queued (an aborted connection).
@@ -268,6 +296,30 @@ mod tests {
         outbox.write(&mut sink, b"!").unwrap();
         assert_eq!(sink.got, b"0123456789abcdefXYZ!");
         assert!(outbox.is_empty());
+    }
+
+    #[test]
+    fn ranges_of_a_shared_file_that_follow_each_other_leave_as_one() {
+        let content: Vec<u8> = (0..100_000u32).map(|i| (i % 241) as u8).collect();
+        let file = Arc::new(body_file("shared", &content));
+        let mut outbox = Outbox::default();
+        outbox.push_bytes(b"HEAD ");
+        outbox.push_shared(&file, 0, 30_000);
+        outbox.push_shared(&file, 30_000, 60_000);
+        outbox.push_shared(&file, 70_000, 100_000);
+        assert_eq!(outbox.items.len(), 3, "the second range joined the first");
+        assert_eq!(outbox.queued(), 5 + 90_000);
+        let mut sink = Tight {
+            got: Vec::new(),
+            room: 9_999,
+            left: usize::MAX,
+        };
+        assert!(outbox.pump(&mut sink).unwrap());
+        let mut wanted = b"HEAD ".to_vec();
+        wanted.extend_from_slice(&content[..60_000]);
+        wanted.extend_from_slice(&content[70_000..]);
+        assert_eq!(sink.got, wanted);
+        assert_eq!(Arc::strong_count(&file), 1, "the outbox let go of the file");
     }
 
     #[test]

@@ -450,15 +450,66 @@ impl Stream {
 
     /// Send `parts` after what waits, and what the protocol must hear of it.
     pub(crate) fn send_parts(slf: &Bound<'_, Self>, parts: &[&[u8]]) -> PyResult<()> {
+        if parts.iter().all(|part| part.is_empty()) {
+            return Ok(());
+        }
+        Self::send_with(slf, |core| core.write(parts))
+    }
+
+    /// Send bytes [pos, pos + data.len()) of a body that is being written into `file`:
+    /// from `data` while nothing waits before them, else as a range of the file, read
+    /// as the socket takes it, so that a client slower than the origin holds no more
+    /// than one piece of the body in memory.
+    pub(crate) fn send_written(
+        slf: &Bound<'_, Self>,
+        data: &[u8],
+        file: &Arc<OwnedFd>,
+        pos: u64,
+    ) -> PyResult<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        Self::send_with(slf, |core| {
+            if core.outbox.is_empty() {
+                return core.write(&[data]);
+            }
+            core.outbox.push_shared(file, pos, pos + data.len() as u64);
+            Ok(())
+        })
+    }
+
+    /// Send `head`, then bytes [start, end) of `file`, which hold them already.
+    pub(crate) fn send_range(
+        slf: &Bound<'_, Self>,
+        head: &[u8],
+        file: &Arc<OwnedFd>,
+        start: u64,
+        end: u64,
+    ) -> PyResult<()> {
+        if head.is_empty() && end <= start {
+            return Ok(());
+        }
+        Self::send_with(slf, |core| {
+            core.outbox.push_bytes(head);
+            core.outbox.push_shared(file, start, end);
+            Ok(())
+        })
+    }
+
+    /// Queue what `queue` puts in the outbox, send what the socket takes, and tell the
+    /// protocol what it must hear of it.
+    fn send_with(
+        slf: &Bound<'_, Self>,
+        queue: impl FnOnce(&mut Core) -> io::Result<()>,
+    ) -> PyResult<()> {
         let mut notices = Vec::new();
         {
             let mut stream = slf.borrow_mut();
-            let nothing = parts.iter().all(|part| part.is_empty());
-            if stream.core.closing || stream.core.closed() || nothing {
+            if stream.core.closing || stream.core.closed() {
                 return Ok(());
             }
             let py = slf.py();
-            match stream.core.write(parts) {
+            match queue(&mut stream.core) {
                 Ok(()) => stream.flush(py, &mut notices)?,
                 Err(e) => stream.finish(py, Some(e), &mut notices)?,
             }
@@ -951,18 +1002,11 @@ impl Stream {
         }
         // SAFETY: the caller hands the descriptor over.
         let file = unsafe { OwnedFd::from_raw_fd(fd) };
-        let mut notices = Vec::new();
-        {
-            let mut stream = slf.borrow_mut();
-            if stream.core.closing || stream.core.closed() {
-                return Ok(());
-            }
-            stream.core.outbox.push_bytes(head);
-            stream.core.outbox.push_file(file, start, end);
-            let py = slf.py();
-            stream.flush(py, &mut notices)?;
-        }
-        deliver(slf, notices)
+        Self::send_with(slf, |core| {
+            core.outbox.push_bytes(head);
+            core.outbox.push_file(file, start, end);
+            Ok(())
+        })
     }
 
     fn pause_reading(&mut self, py: Python<'_>) -> PyResult<()> {
