@@ -9,6 +9,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import blake3
 import pytest
 
 from bench.harness import (
@@ -18,6 +19,8 @@ from bench.harness import (
     wait_until,
 )
 from bench.memory import RssSampler
+from sidecar.buffer.store import Index
+from sidecar.cache import policy
 from tests.sidecar.conftest import (
     FILES,
     Download,
@@ -485,6 +488,15 @@ def test_a_large_cold_object_is_fetched_over_parallel_ranges(
     wait_until(lambda: sidecar.stats()["entries"] == 1, "the commit")
     assert curl(sidecar, origin.url("big.bin", **query)).body == body_of(dataset, "big.bin")
     assert sidecar.stats()["hits"] == 1
+    # Its digest: the core's of the first segment, which Python goes on with when split.
+    index = Index(sidecar.buffer_dir)
+    index.open()
+    try:
+        found = index.find(policy.cache_key(origin.url("big.bin", **query)))
+    finally:
+        index.close()
+    assert found is not None
+    assert found.entry.digest == blake3.blake3(body_of(dataset, "big.bin")).hexdigest()
 
 
 def test_a_client_slower_than_the_origin_costs_no_memory_for_the_body(
