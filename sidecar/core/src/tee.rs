@@ -134,7 +134,8 @@ struct Written {
     stop: usize,
     /// Why the file could not be written; the tee writes nothing more.
     error: Option<String>,
-    /// Told how many bytes the tee has written, after each piece.
+    /// Told how many bytes the tee has written, after each piece (and once when the
+    /// file fails: `error`).
     on_progress: Option<Py<PyAny>>,
 }
 
