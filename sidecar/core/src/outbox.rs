@@ -142,11 +142,11 @@ impl Outbox {
             end: last_end,
             ..
         }) = self.items.back_mut()
-            && Arc::ptr_eq(last, fd)
-            && *last_end == start
         {
-            *last_end = end;
-            return;
+            if Arc::ptr_eq(last, fd) && *last_end == start {
+                *last_end = end;
+                return;
+            }
         }
         self.items.push_back(Item::File {
             fd: Arc::clone(fd),
