@@ -272,11 +272,7 @@ class Fill:
         offset = start
         while offset < end:
             if offset >= self.written:
-                if isinstance(self.failure, OSError):
-                    raise BufferFailed(str(self.failure))
-                if self.failure is not None:
-                    raise FillFailed(str(self.failure))
-                await self._progress_event.wait()
+                await self._progress()
                 continue
             piece = self._written_piece(offset, min(end, self.written))
             if piece is not None:
@@ -295,11 +291,16 @@ class Fill:
         Only after `head` resolved."""
         size = self.head.result().size
         while self.written < size:
-            if isinstance(self.failure, OSError):
-                raise BufferFailed(str(self.failure))
-            if self.failure is not None:
-                raise FillFailed(str(self.failure))
-            await self._progress_event.wait()
+            await self._progress()
+
+    async def _progress(self) -> None:
+        """Wait until the pump writes more, or raise what ended it short: BufferFailed
+        if the buffer refused the body, else FillFailed."""
+        if isinstance(self.failure, OSError):
+            raise BufferFailed(str(self.failure))
+        if self.failure is not None:
+            raise FillFailed(str(self.failure))
+        await self._progress_event.wait()
 
     async def outcome(self) -> int:
         """Wait until the fill has ended: its size if stored, else FillFailed."""

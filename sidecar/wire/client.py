@@ -487,9 +487,7 @@ class _Connection(asyncio.Protocol):
         while self._chunks:
             tee.write(self._chunks.popleft())
         self._buffered = 0
-        if self._paused and self.transport is not None:
-            self._paused = False
-            self.transport.resume_reading()
+        self._resume_reading()
         if not self.complete and self.transport is not None:
             self.transport.body_into(tee)
 
@@ -510,10 +508,15 @@ class _Connection(asyncio.Protocol):
             chunk = b"".join(self._chunks)
             self._chunks.clear()
         self._buffered -= len(chunk)
+        self._resume_reading()
+        return chunk
+
+    def _resume_reading(self) -> None:
+        """Read the origin again if its body was paused (`body_received`) and less than
+        half of BODY_BUFFER of it waits to be read now."""
         if self._paused and self._buffered < BODY_BUFFER // 2 and self.transport is not None:
             self._paused = False
             self.transport.resume_reading()
-        return chunk
 
     async def wait_body(self, received: Callable[[], int] | None = None) -> None:
         """Wait for more body, its end, or a failure; a stall is a failure. `received`:
