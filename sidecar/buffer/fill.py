@@ -15,9 +15,9 @@ front end that follow the tee, straight from the piece while a client keeps up a
 as a range of the file when it does not; the fill hears how far the file has come
 after each piece. Other readers (mitmproxy's front end, other workers) follow the file
 itself, and the segments of a body split over several connections are written by
-Python, whose latest pieces (RECENT bytes) stay in memory for the readers that keep
-up. Time to first byte is the origin's: a reader is handed bytes as soon as they are
-on the buffer (but for small bodies, below).
+Python (from a slow origin: readers read them back). Time to first byte is the
+origin's: a reader is handed bytes as soon as they are on the buffer (but for small
+bodies, below).
 
 When the body is complete and its length matches Content-Length the partial file is
 renamed into the buffer (commit); any failure deletes it. The body's last byte is
@@ -49,7 +49,6 @@ why).
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
 import time
@@ -67,6 +66,7 @@ from sidecar.ipc import Message
 from sidecar.metrics import Metrics
 from sidecar.origins.upstream import Upstream, Validators, forwarded_headers, loggable_url
 from sidecar.wire.client import Response, UpstreamError
+from sidecar.wire.exchange import Channel
 from sidecar.wire.fields import body_length
 
 logger = logging.getLogger(__name__)
@@ -75,10 +75,6 @@ logger = logging.getLogger(__name__)
 CHUNK = 256 * 1024
 # Bodies up to this size reach their readers whole, once all of it is in.
 WHOLE_AT_END = 256 * 1024  # bytes
-# Bytes of a fill's latest pieces kept in memory after they were written (`Fill.wrote`),
-# and always the last one whatever its size (it was in memory to be written): a reader
-# that keeps up with the origin takes them from there rather than reading them back.
-RECENT = 1024 * 1024  # bytes
 # Bytes of small bodies one worker keeps in memory at once (`Fill.tee`, at most SMALL
 # each): a small body beyond them is stored through the keeper, in a partial file, as a
 # larger one is, so that many concurrent misses never hold more than this.
@@ -181,10 +177,8 @@ class Fill:
         # one kept in memory while it arrives, or a larger one written into the file.
         self.tee: native.Tee | None = None
         self.in_memory = 0  # its bytes counted against the worker's IN_MEMORY
-        # The latest pieces of the body (position, bytes): written into the file, RECENT
-        # bytes of them at most but always the last; or a small body kept whole in memory.
-        self._recent: collections.deque[tuple[int, bytes]] = collections.deque()
-        self._recent_bytes = 0
+        # A small body kept in memory, once whole (`hand_over`): its readers take it.
+        self._body: bytes | None = None
 
     def attach(self) -> None:
         """Count a reader in; every attach() is paired with a detach()."""
@@ -211,28 +205,10 @@ class Fill:
             self.tee.publish(prefix)
         self._wake()
 
-    def wrote(self, position: int, piece: bytes) -> None:
-        """`piece` of the body is at `position`, written into the file (or the whole of a
-        body kept in memory): keep it for the readers."""
-        self._recent.append((position, piece))
-        self._recent_bytes += len(piece)
-        while self._recent_bytes > RECENT and len(self._recent) > 1:
-            _, dropped = self._recent.popleft()
-            self._recent_bytes -= len(dropped)
-
-    def _written_piece(self, offset: int, end: int) -> bytes | None:
-        """Bytes from `offset`, up to `end`, out of a piece still in memory, if any."""
-        for position, piece in reversed(self._recent):
-            if position <= offset < position + len(piece):
-                if offset == position and end >= position + len(piece):
-                    return piece  # the whole piece: no copy
-                return piece[offset - position : end - position]
-        return None
-
     def hand_over(self, body: bytes) -> None:
         """A body kept in memory is whole: its readers get it now, and a request that
         comes meanwhile waits for its commit."""
-        self.wrote(0, body)  # the only piece: readers take it whatever its size
+        self._body = body
         self.tee = None  # its followers have it all; readers from now on take `body`
         self.committing = True
         self._last = len(body)
@@ -274,8 +250,10 @@ class Fill:
             if offset >= self.written:
                 await self._progress()
                 continue
-            piece = self._written_piece(offset, min(end, self.written))
-            if piece is not None:
+            body = self._body
+            if body is not None:
+                # The whole of it without a copy, as most readers want it.
+                piece = body if offset == 0 and end >= len(body) else body[offset:end]
                 offset += len(piece)
                 yield piece
                 continue
@@ -786,22 +764,30 @@ class Fills:
         self._end(fill, Declined(reason))
         return Acquired(None, "miss", response, reason)
 
-    async def read(self, fill: AnyFill, start: int, end: int) -> AsyncIterator[bytes]:
-        """Bytes [start, end) of a fill's body; if the buffer fails under the fill, the
-        rest comes from the origin with a validated Range request (fail open)."""
-        offset = start
-        buffer_failed = False
+    async def send(self, fill: AnyFill, channel: Channel, start: int, end: int) -> None:
+        """Send bytes [start, end) of a fill's body to `channel` as they come: the core
+        sends them where it keeps the body and holds the client's connection (`Fill.tee`),
+        the fill's reader writes them otherwise; what the buffer fails to keep comes from
+        the origin with a validated Range request (fail open)."""
+        sent = start
         try:
+            if isinstance(fill, Fill) and fill.tee is not None:
+                tee = fill.tee
+                try:
+                    if await channel.follow(tee, start, end, fill.whole):
+                        return
+                except BufferFailed:
+                    # What the core sent stays sent.
+                    sent = min(end, max(start, tee.published))
+                    raise
             async for chunk in fill.read(start, end):
-                offset += len(chunk)
-                yield chunk
+                await channel.write(chunk)
+                sent += len(chunk)
         except BufferFailed:
-            buffer_failed = True
-        if buffer_failed:
-            async for chunk in self.from_origin(fill, offset, end):
-                yield chunk
+            async for chunk in self._from_origin(fill, sent, end):
+                await channel.write(chunk)
 
-    async def from_origin(self, fill: AnyFill, start: int, end: int) -> AsyncIterator[bytes]:
+    async def _from_origin(self, fill: AnyFill, start: int, end: int) -> AsyncIterator[bytes]:
         """Bytes [start, end) of a fill's body from its origin, with a Range request
         validated by If-Range: for a reader whose bytes the buffer failed to keep."""
         if start >= end:
@@ -925,7 +911,6 @@ class Fills:
             self._metrics,
             target,
             fill._advance_to,
-            fill.wrote,
             fill.hand_over,
             connections=self._connections if splittable else 1,
         )

@@ -98,8 +98,7 @@ class Target:
 
 class SegmentedCopy:
     """Fetch one body in segments; `advance(prefix)` is told the contiguous bytes in the
-    file, `wrote(position, piece)` each piece Python writes into it, and `whole(body)`
-    a body kept in memory once it is complete."""
+    file, and `whole(body)` a body kept in memory once it is complete."""
 
     def __init__(
         self,
@@ -107,7 +106,6 @@ class SegmentedCopy:
         metrics: Metrics,
         target: Target,
         advance: Callable[[int], None],
-        wrote: Callable[[int, bytes], None],
         whole: Callable[[bytes], None],
         connections: int,
     ) -> None:
@@ -116,7 +114,6 @@ class SegmentedCopy:
         self._metrics = metrics
         self._target = target
         self._advance = advance
-        self._wrote = wrote
         self._whole = whole
         self._connections = connections if target.fd is not None else 1
         self._bounds = [(0, target.size)]  # one segment until the probe says otherwise
@@ -344,7 +341,6 @@ class SegmentedCopy:
     def _write(self, index: int, piece: bytes, position: int) -> None:
         assert self._target.fd is not None
         pwrite_all(self._target.fd, piece, position)
-        self._wrote(position, piece)
         if position == self._hashed:
             # In order: hash it as it is rather than reading it back later.
             self._hash(partial(self._digest.update, piece))

@@ -15,6 +15,7 @@ the same for both.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -26,10 +27,8 @@ from urllib.parse import urlsplit
 from sidecar.buffer.fill import (
     Acquired,
     AnyFill,
-    BufferFailed,
     Declined,
     Fetched,
-    Fill,
     FillFailed,
     Fills,
     StoredMeanwhile,
@@ -352,23 +351,8 @@ class Router:
         else:
             self.metrics.counters.coalesced += 1
 
-        async def follow(start: int, end: int) -> None:
-            # A body on its way in the core: it sends the client its bytes as they come.
-            if isinstance(fill, Fill) and fill.tee is not None:
-                tee = fill.tee
-                try:
-                    if await channel.follow(tee, start, end, fill.whole):
-                        return
-                except BufferFailed:
-                    # What the core sent stays sent; the rest comes from the origin.
-                    rest = min(end, max(start, tee.published))
-                    async for chunk in self.fills.from_origin(fill, rest, end):
-                        await channel.write(chunk)
-                    return
-            async for chunk in self.fills.read(fill, start, end):
-                await channel.write(chunk)
-
-        await self._send(request, channel, representation, kind, follow)
+        body = functools.partial(self.fills.send, fill, channel)
+        await self._send(request, channel, representation, kind, body)
 
     def _forget(self, key: str) -> None:
         """Drop an object whose body is gone, so that the next request fills it again."""

@@ -1,6 +1,6 @@
-"""A fill's readers in its own worker: the latest pieces the pump wrote come from memory
-(`Fill.wrote`, RECENT bytes of them), older bytes from the file, and either way exactly
-the bytes of the body, whatever the pieces and the range."""
+"""A fill's readers in its own worker: a body's pieces, read back from its file as the
+pump writes them, or a small body handed over whole in memory; either way exactly the
+bytes of the body, whatever the pieces and the range."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.buffer.fill import RECENT, Fill
+from sidecar.buffer.fill import Fill
 from sidecar.buffer.segments import pwrite_all
 
 
@@ -34,7 +34,6 @@ async def _follow(path: Path, body: bytes, cuts: list[int], start: int, end: int
         for position, stop in zip(edges, edges[1:], strict=False):
             piece = body[position:stop]
             pwrite_all(fill._fd, piece, position)
-            fill.wrote(position, piece)
             fill._advance_to(stop)
             await asyncio.sleep(0)  # the reader may keep up, or fall behind
         await asyncio.wait_for(reading, 10)
@@ -45,10 +44,10 @@ async def _follow(path: Path, body: bytes, cuts: list[int], start: int, end: int
 
 @settings(max_examples=60, deadline=None)
 @given(st.data())
-def test_a_reader_gets_exactly_its_range_from_pieces_in_memory_and_the_file(
+def test_a_reader_gets_exactly_its_range_from_pieces_in_the_file(
     tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
 ) -> None:
-    size = data.draw(st.integers(1, 3 * RECENT))
+    size = data.draw(st.integers(1, 3 * 1024 * 1024))
     body = os.urandom(size)
     cuts = data.draw(st.lists(st.integers(1, size), max_size=40))
     start = data.draw(st.integers(0, size - 1))
@@ -57,16 +56,27 @@ def test_a_reader_gets_exactly_its_range_from_pieces_in_memory_and_the_file(
     assert asyncio.run(_follow(path, body, cuts, start, end)) == body[start:end]
 
 
-def test_only_the_latest_recent_bytes_stay_in_memory_and_always_the_last_piece() -> None:
-    async def main() -> tuple[list[int], list[int]]:
-        fill = Fill("k", "https://example.test/k", 0)
-        piece = b"x" * (RECENT // 4)
-        for i in range(10):
-            fill.wrote(i * len(piece), piece)
-        kept = [position for position, _ in fill._recent]
-        fill.wrote(10 * len(piece), b"y" * (2 * RECENT))  # larger than RECENT alone
-        return kept, [position for position, _ in fill._recent]
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_a_body_handed_over_whole_gives_each_reader_exactly_its_range(
+    data: st.DataObject,
+) -> None:
+    body = os.urandom(data.draw(st.integers(1, 256 * 1024)))
+    start = data.draw(st.integers(0, len(body) - 1))
+    end = data.draw(st.integers(start + 1, len(body)))
 
-    kept, then = asyncio.run(main())
-    assert kept == [i * (RECENT // 4) for i in range(6, 10)]
-    assert then == [10 * (RECENT // 4)]
+    async def main() -> tuple[list[bytes], list[bytes]]:
+        fill = Fill("k", "https://example.test/k", 0)
+
+        async def read(start: int, end: int) -> list[bytes]:
+            return [chunk async for chunk in fill.read(start, end)]
+
+        # Readers that came before the body was whole wait for it.
+        waiting = asyncio.gather(read(start, end), read(0, len(body)))
+        await asyncio.sleep(0)
+        fill.hand_over(body)
+        return await asyncio.wait_for(waiting, 10)
+
+    part, whole = asyncio.run(main())
+    assert b"".join(part) == body[start:end]
+    assert len(whole) == 1 and whole[0] is body  # all of it, without a copy
