@@ -199,15 +199,21 @@ impl Core {
             return Ok(HANDSHAKE_DONE);
         };
         loop {
+            let mut sent = false;
             while session.wants_write() {
                 match session.write_tls(&mut Socket(socket)) {
-                    Ok(_) => {}
+                    Ok(_) => sent = true,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(WANTS_WRITE),
                     Err(e) => return Err(e),
                 }
             }
             if !session.is_handshaking() {
                 return Ok(HANDSHAKE_DONE);
+            }
+            if sent {
+                // The peer answers the flight just sent: nothing of that answer can be
+                // there yet, and the socket's readiness says when it is.
+                return Ok(WANTS_READ);
             }
             match session.read_tls(&mut Socket(socket)) {
                 Ok(0) => {
@@ -240,9 +246,14 @@ impl Core {
 
     /// Read what has arrived: plaintext for the protocol, and whether the client ended.
     fn read(&mut self) -> io::Result<(Vec<u8>, bool)> {
+        self.read_at_most(READ_SIZE)
+    }
+
+    /// `read`, stopping once `limit` bytes of plaintext are in hand.
+    fn read_at_most(&mut self, limit: usize) -> io::Result<(Vec<u8>, bool)> {
         let socket = self.raw();
         let Some(session) = self.tls.as_deref_mut() else {
-            self.read_buffer.resize(READ_SIZE, 0);
+            self.read_buffer.resize(limit, 0);
             return match Socket(socket).read(&mut self.read_buffer) {
                 Ok(0) => Ok((Vec::new(), true)),
                 Ok(n) => Ok((self.read_buffer[..n].to_vec(), false)),
@@ -251,8 +262,9 @@ impl Core {
             };
         };
         let unread = std::mem::take(&mut self.unread);
-        let (plain, ended, rest) = CIPHERTEXT
-            .with_borrow_mut(|buffer| decrypt_arrived(session, Socket(socket), unread, buffer))?;
+        let (plain, ended, rest) = CIPHERTEXT.with_borrow_mut(|buffer| {
+            decrypt_arrived(session, Socket(socket), unread, buffer, limit)
+        })?;
         self.unread = rest;
         if ended.is_some_and(|closure_alert| !closure_alert) {
             // A TCP end without TLS's closure alert: a client is gone all the same; an
@@ -522,24 +534,28 @@ impl Stream {
 /// an earlier call read and left), reading the socket into `buffer` in large reads:
 /// the plaintext, whether the peer ended (`Some(true)`: with TLS's closure alert,
 /// `Some(false)`: the TCP connection only) and the ciphertext read and not taken,
-/// which is left when `READ_SIZE` of plaintext is reached first.
+/// which is left when `limit` bytes of plaintext are reached first.
 fn decrypt_arrived(
     session: &mut Connection,
     mut socket: Socket,
     unread: Vec<u8>,
     buffer: &mut [u8],
+    limit: usize,
 ) -> io::Result<(Vec<u8>, Option<bool>, Vec<u8>)> {
     let mut plain = Vec::new();
     buffer[..unread.len()].copy_from_slice(&unread);
     let (mut taken, mut filled) = (0, unread.len());
-    let (mut blocked, mut tcp_ended) = (false, false);
+    // Drained: the socket held no more than was read. A read shorter than the buffer
+    // took all there was, so the next would find nothing; the socket's readiness says
+    // when more comes.
+    let (mut drained, mut tcp_ended) = (false, false);
     loop {
-        if taken == filled && !blocked && !tcp_ended {
+        if taken == filled && !drained && !tcp_ended {
             (taken, filled) = (0, 0);
             match socket.read(buffer) {
                 Ok(0) => tcp_ended = true,
-                Ok(n) => filled = n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => blocked = true,
+                Ok(n) => (filled, drained) = (n, n < buffer.len()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => drained = true,
                 Err(e) => return Err(e),
             }
         }
@@ -567,7 +583,7 @@ fn decrypt_arrived(
         if closure_alert || (tcp_ended && all_taken) {
             return Ok((plain, Some(closure_alert), Vec::new()));
         }
-        if (blocked && all_taken) || plain.len() >= READ_SIZE {
+        if (drained && all_taken) || plain.len() >= limit {
             return Ok((plain, None, buffer[taken..filled].to_vec()));
         }
     }
@@ -1262,7 +1278,7 @@ mod tests {
     /// closure alert (`notify`) or only the TCP end; what the stream reads, and whether
     /// it saw the end as a cut.
     fn from_origin(name: &str, reply: &'static [u8], notify: bool) -> io::Result<(Vec<u8>, bool)> {
-        from_origin_reading(name, reply, notify, |_| {})
+        from_origin_reading(name, reply, notify, READ_SIZE, |_| {})
     }
 
     /// `from_origin`, with `after_read` shown the stream after each of its reads.
@@ -1270,6 +1286,7 @@ mod tests {
         name: &str,
         reply: &'static [u8],
         notify: bool,
+        limit: usize,
         mut after_read: impl FnMut(&Core),
     ) -> io::Result<(Vec<u8>, bool)> {
         let (near, far) = UnixStream::pair().unwrap();
@@ -1294,7 +1311,7 @@ mod tests {
             }
             let mut received = Vec::new();
             loop {
-                let (data, ended) = client.read()?;
+                let (data, ended) = client.read_at_most(limit)?;
                 after_read(&client);
                 received.extend_from_slice(&data);
                 if ended {
@@ -1320,13 +1337,15 @@ mod tests {
         let reply: Vec<u8> = (0..4_000_000u32).map(|i| (i % 251) as u8).collect();
         let reply: &'static [u8] = Box::leak(reply.into_boxed_slice());
         let mut reads_left_ciphertext = 0;
-        let (received, cut) = from_origin_reading("localhost", reply, true, |client| {
+        // Less than the socket holds at once, so that reads stop mid-way through it.
+        let limit = 16 * 1024;
+        let (received, cut) = from_origin_reading("localhost", reply, true, limit, |client| {
             assert!(client.unread.len() <= CIPHERTEXT_READ);
             reads_left_ciphertext += usize::from(client.holds_unread());
         })
         .unwrap();
         assert!(received == reply && !cut);
-        // Reads stop at READ_SIZE of plaintext, mid-way through what the socket gave.
+        // Reads stop at their limit of plaintext, mid-way through what the socket gave.
         assert!(reads_left_ciphertext > 0);
     }
 
