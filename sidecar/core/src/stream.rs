@@ -547,8 +547,12 @@ fn decrypt_arrived(
     let (mut taken, mut filled) = (0, unread.len());
     // Drained: the socket held no more than was read. A read shorter than the buffer
     // took all there was, so the next would find nothing; the socket's readiness says
-    // when more comes.
-    let (mut drained, mut tcp_ended) = (false, false);
+    // when more comes. So it is for plaintext the session decrypted before (a request
+    // that came with the handshake's last flight): what came with it was read then.
+    let held = session
+        .process_new_packets()
+        .is_ok_and(|state| state.plaintext_bytes_to_read() > 0 || state.peer_has_closed());
+    let (mut drained, mut tcp_ended) = (held && unread.is_empty(), false);
     loop {
         if taken == filled && !drained && !tcp_ended {
             (taken, filled) = (0, 0);
