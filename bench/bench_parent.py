@@ -33,7 +33,11 @@ def epoch(lab: Lab, pods: list[Sidecar], urls: list[str], size: int, seed: int) 
 
     def read(index: int) -> None:
         order = random.Random(seed * 1000 + index).sample(urls, len(urls))
-        transfers = clients.curl_many(lab.through(pods[index]), order)
+        try:
+            transfers = clients.curl_many(lab.through(pods[index]), order)
+        except clients.ClientFailed as e:
+            # The pod's sidecar says why: the lab and its logs go when the run ends.
+            raise clients.ClientFailed(f"{e}\nits sidecar's log:\n{pods[index].log()}") from e
         clients.check_transfers(transfers, size)
 
     started = time.perf_counter()
