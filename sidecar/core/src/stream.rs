@@ -158,6 +158,9 @@ pub(crate) struct Core {
     truncated: bool, // an origin ended the TCP connection without the closure alert
     /// Ciphertext read from the socket that the TLS session has not taken yet.
     unread: Vec<u8>,
+    /// Plaintext the session decrypted while reading for the handshake: the next read
+    /// takes it without reading the socket, whose bytes came with it.
+    decrypted_ahead: bool,
 }
 
 impl Core {
@@ -175,6 +178,7 @@ impl Core {
             write_eof: false,
             truncated: false,
             unread: Vec::new(),
+            decrypted_ahead: false,
         }
     }
 
@@ -237,11 +241,12 @@ impl Core {
     /// Whether the TLS session holds plaintext (or the peer's closure) it decrypted
     /// while reading for the handshake; an error there is for `read` to tell.
     fn holds_plaintext(&mut self) -> bool {
-        self.tls.as_deref_mut().is_some_and(|session| {
+        self.decrypted_ahead = self.tls.as_deref_mut().is_some_and(|session| {
             session.process_new_packets().map_or(true, |state| {
                 state.plaintext_bytes_to_read() > 0 || state.peer_has_closed()
             })
-        })
+        });
+        self.decrypted_ahead
     }
 
     /// Read what has arrived: plaintext for the protocol, and whether the client ended.
@@ -262,8 +267,9 @@ impl Core {
             };
         };
         let unread = std::mem::take(&mut self.unread);
+        let drained = std::mem::take(&mut self.decrypted_ahead) && unread.is_empty();
         let (plain, ended, rest) = CIPHERTEXT.with_borrow_mut(|buffer| {
-            decrypt_arrived(session, Socket(socket), unread, buffer, limit)
+            decrypt_arrived(session, Socket(socket), unread, buffer, limit, drained)
         })?;
         self.unread = rest;
         if ended.is_some_and(|closure_alert| !closure_alert) {
@@ -534,25 +540,22 @@ impl Stream {
 /// an earlier call read and left), reading the socket into `buffer` in large reads:
 /// the plaintext, whether the peer ended (`Some(true)`: with TLS's closure alert,
 /// `Some(false)`: the TCP connection only) and the ciphertext read and not taken,
-/// which is left when `limit` bytes of plaintext are reached first.
+/// which is left when `limit` bytes of plaintext are reached first. `drained`: the
+/// socket holds nothing more for now (what came was read), so it is not read at first.
 fn decrypt_arrived(
     session: &mut Connection,
     mut socket: Socket,
     unread: Vec<u8>,
     buffer: &mut [u8],
     limit: usize,
+    mut drained: bool,
 ) -> io::Result<(Vec<u8>, Option<bool>, Vec<u8>)> {
     let mut plain = Vec::new();
     buffer[..unread.len()].copy_from_slice(&unread);
     let (mut taken, mut filled) = (0, unread.len());
-    // Drained: the socket held no more than was read. A read shorter than the buffer
-    // took all there was, so the next would find nothing; the socket's readiness says
-    // when more comes. So it is for plaintext the session decrypted before (a request
-    // that came with the handshake's last flight): what came with it was read then.
-    let held = session
-        .process_new_packets()
-        .is_ok_and(|state| state.plaintext_bytes_to_read() > 0 || state.peer_has_closed());
-    let (mut drained, mut tcp_ended) = (held && unread.is_empty(), false);
+    // A read shorter than the buffer took all there was, so the next would find
+    // nothing: the socket's readiness says when more comes.
+    let mut tcp_ended = false;
     loop {
         if taken == filled && !drained && !tcp_ended {
             (taken, filled) = (0, 0);
