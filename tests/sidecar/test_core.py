@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import socket
 import ssl
 import threading
@@ -102,10 +103,13 @@ def _serve(
 
 
 def _tls_client(
-    port: int, issuer: trustme.CA, read: Callable[[ssl.SSLSocket], bytes]
+    port: int,
+    issuer: trustme.CA,
+    read: Callable[[ssl.SSLSocket], bytes],
+    before: Callable[[ssl.SSLSocket], None] = lambda client: None,
 ) -> tuple[threading.Thread, list[bytes | BaseException]]:
-    """A client thread that sends a request and reads with `read`; what it got, or its
-    error."""
+    """A client thread that calls `before` once its handshake is done, then sends a
+    request and reads with `read`; what it got, or its error."""
     context = ssl.create_default_context()
     issuer.configure_trust(context)
     context.set_alpn_protocols(["h2", "http/1.1"])
@@ -123,6 +127,7 @@ def _tls_client(
                     # OpenSSL lists AES-256 first; the core's order wins: the cheaper
                     # AES-128 (ten rounds, a key schedule on SHA-256).
                     assert client.cipher()[0] == "TLS_AES_128_GCM_SHA256", client.cipher()
+                    before(client)
                     client.sendall(b"GET / HTTP/1.1\r\nHost: origin.test\r\n\r\n")
                     got.append(read(client))
         except BaseException as e:  # handed to the test
@@ -142,12 +147,16 @@ def _read_slowly_then_all(client: ssl.SSLSocket) -> bytes:
 
 
 async def _exchange(
-    leaf: trustme.LeafCert, issuer: trustme.CA, answer: Callable[[native.Stream], None]
+    leaf: trustme.LeafCert,
+    issuer: trustme.CA,
+    answer: Callable[[native.Stream], None],
+    read: Callable[[ssl.SSLSocket], bytes] = _read_slowly_then_all,
+    before: Callable[[ssl.SSLSocket], None] = lambda client: None,
 ) -> tuple[Recorder, bytes | BaseException]:
     listener, accept = _serve(leaf, answer)
     with listener:
         serving = accept()
-        thread, got = _tls_client(listener.getsockname()[1], issuer, _read_slowly_then_all)
+        thread, got = _tls_client(listener.getsockname()[1], issuer, read, before)
         protocol = await asyncio.wait_for(serving, 10)
         await asyncio.wait_for(asyncio.shield(protocol.lost), 20)
         await asyncio.to_thread(thread.join, 10)
@@ -187,6 +196,36 @@ def test_a_body_file_shorter_than_its_range_cuts_the_connection(
     assert isinstance(received, ssl.SSLEOFError), received
     assert isinstance(protocol.lost.result(), OSError)
     assert "shorter than recorded" in str(protocol.lost.result())
+
+
+def test_session_tickets_leave_with_the_first_response_not_on_their_own(
+    leaf: trustme.LeafCert, issuer: trustme.CA
+) -> None:
+    """TLS 1.3's tickets are not something a client waits for: they go in the response's
+    system call, and still reach the client."""
+    arrived_alone: list[bool] = []
+    ticketed: list[bool] = []
+
+    def before(client: ssl.SSLSocket) -> None:
+        # The client's Finished is sent: tickets sent at once would be here by now.
+        arrived_alone.append(bool(select.select([client], [], [], 0.3)[0]))
+
+    def read(client: ssl.SSLSocket) -> bytes:
+        received = b""
+        while chunk := client.recv(1024):
+            received += chunk
+        ticketed.append(client.session is not None and client.session.has_ticket)
+        return received
+
+    def answer(stream: native.Stream) -> None:
+        stream.write(HEAD % 2 + b"ok")
+        stream.close()
+
+    protocol, received = asyncio.run(_exchange(leaf, issuer, answer, read, before))
+    assert received == HEAD % 2 + b"ok"
+    assert arrived_alone == [False]
+    assert ticketed == [True]
+    assert protocol.lost.result() is None
 
 
 def test_a_plain_stream_half_closes_and_still_reads(tmp_path: Path) -> None:

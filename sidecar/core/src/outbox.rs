@@ -163,10 +163,8 @@ impl Outbox {
 
     /// Send as much as `sink` takes now; true once everything went out.
     pub fn pump<S: Sink>(&mut self, sink: &mut S) -> io::Result<bool> {
-        // What waited since the last time goes first.
-        if !sink.flush()? {
-            return Ok(false);
-        }
+        // Whatever the sink still holds leaves before what is sent now, and with it,
+        // in one system call (a TLS session's tickets with the response they waited for).
         loop {
             let Some(front) = self.items.front_mut() else {
                 return sink.flush();

@@ -203,6 +203,9 @@ impl Core {
             return Ok(HANDSHAKE_DONE);
         };
         loop {
+            if !session.is_handshaking() && waits_for_next_write(session) {
+                return Ok(HANDSHAKE_DONE);
+            }
             let mut sent = false;
             while session.wants_write() {
                 match session.write_tls(&mut Socket(socket)) {
@@ -877,7 +880,12 @@ impl Stream {
                             stream.watcher.read_later(py, 0.0)?;
                         }
                         // Reading may have made the session want to write (a key update).
-                        if stream.core.tls.as_ref().is_some_and(|s| s.wants_write()) {
+                        if stream
+                            .core
+                            .tls
+                            .as_deref()
+                            .is_some_and(|s| s.wants_write() && !waits_for_next_write(s))
+                        {
                             stream.flush(py, &mut notices)?;
                         }
                     }
@@ -1151,10 +1159,19 @@ pub(crate) fn owned_fd(fd: RawFd) -> PyResult<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// A session with room for a batch of records made while the last ones wait to leave.
+/// A session with room for a batch of records made while the last ones wait to leave:
+/// what a client that reads slowly holds of ciphertext, at most.
 pub(crate) fn session_of(mut session: Connection) -> Box<Connection> {
-    session.set_buffer_limit(Some(4 * TLS_BATCH));
+    session.set_buffer_limit(Some(2 * TLS_BATCH));
     Box::new(session)
+}
+
+/// Whether what `session` wants to write may wait for the next response: on our server
+/// side of TLS 1.3, once the handshake is done, that is only its session tickets or a
+/// key update, neither of which the client waits for (RFC 8446 §4.6.1, §4.6.3). They
+/// leave with the response, in its system call, instead of one of their own.
+fn waits_for_next_write(session: &Connection) -> bool {
+    !is_client(session) && session.protocol_version() == Some(rustls::ProtocolVersion::TLSv1_3)
 }
 
 fn is_client(session: &Connection) -> bool {
