@@ -963,4 +963,112 @@ mod tests {
         let got = responses(&["GET"], &long);
         assert!(matches!(&got[..], [Event::Refused(502, why)] if why.contains("64 KiB")));
     }
+
+    /// A deterministic generator (xorshift64*): every run tries the same cases.
+    struct Cases(u64);
+
+    impl Cases {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    /// `data` changed a few times: a byte replaced by one that framing turns on,
+    /// inserted or removed, or the whole cut short.
+    fn mutated(cases: &mut Cases, data: &[u8]) -> Vec<u8> {
+        const TURNING: &[u8] = b"\r\n :;\t0123456789abcdefxX,-\x00\x7f\xff";
+        let mut out = data.to_vec();
+        for _ in 0..=cases.below(3) {
+            if out.is_empty() {
+                break;
+            }
+            let at = cases.below(out.len());
+            let byte = TURNING[cases.below(TURNING.len())];
+            match cases.below(7) {
+                0..=2 => out[at] = byte,
+                3 | 4 => out.insert(at, byte),
+                5 => {
+                    out.remove(at);
+                }
+                _ => out.truncate(at),
+            }
+        }
+        out
+    }
+
+    /// The events of `data` fed in pieces ending at `cuts` (then the rest), a body's
+    /// consecutive pieces joined: how a body is cut depends on how it arrived, nothing
+    /// else may. Responses answer GETs, each expected once the one before ended.
+    fn fed(responses: bool, data: &[u8], cuts: &[usize]) -> Vec<Event> {
+        let mut parser = if responses {
+            Parser::responses()
+        } else {
+            Parser::default()
+        };
+        if responses {
+            parser.expect("GET");
+        }
+        let mut got: Vec<Event> = Vec::new();
+        let mut from = 0;
+        for &to in cuts.iter().chain([data.len()].iter()) {
+            parser.feed(&data[from..to]);
+            from = to;
+            while let Some(event) = parser.event() {
+                if responses && event == Event::End {
+                    parser.expect("GET");
+                }
+                match (got.last_mut(), event) {
+                    (Some(Event::Body(body)), Event::Body(more)) => body.extend(more),
+                    (_, event) => got.push(event),
+                }
+            }
+        }
+        got
+    }
+
+    #[test]
+    fn any_bytes_frame_the_same_however_they_arrive_and_never_panic() {
+        let requests: &[&[u8]] = &[
+            b"GET /a?b=c HTTP/1.1\r\nHost: h\r\nRange: bytes=0-9\r\n\r\nGET / HTTP/1.0\n\n",
+            b"POST /b HTTP/1.1\r\nHost: h\r\nContent-Length: 11\r\n\r\nhello world",
+            b"PUT /c HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n\
+              5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nTrailer: x\r\n\r\n",
+            b"GET /chat HTTP/1.1\r\nHost: h\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\nxyz",
+        ];
+        let responses: &[&[u8]] = &[
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nETag: \"x\"\r\n\r\nhelloHTTP/1.1 304 OK\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n10\r\n0123456789abcdef\r\n0\r\n\r\n",
+            b"HTTP/1.0 200 OK\r\nContent-Type: x\r\n\r\nuntil the end",
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
+        ];
+        let mut cases = Cases(0x9e37_79b9_7f4a_7c15);
+        for round in 0..20_000 {
+            let is_response = round % 2 == 1;
+            let seeds = if is_response { responses } else { requests };
+            let seed = seeds[cases.below(seeds.len())];
+            let data = mutated(&mut cases, seed);
+            let whole = fed(is_response, &data, &[]);
+            let mut cuts: Vec<usize> = if round % 50 == 0 {
+                (1..data.len()).collect() // a byte at a time
+            } else {
+                (0..cases.below(4))
+                    .map(|_| cases.below(data.len() + 1))
+                    .collect()
+            };
+            cuts.sort_unstable();
+            assert_eq!(
+                fed(is_response, &data, &cuts),
+                whole,
+                "{:?} cut at {cuts:?}",
+                String::from_utf8_lossy(&data)
+            );
+        }
+    }
 }
