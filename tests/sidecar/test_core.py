@@ -228,6 +228,41 @@ def test_session_tickets_leave_with_the_first_response_not_on_their_own(
     assert protocol.lost.result() is None
 
 
+def test_a_tls_1_2_client_gets_the_handshakes_last_flight_at_once(
+    leaf: trustme.LeafCert, issuer: trustme.CA
+) -> None:
+    """TLS 1.2's handshake ends with the server's flight, which the client waits for
+    before it asks anything: only TLS 1.3's tickets wait for the response."""
+
+    def answer(stream: native.Stream) -> None:
+        stream.write(HEAD % 2 + b"ok")
+        stream.close()
+
+    def talk(port: int) -> bytes:
+        context = ssl.create_default_context()
+        issuer.configure_trust(context)
+        context.maximum_version = ssl.TLSVersion.TLSv1_2
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            open_tunnel(raw, "origin.test:443")
+            with context.wrap_socket(raw, server_hostname="origin.test") as client:
+                assert client.version() == "TLSv1.2"
+                client.sendall(b"GET / HTTP/1.1\r\nHost: origin.test\r\n\r\n")
+                received = b""
+                while chunk := client.recv(1024):
+                    received += chunk
+                return received
+
+    async def main() -> bytes:
+        listener, accept = _serve(leaf, answer)
+        with listener:
+            serving = accept()
+            received = await asyncio.to_thread(talk, listener.getsockname()[1])
+            await asyncio.wait_for(serving, 10)
+        return received
+
+    assert asyncio.run(main()) == HEAD % 2 + b"ok"
+
+
 def test_a_plain_stream_half_closes_and_still_reads(tmp_path: Path) -> None:
     def answer(stream: native.Stream) -> None:
         if not stream.can_write_eof():
