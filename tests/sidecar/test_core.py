@@ -2,7 +2,8 @@
 
 A stored body goes from its file to a TLS client whatever pace the client reads at, with
 the protocol told to pause and resume; a file shorter than the range it was sent for
-cuts the connection, so the client never takes a part for the whole; a plain stream
+cuts the connection, so the client never takes a part for the whole; TLS 1.3's session
+tickets go with the first response, TLS 1.2's last flight at once; a plain stream
 half-closes; the digest stored bodies are checked against is BLAKE3's.
 """
 
@@ -198,6 +199,11 @@ def test_a_body_file_shorter_than_its_range_cuts_the_connection(
     assert "shorter than recorded" in str(protocol.lost.result())
 
 
+def _ok(stream: native.Stream) -> None:
+    stream.write(HEAD % 2 + b"ok")
+    stream.close()
+
+
 def test_session_tickets_leave_with_the_first_response_not_on_their_own(
     leaf: trustme.LeafCert, issuer: trustme.CA
 ) -> None:
@@ -217,11 +223,7 @@ def test_session_tickets_leave_with_the_first_response_not_on_their_own(
         ticketed.append(client.session is not None and client.session.has_ticket)
         return received
 
-    def answer(stream: native.Stream) -> None:
-        stream.write(HEAD % 2 + b"ok")
-        stream.close()
-
-    protocol, received = asyncio.run(_exchange(leaf, issuer, answer, read, before))
+    protocol, received = asyncio.run(_exchange(leaf, issuer, _ok, read, before))
     assert received == HEAD % 2 + b"ok"
     assert arrived_alone == [False]
     assert ticketed == [True]
@@ -233,10 +235,6 @@ def test_a_tls_1_2_client_gets_the_handshakes_last_flight_at_once(
 ) -> None:
     """TLS 1.2's handshake ends with the server's flight, which the client waits for
     before it asks anything: only TLS 1.3's tickets wait for the response."""
-
-    def answer(stream: native.Stream) -> None:
-        stream.write(HEAD % 2 + b"ok")
-        stream.close()
 
     def talk(port: int) -> bytes:
         context = ssl.create_default_context()
@@ -253,7 +251,7 @@ def test_a_tls_1_2_client_gets_the_handshakes_last_flight_at_once(
                 return received
 
     async def main() -> bytes:
-        listener, accept = _serve(leaf, answer)
+        listener, accept = _serve(leaf, _ok)
         with listener:
             serving = accept()
             received = await asyncio.to_thread(talk, listener.getsockname()[1])
