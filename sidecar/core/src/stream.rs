@@ -879,7 +879,9 @@ impl Stream {
                         } else if stream.core.holds_unread() {
                             stream.watcher.read_later(py, 0.0)?;
                         }
-                        // Reading may have made the session want to write (a key update).
+                        // Reading may have made the session want to write (an answer
+                        // to a key update). It goes now, unless it may leave with the
+                        // next response (our server side of TLS 1.3).
                         if stream
                             .core
                             .tls
