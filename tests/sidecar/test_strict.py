@@ -583,6 +583,170 @@ def test_the_lean_server_answers_or_closes_any_request_and_forwards_nothing_afte
     assert "Traceback" not in log and "unexpected error" not in log, log[-3000:]
 
 
+# -- malformed responses, generated ----------------------------------------------------------
+
+# Status lines an origin may send: (line, interim responses before the final one, whether
+# its answer is the origin's exactly when the rest of the response is valid too).
+STATUS_LINES = [
+    ("HTTP/1.1 200 OK", 0, True),
+    ("HTTP/1.1 404 Not Found", 0, True),
+    ("HTTP/1.0 200 OK", 0, True),
+    ("HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\nHTTP/1.1 200 OK", 1, True),
+    ("HTTP/1.1 204 No Content", 0, False),
+    ("HTTP/1.1 304 Not Modified", 0, False),
+    ("HTTP/1.1 103 Early Hints\r\nContent-Length: 2\r\n\r\nhi\r\nHTTP/1.1 200 OK", 0, False),
+    ("HTTP/1.1 2000 OK", 0, False),
+    ("HTTP/1.1 20 OK", 0, False),
+    ("HTTP/2.0 200 OK", 0, False),
+    ("ICY 200 OK", 0, False),
+    ("HTTP/1.1 200 OK\x00", 0, False),
+]
+# Field lines beside the framing: (line, whether it is valid).
+RESPONSE_LINES = [
+    ("Cache-Control: no-store", True),
+    ("Cache-Control: max-age=60", True),
+    ("Content-Encoding: gzip", True),
+    ("Vary: *", True),
+    ("Set-Cookie: a=b", True),
+    ("Connection: close", True),
+    ('ETag: "v1"', True),
+    ("Date: not a date", True),
+    ("X" * 300 + ": a long name", True),
+    (" folded: line", False),
+    ("X: a\rb", False),
+    ("X: \x00", False),
+    ("no colon", False),
+    ("Content-Length : 5", False),
+    ("Transfer-Encoding : chunked", False),
+]
+# How the body is framed: names, for `_framed`.
+RESPONSE_FRAMINGS = [
+    "length",
+    "length, announced shorter",
+    "length, announced longer",
+    "length, listed twice",
+    "two lengths",
+    "length, negative",
+    "chunked",
+    "chunked, extensions and a trailer",
+    "chunked, cut before its last chunk",
+    "chunked, a size that is not hex",
+    "chunked, and a length",
+    "gzip, chunked",
+    "chunked, gzip",
+    "none",
+]
+# The framings whose body a client gets exactly (the others are the sidecar's to judge).
+EXACT_FRAMINGS = frozenset(
+    ("length", "length, announced shorter", "chunked", "chunked, extensions and a trailer", "none")
+)
+
+
+def _chunks(body: bytes) -> bytes:
+    """`body` in chunks of up to 7 bytes, without the last chunk."""
+    return b"".join(
+        b"%x\r\n%s\r\n" % (len(body[i : i + 7]), body[i : i + 7]) for i in range(0, len(body), 7)
+    )
+
+
+def _framed(framing: str, body: bytes) -> tuple[list[str], bytes, bytes | None, bool]:
+    """Field lines and the bytes after the head for `body` framed so; the body a client
+    gets when the rest of the response is valid (None: the sidecar's to judge); whether
+    the origin must close after it (a body that ends only so)."""
+    n = len(body)
+    if framing == "length":
+        return [f"Content-Length: {n}"], body, body, False
+    if framing == "length, announced shorter":
+        # The rest is more than the origin announced: relayed as announced, not kept.
+        return [f"Content-Length: {n - 1}"], body, body[:-1], False
+    if framing == "length, announced longer":
+        return [f"Content-Length: {n + 7}"], body, None, True
+    if framing == "length, listed twice":
+        return [f"Content-Length: {n}, {n}"], body, None, False
+    if framing == "two lengths":
+        return [f"Content-Length: {n}", f"Content-Length: {n + 1}"], body, None, True
+    if framing == "length, negative":
+        return [f"Content-Length: -{n}"], body, None, True
+    if framing == "chunked":
+        return ["Transfer-Encoding: chunked"], _chunks(body) + b"0\r\n\r\n", body, False
+    if framing == "chunked, extensions and a trailer":
+        chunked = _chunks(body).replace(b"\r\n", b";x=1\r\n", 1) + b"0\r\nX-Trailer: t\r\n\r\n"
+        return ["Transfer-Encoding: chunked"], chunked, body, False
+    if framing == "chunked, cut before its last chunk":
+        return ["Transfer-Encoding: chunked"], _chunks(body), None, True
+    if framing == "chunked, a size that is not hex":
+        return ["Transfer-Encoding: chunked"], b"zz\r\n" + body + b"\r\n0\r\n\r\n", None, True
+    if framing == "chunked, and a length":
+        lines = ["Transfer-Encoding: chunked", f"Content-Length: {n + 3}"]
+        return lines, _chunks(body) + b"0\r\n\r\n", None, False
+    if framing == "gzip, chunked":
+        return ["Transfer-Encoding: gzip, chunked"], _chunks(body) + b"0\r\n\r\n", None, False
+    if framing == "chunked, gzip":
+        return ["Transfer-Encoding: chunked, gzip"], body, None, True
+    assert framing == "none"
+    return [], body, body, True
+
+
+@st.composite
+def malformed_responses(draw: st.DrawFn) -> tuple[bytes, int, bytes | None, int, bool]:
+    """A response with at most one part wrong (its status line, a field line, or its
+    framing), perhaps followed by stray bytes: its bytes, the interim responses before
+    its final one, the final status and body a client gets when nothing is wrong (None:
+    the sidecar's to judge), and whether the origin closes after it."""
+    wrong = draw(st.sampled_from(["nothing", "status line", "field line", "framing"]))
+    statuses = [s for s in STATUS_LINES if s[2] != (wrong == "status line")]
+    line, interims, _ = draw(st.sampled_from(statuses))
+    extra = draw(st.lists(st.sampled_from([t for t, ok in RESPONSE_LINES if ok]), max_size=3))
+    if wrong == "field line":
+        invalid = draw(st.sampled_from([t for t, ok in RESPONSE_LINES if not ok]))
+        extra.insert(draw(st.integers(0, len(extra))), invalid)
+    framings = [f for f in RESPONSE_FRAMINGS if (f in EXACT_FRAMINGS) != (wrong == "framing")]
+    framing = draw(st.sampled_from(framings))
+    body = draw(st.binary(min_size=1, max_size=40))
+    lines, after, expected, must_close = _framed(framing, body)
+    stray = draw(st.binary(max_size=12))
+    closes = must_close or draw(st.booleans())
+    if framing == "none":
+        expected = body + stray  # the body is whatever comes before the close
+    head = "\r\n".join([line, *extra, *lines]) + "\r\n\r\n"
+    status = int(line.rpartition("\r\n")[2].split()[1]) if wrong == "nothing" else 0
+    if wrong != "nothing":
+        expected = None
+    return head.encode("latin-1") + after + stray, interims, expected, status, closes
+
+
+@settings(
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(response=malformed_responses(), front=st.sampled_from(FRONTS))
+def test_any_response_is_relayed_exactly_or_refused_at_once_and_only_a_whole_one_is_kept(
+    strict_sidecar: Sidecar,
+    raw_origin: RawOrigin,
+    response: tuple[bytes, int, bytes | None, int, bool],
+    front: str,
+) -> None:
+    raw, interims, expected, status, closes = response
+    name = f"fuzz-response-{time.monotonic_ns()}"
+    raw_origin.responses[name] = raw
+    if closes:
+        raw_origin.closing.add(name)
+    first = _get(strict_sidecar, front, raw_origin, name, count=1 + interims)
+    # An answer, or a close, at once: never a client left waiting on a broken origin.
+    assert first.complete or first.closed, first
+    if expected is not None:
+        assert first.complete == 1 + interims, first
+        assert first.statuses[-1] == status and first.bodies[-1] == expected, first
+    again = _get(strict_sidecar, front, raw_origin, name, count=1 + interims)
+    if raw_origin.count(name) == 1:
+        # Answered from the buffer: only a whole 200 is kept, and it is what was relayed.
+        assert first.complete and first.statuses[-1] == 200, first
+        assert again.statuses[-1] == 200 and again.bodies[-1] == first.bodies[-1], again
+    log = strict_sidecar.log()
+    assert "Traceback" not in log and "unexpected error" not in log, log[-3000:]
+
+
 # -- bodies of unknown length, stored ---------------------------------------------------------
 
 CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nCache-Control: max-age=3600\r\n\r\n"
