@@ -747,6 +747,117 @@ def test_any_response_is_relayed_exactly_or_refused_at_once_and_only_a_whole_one
     assert "Traceback" not in log and "unexpected error" not in log, log[-3000:]
 
 
+# -- ranges, generated ----------------------------------------------------------------------
+
+RANGE_SIZES = [1, 10, 1000, 70_000, 300_000]  # bytes: kept in memory while filled, all of them
+ETAG = '"v1"'
+
+
+@st.composite
+def range_requests(draw: st.DrawFn) -> tuple[int, str, str | None, tuple[int, int] | None | bool]:
+    """An object's size, a Range field, perhaps an If-Range, and what they must get:
+    (first, last) for a 206, True for the whole object, False for a 416, None when the
+    sidecar may choose (several ranges: coalesced into one, or the whole object)."""
+    size = draw(st.sampled_from(RANGE_SIZES))
+    position = st.sampled_from([0, 1, size - 1, size, size + 1, 10**25]) | st.integers(0, size + 2)
+    form = draw(st.sampled_from(["first-last", "first-", "-suffix", "two", "invalid"]))
+    expected: tuple[int, int] | None | bool
+    if form == "first-last":
+        first, last = draw(position), draw(position)
+        spec = f"{first}-{last}"
+        if last < first:
+            expected = True  # invalid: ignored
+        else:
+            expected = (first, min(last, size - 1)) if first < size else False
+    elif form == "first-":
+        first = draw(position)
+        spec = f"{first}-"
+        expected = (first, size - 1) if first < size else False
+    elif form == "-suffix":
+        suffix = draw(position)
+        spec = f"-{suffix}"
+        expected = (max(size - suffix, 0), size - 1) if suffix > 0 else False
+    elif form == "two":
+        spec = f"{draw(position)}-{draw(position)}, -{draw(position)}"
+        expected = None
+    else:
+        spec = draw(st.sampled_from(["", "-", "--1", "1-2-3", "a-b", "0x10-", "1 - 2"]))
+        expected = True
+    unit = draw(st.sampled_from(["bytes", "Bytes", "BYTES"]))
+    if form == "invalid" or draw(st.booleans()):
+        value = f"{unit}={spec}"
+    else:
+        value = f"{unit}= {spec} "  # whitespace around a range-spec (RFC 9110 §5.6.1)
+    if_range = draw(st.sampled_from([None, ETAG, '"v0"', f"W/{ETAG}"]))
+    if if_range is not None and if_range != ETAG:
+        # Only the current representation's strong validator lets a range through.
+        expected = True
+    return size, value, if_range, expected
+
+
+def _pattern(size: int, seed: int) -> bytes:
+    """`size` bytes in which every short slice says where it was cut from."""
+    return bytes((i + seed) % 251 for i in range(size))
+
+
+@settings(
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    request=range_requests(),
+    stored=st.booleans(),
+    front=st.sampled_from(FRONTS),
+    seed=st.integers(0, 250),
+)
+def test_any_range_gets_its_bytes_the_whole_object_or_a_416_from_the_buffer_and_from_a_fill(
+    strict_sidecar: Sidecar,
+    raw_origin: RawOrigin,
+    request: tuple[int, str, str | None, tuple[int, int] | None | bool],
+    stored: bool,
+    front: str,
+    seed: int,
+) -> None:
+    size, value, if_range, expected = request
+    body = _pattern(size, seed)
+    name = f"fuzz-range-{time.monotonic_ns()}"
+    raw_origin.responses[name] = (
+        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nETag: %s\r\nCache-Control: max-age=3600\r\n"
+        b"\r\n%s" % (size, ETAG.encode(), body)
+    )
+    if stored:
+        assert _get(strict_sidecar, front, raw_origin, name).bodies == [body]
+    client = Client(strict_sidecar, front, raw_origin.port)
+    try:
+        lines = [f"GET {client.target(name)} HTTP/1.1", f"Host: {client.authority}"]
+        lines += [f"Range: {value}"] + ([f"If-Range: {if_range}"] if if_range else [])
+        client.send(("\r\n".join(lines) + "\r\n\r\n").encode())
+        reply = client.replies(linger=0)
+    finally:
+        client.close()
+    assert reply.complete == 1, reply.statuses
+    (status,), (got,), (head,) = reply.statuses, reply.bodies, reply.heads
+    if status == 206:
+        unit, _, span = head["content-range"].partition(" ")
+        first, _, rest = span.partition("-")
+        last, _, total = rest.partition("/")
+        assert unit == "bytes" and total == str(size), head
+        assert got == body[int(first) : int(last) + 1] and got, (head, len(got))
+        answered: tuple[int, int] | bool = (int(first), int(last))
+    elif status == 416:
+        assert head["content-range"] == f"bytes */{size}", head
+        answered = False
+    else:
+        assert status == 200 and got == body, (status, len(got))
+        answered = True
+    if expected is not None:
+        assert answered == expected, (value, if_range, head)
+    # One fetch of the object, whichever came first; then a whole hit.
+    assert _get(strict_sidecar, front, raw_origin, name).bodies == [body]
+    assert raw_origin.count(name) == 1
+
+
 # -- bodies of unknown length, stored ---------------------------------------------------------
 
 CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nCache-Control: max-age=3600\r\n\r\n"
