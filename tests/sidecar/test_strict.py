@@ -858,6 +858,75 @@ def test_any_range_gets_its_bytes_the_whole_object_or_a_416_from_the_buffer_and_
     assert raw_origin.count(name) == 1
 
 
+# -- pipelined requests, generated -----------------------------------------------------------
+
+# What a request of a pipeline asks for (RFC 9112 §9.3.2: "A server MUST send its
+# responses to those requests in the same order that the requests were received").
+PIPELINED = ["stored", "new", "again", "range", "not modified", "no-store", "not found"]
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    kinds=st.lists(st.sampled_from(PIPELINED), min_size=1, max_size=8),
+    size=st.sampled_from([5, 70_000, 300_000]),
+    front=st.sampled_from(FRONTS),
+)
+def test_pipelined_hits_misses_ranges_and_passes_are_answered_in_order_each_with_its_own(
+    strict_sidecar: Sidecar, raw_origin: RawOrigin, kinds: list[str], size: int, front: str
+) -> None:
+    run = f"pipelined-{time.monotonic_ns()}"
+
+    def serve(name: str, status: str, fields: str = "Cache-Control: max-age=3600\r\n") -> bytes:
+        body = (name.encode() * (size // len(name) + 1))[:size]
+        head = f"HTTP/1.1 {status}\r\nContent-Length: {size}\r\nETag: {ETAG}\r\n{fields}\r\n"
+        raw_origin.responses[name] = head.encode() + body
+        return body
+
+    stored = serve(f"{run}-stored", "200 OK")
+    assert _get(strict_sidecar, front, raw_origin, f"{run}-stored").bodies == [stored]
+    client = Client(strict_sidecar, front, raw_origin.port)
+    requests, expected = [], []
+    fetches = {f"{run}-stored": 1}  # what the origin is asked for, how often
+    latest: str | None = None  # the last new object, which "again" asks for once more
+    for index, kind in enumerate(kinds):
+        name, extra, answer = f"{run}-stored", "", (200, stored)
+        if kind == "new" or (kind == "again" and latest is None):
+            name = latest = f"{run}-new-{index}"
+            answer = (200, serve(name, "200 OK"))
+            fetches[name] = 1
+        elif kind == "again":
+            assert latest is not None
+            name = latest
+            answer = (200, raw_origin.responses[name][-size:])
+        elif kind == "range":
+            extra = f"Range: bytes=1-{size // 2}\r\n"
+            answer = (206, stored[1 : size // 2 + 1])
+        elif kind == "not modified":
+            extra = f"If-None-Match: {ETAG}\r\n"
+            answer = (304, b"")
+        elif kind in ("no-store", "not found"):
+            name = f"{run}-{kind.replace(' ', '-')}"
+            status = "200 OK" if kind == "no-store" else "404 Not Found"
+            answer = (int(status[:3]), serve(name, status, "Cache-Control: no-store\r\n"))
+            fetches[name] = fetches.get(name, 0) + 1
+        requests.append(
+            f"GET {client.target(name)} HTTP/1.1\r\nHost: {client.authority}\r\n{extra}\r\n"
+        )
+        expected.append(answer)
+    try:
+        client.send("".join(requests).encode())
+        reply = client.replies(len(requests), linger=0)
+    finally:
+        client.close()
+    assert not reply.closed and reply.complete == len(requests), reply.statuses
+    assert list(zip(reply.statuses, reply.bodies, strict=True)) == expected, (kinds, reply.statuses)
+    assert {name: raw_origin.count(name) for name in fetches} == fetches
+
+
 # -- bodies of unknown length, stored ---------------------------------------------------------
 
 CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nCache-Control: max-age=3600\r\n\r\n"
