@@ -858,6 +858,105 @@ def test_any_range_gets_its_bytes_the_whole_object_or_a_416_from_the_buffer_and_
     assert raw_origin.count(name) == 1
 
 
+# -- conditional requests, generated -----------------------------------------------------------
+
+LAST_MODIFIED = "Sun, 06 Nov 1994 08:49:37 GMT"
+# Entity-tag lists, and whether they name the stored ETag by strong and by weak comparison
+# (RFC 9110 §8.8.3.2).
+TAG_LISTS = [
+    ("*", True, True),
+    (ETAG, True, True),
+    ('"v0"', False, False),
+    (f"W/{ETAG}", False, True),
+    (f'"v0", {ETAG}', True, True),
+    (f'"v0" , W/{ETAG}', False, True),
+]
+# HTTP-dates, and whether the stored Last-Modified is at or before them (None: not a
+# valid HTTP-date, ignored).
+DATES = [
+    ("Sat, 05 Nov 1994 08:49:37 GMT", False),
+    (LAST_MODIFIED, True),
+    ("Sat, 01 Jan 2000 00:00:00 GMT", True),
+    ("Sunday, 06-Nov-94 08:49:37 GMT", True),
+    ("Sun Nov  6 08:49:37 1994", True),
+    ("yesterday", None),
+]
+
+
+@st.composite
+def conditional_fields(draw: st.DrawFn) -> tuple[list[str], int]:
+    """Any of If-Match, If-None-Match, If-Modified-Since and If-Unmodified-Since, and the
+    status RFC 9110 §13.2.2 gives a GET of the stored object with them."""
+    if_match = draw(st.none() | st.sampled_from(TAG_LISTS))
+    if_none_match = draw(st.none() | st.sampled_from(TAG_LISTS))
+    modified_since = draw(st.none() | st.sampled_from(DATES))
+    unmodified_since = draw(st.none() | st.sampled_from(DATES))
+    lines = []
+    for name, drawn in [
+        ("If-Match", if_match),
+        ("If-None-Match", if_none_match),
+        ("If-Modified-Since", modified_since),
+        ("If-Unmodified-Since", unmodified_since),
+    ]:
+        if drawn is not None:
+            lines.append(f"{name}: {drawn[0]}")
+    draw(st.randoms()).shuffle(lines)
+    # Step 1, or step 2 without If-Match: false is a 412.
+    if if_match is not None:
+        if not if_match[1]:
+            return lines, 412
+    elif unmodified_since is not None and unmodified_since[1] is False:
+        return lines, 412
+    # Step 3, or step 4 without If-None-Match: false is a 304.
+    if if_none_match is not None:
+        return lines, 304 if if_none_match[2] else 200
+    if modified_since is not None and modified_since[1]:
+        return lines, 304
+    return lines, 200
+
+
+@settings(
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(request=conditional_fields(), stored=st.booleans(), front=st.sampled_from(FRONTS))
+def test_any_conditional_get_of_a_stored_object_gets_the_status_the_rfc_gives_it(
+    strict_sidecar: Sidecar,
+    raw_origin: RawOrigin,
+    request: tuple[list[str], int],
+    stored: bool,
+    front: str,
+) -> None:
+    lines, status = request
+    name = f"fuzz-conditional-{time.monotonic_ns()}"
+    body = name.encode()
+    raw_origin.responses[name] = (
+        f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\nETag: {ETAG}\r\n"
+        f"Last-Modified: {LAST_MODIFIED}\r\nCache-Control: max-age=3600\r\n\r\n"
+    ).encode() + body
+    if stored:
+        assert _get(strict_sidecar, front, raw_origin, name).bodies == [body]
+    client = Client(strict_sidecar, front, raw_origin.port)
+    try:
+        head = [f"GET {client.target(name)} HTTP/1.1", f"Host: {client.authority}", *lines]
+        client.send(("\r\n".join(head) + "\r\n\r\n").encode())
+        reply = client.replies(linger=0)
+    finally:
+        client.close()
+    assert reply.complete == 1, reply.statuses
+    answered = (reply.statuses[0], reply.bodies[0])
+    wanted = (status, body if status == 200 else b"")
+    if stored:
+        assert answered == wanted, (lines, reply.heads)
+        assert raw_origin.count(name) == 1
+    else:
+        # A miss with a precondition may ask the origin, whose whole 200 answers too.
+        assert answered in (wanted, (200, body)), (lines, reply.heads)
+    if reply.statuses[0] in (200, 304):
+        assert reply.heads[0]["etag"] == ETAG, reply.heads
+
+
 # -- pipelined requests, generated -----------------------------------------------------------
 
 # What a request of a pipeline asks for (RFC 9112 §9.3.2: "A server MUST send its
