@@ -9,6 +9,8 @@ import ssl
 
 import pytest
 import trustme
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sidecar.wire.hello import (
     ALPN_WITHOUT_HTTP_1,
@@ -294,3 +296,46 @@ def sha12(text: str) -> str:
 def test_malformed_extensions_have_no_fingerprint(data: bytes) -> None:
     with pytest.raises(ValueError):
         client_hello_fingerprint(data)
+
+
+# -- any bytes ------------------------------------------------------------------------------
+
+# A real hello and a hand-made one with every extension the fingerprint reads.
+HELLOS = [
+    client_hello(["h2", "http/1.1"]),
+    split_records(client_hello(["http/1.1"]), 100),
+    hand_made_hello([0x1301, 0x0A0A], [(0, b""), (43, b"\x02\x03\x04"), (16, names(b"h2"))]),
+]
+
+
+@st.composite
+def mutated_hellos(draw: st.DrawFn) -> bytes:
+    """A hello with bytes replaced, inserted or removed, or cut short: a client's first
+    bytes are anyone's."""
+    data = bytearray(draw(st.sampled_from(HELLOS)))
+    for _ in range(draw(st.integers(1, 4))):
+        at = draw(st.integers(0, len(data)))
+        change = draw(st.sampled_from(["replace", "insert", "remove", "cut"]))
+        if change == "replace" and at < len(data):
+            data[at] = draw(st.integers(0, 255))
+        elif change == "insert":
+            data[at:at] = draw(st.binary(min_size=1, max_size=4))
+        elif change == "remove":
+            del data[at : at + draw(st.integers(1, 4))]
+        elif change == "cut":
+            del data[at:]
+    return bytes(data)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(data=mutated_hellos())
+def test_any_first_bytes_have_an_alpn_and_a_fingerprint_or_are_refused_as_such(
+    data: bytes,
+) -> None:
+    # What the front end catches: anything else would be a worker's bug on a client's
+    # bytes (a traceback, the client's connection dropped without an answer).
+    for read in (client_hello_alpn, client_hello_fingerprint):
+        try:
+            read(data)
+        except (Incomplete, ValueError):
+            pass
