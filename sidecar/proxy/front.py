@@ -81,11 +81,15 @@ def parse_connect(head: bytes) -> Connect | None:
         host, sep, port_text = parts[1].decode("ascii").rpartition(":")
     except UnicodeDecodeError:
         return None
-    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    # A port has five digits at most, after any leading zeros: int() of thousands of
+    # digits raises (a head may hold 8 KiB of them).
+    digits = port_text.lstrip("0")
+    if not sep or not host or not port_text.isdigit() or len(digits) > 5:
         return None
-    if host.startswith("[") != host.endswith("]"):
+    port = int(digits or "0")
+    if not 0 < port < 65536 or host.startswith("[") != host.endswith("]"):
         return None
-    return Connect(Tunnel(host.lower(), int(port_text)), end + 4)
+    return Connect(Tunnel(host.lower(), port), end + 4)
 
 
 class Balance:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 import trustme
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from bench.harness import OriginServer, Sidecar
 from sidecar.core import native
@@ -238,3 +240,31 @@ def test_a_connect_and_a_client_hello_in_pieces_are_served(
         head, _, body = response.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200 "), head
         assert body == expected
+
+
+# What a client sends first, changed at random from a CONNECT head.
+CONNECTS = [
+    HEAD,
+    b"CONNECT [::1]:8443 HTTP/1.0\r\n\r\n",
+    b"CONNECT origin.test:0443 HTTP/1.1\r\n\r\n",
+]
+
+
+@settings(max_examples=2000, deadline=None)
+# More digits than int() reads (it raised): zeros before 443, and nines.
+@example(head=HEAD, at=20, inserted=b"0" * 5000, removed=0)
+@example(head=HEAD, at=20, inserted=b"9" * 5000, removed=3)
+@given(
+    head=st.sampled_from(CONNECTS),
+    at=st.integers(0, 64),
+    inserted=st.binary(max_size=8) | st.sampled_from([b"0" * 5000, b"9" * 6, b"\xff", b" "]),
+    removed=st.integers(0, 4),
+)
+def test_any_head_is_a_connect_to_a_port_or_not_a_connect(
+    head: bytes, at: int, inserted: bytes, removed: int
+) -> None:
+    changed = head[:at] + inserted + head[at + removed :]
+    connect = front.parse_connect(changed)
+    if connect is not None:
+        assert 0 < connect.tunnel.port < 65536 and connect.tunnel.host
+        assert changed[: connect.head_length].endswith(b"\r\n\r\n")
