@@ -33,7 +33,7 @@ from sidecar.wire.client import (
     direct_route,
     proxied_route,
 )
-from sidecar.wire.fields import HOP_BY_HOP
+from sidecar.wire.fields import HOP_BY_HOP, MAX_DIGITS
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,9 @@ logger = logging.getLogger(__name__)
 _PARTIAL_OR_CONDITIONAL = frozenset(
     {"range", "if-range", "if-match", "if-none-match", "if-modified-since", "if-unmodified-since"}
 )
-_CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+# Longer numbers are absurd for an offset, and int() of thousands of digits raises.
+_NUMBER = rf"\d{{1,{MAX_DIGITS}}}"
+_CONTENT_RANGE_RE = re.compile(rf"^bytes ({_NUMBER})-({_NUMBER})/({_NUMBER}|\*)$")
 
 
 # Where the interim (1xx) responses an origin sends before its answer to the request
