@@ -5,6 +5,7 @@ served; SIGTERM stops them all."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import time
@@ -345,3 +346,54 @@ def test_a_write_keeps_a_small_fill_in_any_worker_from_being_stored_or_waited_fo
     assert curl(sidecar, url).body == b"new"
     assert sidecar.stats()["hits"] >= 1
     assert "not stored" in sidecar.log()
+
+
+def test_workers_killed_at_random_moments_serve_nothing_wrong_and_leave_nothing_behind(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    """Two clients for each of 14 objects of every size (small ones stored from a lease,
+    larger ones followed in their files), while workers are killed at moments drawn at
+    random: every download is exact or fails, and afterwards every object is served
+    whole, from the buffer, with nothing of the dead left over."""
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    sidecar = start_sidecar("--workers", "2")
+    # At these rates a fill lasts about half a second: most kills land mid-fill.
+    plan = [("small.bin", 200_000)] * 8 + [("medium.bin", 6_000_000)] * 4
+    plan += [("big.bin", 48_000_000)] * 2
+    urls = {
+        origin.url(name, case=f"chaos-{seed}-{index}", rate=rate): name
+        for index, (name, rate) in enumerate(plan)
+    }
+    expected = {name: (dataset / name).read_bytes() for name in FILES}
+    requests = list(urls) * 2
+    rng.shuffle(requests)
+    killed: list[int] = []
+
+    def kill_some() -> None:
+        for _ in range(4):
+            time.sleep(rng.uniform(0.2, 0.8))
+            wait_until(lambda: len(workers_of(sidecar)) == 2, "both workers to be up")
+            victim = rng.choice(workers_of(sidecar))
+            os.kill(victim, signal.SIGKILL)
+            killed.append(victim)
+
+    with ThreadPoolExecutor(7) as pool:
+        killer = pool.submit(kill_some)
+        downloads = list(pool.map(lambda url: (url, curl(sidecar, url)), requests))
+        killer.result()
+    for url, download in downloads:
+        assert download.returncode != 0 or download.body == expected[urls[url]], (seed, url)
+    wait_until(lambda: sidecar.stats()["workers"] == 2, "the workers to be replaced")
+    assert not set(killed) & set(workers_of(sidecar))
+    for url, name in urls.items():
+        assert curl(sidecar, url).body == expected[name], (seed, url)
+    sidecar.wait_for_entries(len(urls))
+    for url, name in urls.items():
+        assert curl(sidecar, url).body == expected[name], (seed, url)
+    wait_until(lambda: sidecar.stats()["fills_in_progress"] == 0, "the fills to end")
+    stats = sidecar.stats()
+    assert stats["reserved_bytes"] == 0 and stats["entries"] == len(urls), (seed, stats)
+    assert stats["buffer_bytes"] == sum(len(expected[name]) for name in urls.values()), stats
+    assert list((sidecar.buffer_dir / "partial").iterdir()) == [], seed
+    assert "Traceback" not in sidecar.log(), (seed, sidecar.log()[-3000:])
