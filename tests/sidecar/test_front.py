@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import trustme
-from hypothesis import example, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bench.harness import OriginServer, Sidecar
@@ -140,6 +140,33 @@ def test_a_client_that_sends_no_request_is_closed(monkeypatch: pytest.MonkeyPatc
         assert DEADLINE * 0.9 < await closed_after(sock) < DEADLINE * 1.4
 
     serve(client)
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [HEAD[:10], HEAD + b"\x16\x03\x01\x02\x00\x01\x00"],
+    ids=["a request head cut short", "a ClientHello cut short"],
+)
+def test_a_client_that_shuts_its_side_mid_way_is_closed_at_once(
+    monkeypatch: pytest.MonkeyPatch, sent: bytes
+) -> None:
+    # A peek sees the same bytes until they are read, end of stream or not: only the
+    # client's FIN says that the rest will never come.
+    monkeypatch.setattr(front, "FIRST_BYTES_TIMEOUT", DEADLINE)
+    monkeypatch.setattr(front, "TLS_HANDSHAKE_TIMEOUT", DEADLINE)
+
+    async def client(sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        head, _, hello = sent.partition(b"\r\n\r\n")
+        if hello:
+            await loop.sock_sendall(sock, HEAD)
+            assert await loop.sock_recv(sock, 4096) == ESTABLISHED
+        await loop.sock_sendall(sock, hello or head)
+        await asyncio.sleep(0.1 * DEADLINE)  # it waits for the rest
+        sock.shutdown(socket.SHUT_WR)
+        assert await closed_after(sock) < 0.3 * DEADLINE
+
+    assert serve(client) == [0]
 
 
 @pytest.mark.parametrize(
@@ -268,3 +295,45 @@ def test_any_head_is_a_connect_to_a_port_or_not_a_connect(
     if connect is not None:
         assert 0 < connect.tunnel.port < 65536 and connect.tunnel.host
         assert changed[: connect.head_length].endswith(b"\r\n\r\n")
+
+
+@pytest.mark.e2e
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_a_client_hello_changed_at_random_ends_its_connection_at_once_and_nothing_else(
+    sidecar: Sidecar, origin: OriginServer, data: st.DataObject
+) -> None:
+    hello = bytearray(client_hello_to(f"origin.test:{origin.port}"))
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(hello) - 1))
+        if data.draw(st.booleans()):
+            hello[at] = data.draw(st.integers(0, 255))
+        else:
+            del hello[at : at + data.draw(st.integers(1, 8))]
+    authority = f"origin.test:{origin.port}"
+    with socket.create_connection(("127.0.0.1", sidecar.proxy_port), timeout=5) as sock:
+        sock.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
+        assert sock.recv(4096) == ESTABLISHED
+        sock.sendall(bytes(hello))
+        sock.shutdown(socket.SHUT_WR)
+        started = time.monotonic()
+        while sock.recv(65536):  # an alert, a tunnelled origin's answer: then the end
+            pass
+        assert time.monotonic() - started < 5
+    log = sidecar.log()
+    assert "Traceback" not in log and "unexpected" not in log, log[-3000:]
+
+
+def client_hello_to(authority: str) -> bytes:
+    """The ClientHello of a real client (Python's ssl) for `authority`'s host."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ssl.create_default_context().wrap_bio(
+        incoming, outgoing, server_hostname=authority.rpartition(":")[0]
+    )
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()

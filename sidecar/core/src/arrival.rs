@@ -69,6 +69,9 @@ pub struct Arrival {
     phase: Phase,
     watcher: Watcher,
     handler: Option<Py<PyAny>>,
+    /// The client shut down its side while the handler waited for more of what it
+    /// sent: nothing more will come.
+    hung_up: bool,
 }
 
 impl Arrival {
@@ -82,12 +85,18 @@ impl Arrival {
         let Some(core) = self.core.as_mut() else {
             return Ok(Step::Wait);
         };
-        let (limit, question, gone) = match self.phase {
-            Phase::Request => (REQUEST_PEEK, "request", "closed before its first request"),
+        let (limit, question, gone, unfinished) = match self.phase {
+            Phase::Request => (
+                REQUEST_PEEK,
+                "request",
+                "closed before its first request",
+                "closed its side before its request head was whole",
+            ),
             Phase::Tunnel => (
                 HELLO_PEEK,
                 "tunnelled",
                 "closed inside the tunnel before its first byte",
+                "closed its side before its ClientHello was whole",
             ),
             Phase::Handshake => {
                 return match core.handshake() {
@@ -107,6 +116,12 @@ impl Arrival {
             }
             Phase::Secured | Phase::Over => return Ok(Step::Wait),
         };
+        if self.hung_up {
+            return Ok(Step::End(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                unfinished,
+            )));
+        }
         match peek(fd, limit) {
             Ok(Some(data)) if data.is_empty() => Ok(Step::End(io::Error::new(
                 io::ErrorKind::ConnectionReset,
@@ -183,6 +198,20 @@ fn peek(fd: RawFd, limit: usize) -> io::Result<Option<Vec<u8>>> {
     Ok(Some(data))
 }
 
+/// Whether the peer of `fd` has shut down its side (its FIN came, or the connection
+/// broke): the bytes waiting there are all that will ever come. A peek cannot tell,
+/// since it returns them until they are read.
+fn peer_hung_up(fd: RawFd) -> bool {
+    let mut polled = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one pollfd, valid for the call; a timeout of 0 does not block.
+    let ready = unsafe { libc::poll(&raw mut polled, 1, 0) };
+    ready > 0 && polled.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+}
+
 /// Accept a client on the listening socket `listener`: its descriptor, non-blocking and
 /// close-on-exec, with Nagle's delay off (a response leaves as soon as it is written).
 /// No socket object of Python's per connection: the arrival takes the descriptor.
@@ -235,6 +264,7 @@ impl Arrival {
             phase: Phase::Request,
             watcher: Watcher::new(event_loop),
             handler: Some(handler),
+            hung_up: false,
         })
     }
 
@@ -257,12 +287,15 @@ impl Arrival {
     }
 
     /// Peek again in `delay` seconds: part of what the handler needs has come, and
-    /// the socket stays readable until it is read.
+    /// the socket stays readable until it is read. A client that has shut down its
+    /// side will send no more: the arrival ends at once instead, as if it had left.
     fn peek_later(&mut self, py: Python<'_>, delay: f64) -> PyResult<()> {
         self.expect(&[Phase::Request, Phase::Tunnel], "peek")?;
         let fd = self.fd();
         self.watcher.reads(py, fd, false)?;
-        self.watcher.read_later(py, delay)
+        self.hung_up = peer_hung_up(fd);
+        self.watcher
+            .read_later(py, if self.hung_up { 0.0 } else { delay })
     }
 
     /// Take the CONNECT head, `head_length` bytes, answer it, and wait for what comes
