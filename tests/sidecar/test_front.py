@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import trustme
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bench.harness import OriginServer, Sidecar
@@ -28,6 +28,7 @@ from sidecar.core import native
 from sidecar.proxy import front
 from sidecar.shared import Shared
 from sidecar.wire.rejections import Rejections
+from tests.sidecar.test_strict import E2E
 
 # Shortened for the tests; the sidecar's are 30 s and 60 s.
 DEADLINE = 1.0  # seconds
@@ -298,11 +299,7 @@ def test_any_head_is_a_connect_to_a_port_or_not_a_connect(
 
 
 @pytest.mark.e2e
-@settings(
-    max_examples=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@settings(E2E, max_examples=60)
 @given(data=st.data())
 def test_a_client_hello_changed_at_random_ends_its_connection_at_once_and_nothing_else(
     sidecar: Sidecar, origin: OriginServer, data: st.DataObject

@@ -33,6 +33,12 @@ FRONTS = ("lean", "mitmproxy")
 # How long a row waits for an answer or a close; the sidecar's own timeouts are longer.
 BOUND = 5.0  # seconds
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+# Property tests through the real sidecar: a request takes what it takes, and the
+# sidecar is a fixture the examples share.
+E2E = settings(
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 @dataclass
@@ -544,11 +550,7 @@ def malformed_requests(draw: st.DrawFn) -> tuple[str, list[str], bytes, bytes]:
     return line, lines, body, stray
 
 
-@settings(
-    max_examples=100,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@settings(E2E, max_examples=100)
 @given(request=malformed_requests(), crlf=st.sampled_from(["\r\n", "\n"]))
 # A chunk size that is not hex, in the body of an upload already under way.
 @example(
@@ -724,11 +726,7 @@ def malformed_responses(draw: st.DrawFn) -> tuple[bytes, int, bytes | None, int,
     return head.encode("latin-1") + after + stray, interims, expected, status, closes
 
 
-@settings(
-    max_examples=100,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@settings(E2E, max_examples=100)
 @given(response=malformed_responses(), front=st.sampled_from(FRONTS))
 def test_any_response_is_relayed_exactly_or_refused_at_once_and_only_a_whole_one_is_kept(
     strict_sidecar: Sidecar,
@@ -809,11 +807,7 @@ def _pattern(size: int, seed: int) -> bytes:
     return bytes((i + seed) % 251 for i in range(size))
 
 
-@settings(
-    max_examples=100,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@settings(E2E, max_examples=100)
 @given(
     request=range_requests(),
     stored=st.booleans(),
@@ -924,11 +918,7 @@ def conditional_fields(draw: st.DrawFn) -> tuple[list[str], int]:
     return lines, 200
 
 
-@settings(
-    max_examples=100,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@settings(E2E, max_examples=100)
 @given(request=conditional_fields(), stored=st.booleans(), front=st.sampled_from(FRONTS))
 def test_any_conditional_get_of_a_stored_object_gets_the_status_the_rfc_gives_it(
     strict_sidecar: Sidecar,
@@ -993,11 +983,7 @@ def paced_responses(draw: st.DrawFn) -> tuple[bytes, bytes, list[tuple[float, in
     return raw, body, list(zip(pauses, sorted(offsets), strict=True))
 
 
-@settings(
-    max_examples=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@settings(E2E, max_examples=60)
 @given(
     response=paced_responses(),
     readers=st.integers(1, 3),
@@ -1039,11 +1025,7 @@ def test_a_response_in_pieces_reaches_every_reader_whole_and_is_stored(
 PIPELINED = ["stored", "new", "again", "range", "not modified", "no-store", "not found"]
 
 
-@settings(
-    max_examples=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@settings(E2E, max_examples=60)
 @given(
     kinds=st.lists(st.sampled_from(PIPELINED), min_size=1, max_size=8),
     size=st.sampled_from([5, 70_000, 300_000]),
