@@ -28,6 +28,7 @@ from sidecar.core import native
 from sidecar.proxy import front
 from sidecar.shared import Shared
 from sidecar.wire.rejections import Rejections
+from tests.sidecar.test_hello import client_hello
 from tests.sidecar.test_strict import E2E
 
 # Shortened for the tests; the sidecar's are 30 s and 60 s.
@@ -304,7 +305,7 @@ def test_any_head_is_a_connect_to_a_port_or_not_a_connect(
 def test_a_client_hello_changed_at_random_ends_its_connection_at_once_and_nothing_else(
     sidecar: Sidecar, origin: OriginServer, data: st.DataObject
 ) -> None:
-    hello = bytearray(client_hello_to(f"origin.test:{origin.port}"))
+    hello = bytearray(client_hello(None, "origin.test"))
     for _ in range(data.draw(st.integers(1, 3))):
         at = data.draw(st.integers(0, len(hello) - 1))
         if data.draw(st.booleans()):
@@ -323,14 +324,3 @@ def test_a_client_hello_changed_at_random_ends_its_connection_at_once_and_nothin
         assert time.monotonic() - started < 5
     log = sidecar.log()
     assert "Traceback" not in log and "unexpected" not in log, log[-3000:]
-
-
-def client_hello_to(authority: str) -> bytes:
-    """The ClientHello of a real client (Python's ssl) for `authority`'s host."""
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    tls = ssl.create_default_context().wrap_bio(
-        incoming, outgoing, server_hostname=authority.rpartition(":")[0]
-    )
-    with pytest.raises(ssl.SSLWantReadError):
-        tls.do_handshake()
-    return outgoing.read()
