@@ -62,6 +62,10 @@ class Answers:
     def bytes(self) -> int:
         """Body bytes of those answers."""
 
+def relayed_bytes() -> int:
+    """Bytes this process's streams of bytes forwarded to one another (tunnels and
+    upgraded connections, both ways)."""
+
 def accept(listener: int) -> int:
     """A client accepted on the listening socket `listener`: its descriptor,
     non-blocking, close-on-exec, TCP_NODELAY. BlockingIOError when none waits."""
@@ -137,6 +141,14 @@ class Stream:
     def body_into(self, tee: Tee) -> None:
         """The rest of the current response's body goes into `tee`, not to the protocol
         (which still hears of its end)."""
+    def forward_to(self, to: Stream, chunked: bool = False) -> None:
+        """What this stream reads goes to `to`, not to the protocol: all its bytes (a
+        stream of bytes), or the rest of the current response's body, in chunks of its
+        own framing with `chunked` (the protocol still hears of its end). The protocol
+        of `to` pauses this stream's reading while `to` is full."""
+    @property
+    def forwarded(self) -> int:
+        """Bytes forwarded so far (a body's without its framing)."""
     def readable(self) -> None: ...
     def writable(self) -> None: ...
     def write(self, data: bytes) -> None: ...

@@ -47,6 +47,7 @@ from sidecar.buffer.fill import read_file
 from sidecar.core import native
 from sidecar.metrics import Counters
 from sidecar.mitm.handoff import CountingWriter
+from sidecar.wire.client import Response
 from sidecar.wire.exchange import BodyFile, ClientGone
 
 logger = logging.getLogger(__name__)
@@ -208,6 +209,10 @@ class ClientChannel:
     ) -> bool:
         """mitmproxy holds the client's connection, not the core: the caller writes."""
         return False
+
+    async def relay(self, response: Response, chunked: bool) -> int | None:
+        """mitmproxy holds the client's connection, not the core: the caller writes."""
+        return None
 
     def finish(self) -> None:
         """Hand the exchange back to mitmproxy: it completes it without writing."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import socket
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -210,28 +211,22 @@ class Front:
         protocol = Http1Connection(tunnel, self._router, self._balance.closed, self._router.answers)
         arrival.take_stream(protocol, requests=True)
 
-    async def _tunnel(self, client: socket.socket, to: Tunnel, reason: str) -> None:
-        """Relay the client's own TLS to the origin untouched."""
+    async def _tunnel(self, client: int, to: Tunnel, reason: str) -> None:
+        """Relay the client's own TLS (the socket `client`, taken over) to the origin
+        untouched."""
         counters = self._tunnels.opened(to.host, reason)
         try:
             origin = await self._router.upstream.tunnel(to.url("/"))
         except UpstreamError as e:
             counters.upstream_errors += 1
             logger.warning("tunnel to %s:%d: %s", to.host, to.port, e)
-            client.close()
+            os.close(client)
             self._balance.closed()
             return
         client_side, origin_side = tunnel.pair(counters, self._balance.closed)
         origin.set_protocol(origin_side)
         origin_side.connection_made(origin)
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.connect_accepted_socket(lambda: client_side, client)
-        except OSError as e:
-            logger.debug("client connection ended early: %s", e)
-            client.close()
-            origin.close()
-            self._balance.closed()
+        native.Stream(client, asyncio.get_running_loop()).start(client_side)
 
     def _spawn(self, work: Coroutine[None, None, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -322,9 +317,7 @@ class _Arrival:
             reason = CLIENT_REJECTED_CA
         if reason is not None:
             self._settle()
-            self._front._spawn(
-                self._front._tunnel(_socket(self._arrival.detach()), self._tunnel, reason)
-            )
+            self._front._spawn(self._front._tunnel(self._arrival.detach(), self._tunnel, reason))
             return
         self._hello = first
         self._arrival.secure(self._front._tls_config(host))

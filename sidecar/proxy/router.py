@@ -19,7 +19,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -507,7 +507,7 @@ class Router:
             _log_object(kind, request, plan.status, channel.body_bytes, started)
 
     async def upgrade(
-        self, request: Request, client: Any, early: bytes, on_close: Callable[[], None]
+        self, request: Request, client: Any, early: bytearray, on_close: Callable[[], None]
     ) -> None:
         """Relay a protocol upgrade to the origin (`sidecar.proxy.upgrade`)."""
         await upgrade.relay(request, client, early, self.upstream, self.metrics, on_close)
@@ -647,6 +647,7 @@ class Router:
         or the miss that starts an `unsized` fill, which stores it on its way."""
         started = time.monotonic()
         relayed = 0  # body bytes, without the chunked framing
+        chunks: AsyncIterator[bytes]
         if unsized is None:
             self.metrics.count_pass(reason)
             chunks = response.chunks()
@@ -665,14 +666,16 @@ class Router:
                 headers.append(("Transfer-Encoding", "chunked"))
             await channel.start(response.status, headers)
             if not bodiless:
-                # The body ends where the origin framed it; one cut short raises.
+                # The body ends where the origin framed it; one cut short raises. The
+                # core forwards it where it holds the client's connection and nothing
+                # stores it; else it comes through here.
                 try:
-                    async for chunk in chunks:
-                        self.metrics.counters.bytes_from_upstream += len(chunk)
-                        relayed += len(chunk)
-                        await channel.write(
-                            b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk
-                        )
+                    forwarded = None if unsized else await channel.relay(response, chunked)
+                    if forwarded is None:
+                        relayed = await self._write(channel, chunks, chunked)
+                    else:
+                        self.metrics.counters.bytes_from_upstream += forwarded
+                        relayed = forwarded
                 except UpstreamError as e:
                     self.metrics.counters.upstream_errors += 1
                     self.upstream.broke_off(response)
@@ -684,8 +687,6 @@ class Router:
                         loggable_url(request.url),
                         relayed,
                     )
-                if chunked:
-                    await channel.write(b"0\r\n\r\n")
             channel.finish()
         finally:
             if unsized is not None:
@@ -695,6 +696,17 @@ class Router:
             _log_object(f"pass ({reason})", request, response.status, relayed, started)
         elif self.settings.access_log:
             _log_object("miss", request, response.status, relayed, started)
+
+    async def _write(self, channel: Channel, chunks: AsyncIterator[bytes], chunked: bool) -> int:
+        """Write a body to the client as it arrives (in chunks if `chunked`); its bytes."""
+        written = 0
+        async for chunk in chunks:
+            self.metrics.counters.bytes_from_upstream += len(chunk)
+            written += len(chunk)
+            await channel.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+        if chunked:
+            await channel.write(b"0\r\n\r\n")
+        return written
 
     async def _error(self, channel: Channel, status: int, message: str) -> None:
         body = (message + "\n").encode()

@@ -39,14 +39,15 @@ _NOT_FORWARDED = frozenset(("proxy-connection", "proxy-authorization", "host"))
 async def relay(
     request: Request,
     client: Any,
-    early: bytes,
+    early: bytearray,
     upstream: Upstream,
     metrics: Metrics,
     on_close: Callable[[], None],
 ) -> None:
     """Relay an upgrade request from `client` (a transport whose reading is paused) and
-    what follows; `early`: what the client sent after the request head; `on_close`:
-    called once the client connection is closed, if the relay took it over."""
+    what follows; `early`: what the client sent after the request head (read once the
+    origin answers: the bytes that came with the head reach the front end after it);
+    `on_close`: called once the client connection is closed, if the relay took it over."""
     metrics.count_pass(UPGRADE)
     fields = [(k, v) for k, v in request.headers if k.lower() not in _NOT_FORWARDED]
     try:
@@ -70,10 +71,13 @@ async def relay(
     origin_side.connection_made(origin)
     client.set_protocol(client_side)
     client_side.connection_made(client)
+    # What each side sent before the streams forwarded to each other, counted and
+    # relayed like what follows: the origin's with its 101 to the client, the client's
+    # after its request to the origin.
     if switched:
-        client_side.data_received(switched)  # counted and relayed like what follows
+        origin_side.data_received(switched)
     if early:
-        origin_side.data_received(early)
+        client_side.data_received(bytes(early))
     client.resume_reading()
 
 

@@ -195,8 +195,10 @@ async def run(settings: Settings, inherited: Inherited) -> None:
 
 
 def _counters(metrics: Metrics, answers: native.Answers | None) -> dict[str, object]:
-    """This worker's counters, with the hits the core's table sent on its own."""
+    """This worker's counters, with the hits the core's table sent on its own and the
+    bytes its streams relayed to one another."""
     counters = metrics.snapshot()
+    counters["tunnelled_bytes"] = cast(int, counters["tunnelled_bytes"]) + native.relayed_bytes()
     if answers is not None:
         counters["hits"] = cast(int, counters["hits"]) + answers.hits
         counters["hits_answered_by_core"] = answers.hits

@@ -213,6 +213,34 @@ class Response:
             else:
                 await connection.wait_body()
 
+    async def forward(self, to: native.Stream, chunked: bool) -> int:
+        """The body to `to` as it arrives, framed in chunks (the last one included) if
+        `chunked`, until it ends: the core sends it, and no piece of it comes through
+        Python. The body bytes sent; UpstreamError if it stops short or stalls (not
+        while its reading is paused: `pause`)."""
+        connection = self._connection
+        stream = connection.transport
+        assert stream is not None
+        before, forwarding = stream.forwarded, not connection.complete
+        sent = connection.forward_to(to, chunked)
+        while not connection.complete:
+            connection.raise_failure()
+            await connection.wait_body(lambda: stream.forwarded, lambda: not stream.is_reading())
+        if chunked and forwarding and connection.until_close:
+            # The core sends the last chunk at the end the framing says; this body ended
+            # with the connection, which only this side hears of.
+            to.write(b"0\r\n\r\n")
+        return sent + stream.forwarded - before
+
+    def pause(self) -> None:
+        """Read no more of the body for now (where it goes is full)."""
+        if self._connection.transport is not None:
+            self._connection.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self._connection.transport is not None:
+            self._connection.transport.resume_reading()
+
     async def into(self, tee: native.Tee) -> None:
         """The body into `tee` (the core keeps it and sends it on: no piece of it comes
         through Python), until it ends; UpstreamError if it stops short or stalls."""
@@ -491,6 +519,27 @@ class _Connection(asyncio.Protocol):
         if not self.complete and self.transport is not None:
             self.transport.body_into(tee)
 
+    @property
+    def until_close(self) -> bool:
+        """The connection's end delimits the response's body (RFC 9112 §6.3)."""
+        return self._until_close
+
+    def forward_to(self, to: native.Stream, chunked: bool) -> int:
+        """The body goes to `to` from here on (see `Response.forward`): what has arrived
+        first, whose bytes it returns, then the rest as the core reads it."""
+        arrived = list(self._chunks)
+        self._chunks.clear()
+        self._buffered = 0
+        parts = [b"%x\r\n%s\r\n" % (len(a), a) for a in arrived] if chunked else arrived
+        if chunked and self.complete:
+            parts.append(b"0\r\n\r\n")  # else the core sends it at the end
+        if parts:
+            to.writelines(parts)
+        self._resume_reading()
+        if not self.complete and self.transport is not None:
+            self.transport.forward_to(to, chunked)
+        return sum(map(len, arrived))
+
     def raise_failure(self) -> None:
         """Raise what broke the response off, if anything did."""
         if self._error is not None and not self.complete:
@@ -518,17 +567,20 @@ class _Connection(asyncio.Protocol):
             self._paused = False
             self.transport.resume_reading()
 
-    async def wait_body(self, received: Callable[[], int] | None = None) -> None:
+    async def wait_body(
+        self, received: Callable[[], int] | None = None, held: Callable[[], bool] | None = None
+    ) -> None:
         """Wait for more body, its end, or a failure; a stall is a failure. `received`:
-        how much of the body arrived where this connection is not told of it (a tee),
-        which shows that the origin did not stall."""
+        how much of the body arrived where this connection is not told of it (a tee, a
+        forward), which shows that the origin did not stall; `held`: whether reading is
+        paused for where the body goes, which is no stall of the origin's."""
         before = received() if received is not None else 0
         self._waiter = self._loop.create_future()
         try:
             async with asyncio.timeout(self._read_timeout):
                 await self._waiter
         except TimeoutError:
-            if received is None or received() == before:
+            if (received is None or received() == before) and not (held is not None and held()):
                 self._fail(UpstreamError(f"the origin sent nothing for {self._read_timeout:g}s"))
                 self._close()
         finally:

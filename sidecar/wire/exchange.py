@@ -16,10 +16,13 @@ import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sidecar.core import native
 from sidecar.wire.fields import Fields, Headers, header
+
+if TYPE_CHECKING:
+    from sidecar.wire.client import Response
 
 
 class ClientGone(Exception):
@@ -96,6 +99,14 @@ class Channel(Protocol):
         writes the bytes itself."""
         ...
 
+    async def relay(self, response: Response, chunked: bool) -> int | None:
+        """Have the core send `response`'s body as it arrives from the origin, framed in
+        chunks if `chunked`; return its bytes once it ended and the client has taken
+        them (UpstreamError if the origin breaks off, ClientGone if the client left).
+        None, having sent nothing, where the core does not hold the client's connection:
+        the caller writes the bytes itself."""
+        ...
+
     def finish(self) -> None:
         """The response is complete; the connection may carry the next request."""
         ...
@@ -143,9 +154,11 @@ class Handler(Protocol):
         ...
 
     async def upgrade(
-        self, request: Request, client: Any, early: bytes, on_close: Callable[[], None]
+        self, request: Request, client: Any, early: bytearray, on_close: Callable[[], None]
     ) -> None:
         """Relay a protocol upgrade and what follows it; from then on the connection is the
-        relay's. `client`: the transport, reading paused; `early`: bytes the client sent
-        after the request head; `on_close`: called once the relay has closed it."""
+        relay's. `client`: the transport, reading paused; `early`: the bytes the client
+        sent after the request head, which may still grow until the relay takes the
+        connection (they came with the head, and reach the protocol after it);
+        `on_close`: called once the relay has closed it."""
         ...

@@ -33,6 +33,7 @@ from http import HTTPStatus
 from typing import Any, cast
 
 from sidecar.core import native
+from sidecar.wire.client import Response, UpstreamError
 from sidecar.wire.exchange import BodyFile, ClientGone, Handler, Immediate, Request
 from sidecar.wire.framing import ends_by_close, faulty_framing, request_head_error
 
@@ -178,6 +179,12 @@ class _Response:
         await self._connection.follow(head, tee, start, end, whole)
         return True
 
+    async def relay(self, response: Response, chunked: bool) -> int | None:
+        head, self._head = self._head or b"", None
+        sent = await self._connection.relay(head, response, chunked)
+        self.body_bytes += sent
+        return sent
+
     def finish(self) -> None:
         if self._head is not None:
             self._connection.send_now(self._head)
@@ -260,6 +267,9 @@ class Http1Connection(asyncio.Protocol):
         self._upgrade: Request | None = None
         self._early = bytearray()  # what the client sent after it
         self._relaying: asyncio.Task[None] | None = None
+        # The origin's response whose body the core forwards to this client (`relay`):
+        # its reading pauses while the client's buffer is full.
+        self._forwarding: Response | None = None
 
     # -- transport events ---------------------------------------------------------------
 
@@ -285,13 +295,19 @@ class Http1Connection(asyncio.Protocol):
             self._idle_timer.cancel()
         self._writable.set()  # wake a writer: it sees the closed connection
         self._fail_body(ClientGone("the client closed the connection"))
+        if self._forwarding is not None:
+            self._forwarding.stop("the client closed the connection")
         self._on_close()
 
     def pause_writing(self) -> None:
         self._writable.clear()
+        if self._forwarding is not None:
+            self._forwarding.pause()
 
     def resume_writing(self) -> None:
         self._writable.set()
+        if self._forwarding is not None:
+            self._forwarding.resume()
 
     # -- requests, as the core's stream parses them --------------------------------------
 
@@ -454,6 +470,32 @@ class Http1Connection(asyncio.Protocol):
         if self._closed:
             raise ClientGone("the client closed the connection")
 
+    async def relay(self, head: bytes, response: Response, chunked: bool) -> int:
+        """Write `head`, then have the core forward `response`'s body as it arrives (in
+        chunks if `chunked`); return its bytes once it ended and the client's buffer is
+        not full. UpstreamError if the origin breaks off, ClientGone if the client left
+        (the origin's connection is then closed)."""
+        if self._closed or self._transport is None or self._transport.is_closing():
+            raise ClientGone("the client closed the connection")
+        if head:
+            self._transport.write(head)
+        self._forwarding = response
+        if not self._writable.is_set():
+            response.pause()
+        try:
+            sent = await response.forward(self._transport, chunked)
+        except UpstreamError:
+            if self._closed:
+                raise ClientGone("the client closed the connection") from None
+            raise
+        finally:
+            self._forwarding = None
+        if not self._writable.is_set():
+            await self._writable.wait()
+        if self._closed:
+            raise ClientGone("the client closed the connection")
+        return sent
+
     def send_now(self, data: bytes) -> None:
         """Write without waiting (a response head without a body)."""
         if self._transport is not None and not self._transport.is_closing():
@@ -521,7 +563,7 @@ class Http1Connection(asyncio.Protocol):
                 self._idle_timer.cancel()
             self._closed = True  # to this protocol: from here on the relay's
             await self._handler.upgrade(
-                request, self._transport, bytes(self._early), self._on_close
+                request, self._transport, self._early, self._on_close
             )
 
         self._relaying = asyncio.get_running_loop().create_task(after_the_others())

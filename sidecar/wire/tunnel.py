@@ -4,7 +4,10 @@ Some of a client's traffic is nothing a cache can read: TLS for a host that is n
 intercepted, a client whose ALPN list lacks HTTP/1.x (`sidecar.wire.hello`) or that
 refused the pod CA's certificate (`sidecar.wire.rejections`), a WebSocket after its
 `101`. Each is relayed untouched both ways, with flow control (a side that cannot keep
-up stops the other from being read), and its bytes counted. `Tunnels` counts them by
+up stops the other from being read), and its bytes counted. Both sides are streams of
+the Rust core, and each forwards what it reads to the other (`Stream.forward_to`): no
+byte of a relayed connection reaches Python, which hears only when a side is full and
+when one ends; the core counts the bytes (`native.relayed_bytes`). `Tunnels` counts them by
 reason and names each host once per reason in the log, whichever front end
 (`sidecar.proxy.front`, or mitmproxy's `sidecar.mitm.addon`) found it.
 """
@@ -63,7 +66,8 @@ class Relay(asyncio.Protocol):
     """One side of a relayed connection: what it reads is written to the other side.
 
     Made in pairs (`pair()`); the origin side gets its transport first, and the client
-    side's is read only then, so that nothing read has nowhere to go.
+    side's is read only then, so that nothing read has nowhere to go. Once both have
+    their stream, each stream forwards what it reads to the other.
     """
 
     def __init__(self, counters: Counters, on_close: Callable[[], None] | None) -> None:
@@ -75,10 +79,15 @@ class Relay(asyncio.Protocol):
         self._closed = False
 
     def connection_made(self, transport: Any) -> None:
-        # An asyncio transport, or a stream of the core: the same slice of one.
         self.transport = transport
+        peer = self.peer
+        if peer is not None and peer.transport is not None:
+            transport.forward_to(peer.transport)
+            peer.transport.forward_to(transport)
 
     def data_received(self, data: bytes) -> None:
+        # Only what was read before the streams forward to each other (a 101's first
+        # bytes of the new protocol): the core forwards and counts the rest.
         self._counters.tunnelled_bytes += len(data)
         peer = self.peer
         if peer is not None and not peer.transport.is_closing():

@@ -522,6 +522,45 @@ def test_a_client_slower_than_the_origin_costs_no_memory_for_the_body(
     assert grown < FILES["big.bin"] / 1e6 / 3, f"a worker grew by {grown:.1f} MB"
 
 
+@pytest.mark.parametrize("framing", [{}, {"chunked": 1}], ids=["length", "chunked"])
+def test_a_pass_to_a_slow_client_holds_little_of_its_body_in_a_worker(
+    framing: dict[str, int],
+    start_sidecar: Callable[..., Sidecar],
+    origin: OriginServer,
+    plain_origin: int,
+    dataset: Path,
+) -> None:
+    """The core forwards a body that passes straight from the origin's connection to
+    the client's, and stops reading the origin while the client is behind."""
+    sidecar = start_sidecar("--workers", "1")
+    curl(sidecar, f"http://origin.test:{plain_origin}/files/small.bin")  # mitmproxy loaded
+    workers = process_tree(sidecar.pid)
+    with RssSampler(workers) as before:
+        pass
+    url = origin.url("big.bin", case="slow-pass", nostore=1, **framing)
+    with RssSampler(workers) as during:
+        download = curl(sidecar, url, "--limit-rate", "6M")  # ~4 s for 24 MiB
+    assert download.returncode == 0, download.stderr
+    assert download.body == body_of(dataset, "big.bin")
+    stats = sidecar.stats()
+    assert stats["pass_reasons"] == {"response-no-store": 1}, stats
+    assert stats["bytes_from_upstream"] >= FILES["big.bin"], stats
+    grown = during.max_mb - before.max_mb
+    assert grown < FILES["big.bin"] / 1e6 / 3, f"a worker grew by {grown:.1f} MB"
+
+
+def test_a_client_that_leaves_a_pass_ends_it_at_once(
+    sidecar: Sidecar, origin: OriginServer
+) -> None:
+    aborts = sidecar.stats()["client_aborts"]
+    url = origin.url("big.bin", case="left-pass", nostore=1)
+    left = curl(sidecar, url, "--limit-rate", "1M", "--max-time", "1")
+    assert left.returncode != 0
+    # Its origin's connection is closed with it, not left paused behind a gone client.
+    ended = lambda: sidecar.stats()["client_aborts"] == aborts + 1  # noqa: E731
+    wait_until(ended, "the pass to end", timeout=5)
+
+
 def test_plain_http_to_an_intercepted_host_is_cached_too(
     sidecar: Sidecar, plain_origin: int, dataset: Path
 ) -> None:

@@ -1273,3 +1273,56 @@ def test_over_tls_a_body_ended_by_the_close_is_stored_only_after_the_closure_ale
     assert tls_origin.count(name) == (1 if alert else 2)
     # Without --access-log, no line per object: not its misses, nor why it is not stored.
     assert name not in tls_sidecar.log()
+
+
+# -- upgrades ------------------------------------------------------------------------------
+
+
+def test_after_a_101_what_each_side_sent_with_its_head_reaches_the_other(
+    strict_sidecar: Sidecar,
+) -> None:
+    """§7.8: after the switch, the connection is the new protocol's both ways, from the
+    first byte: the origin's bytes in the same write as its 101 reach the client, and
+    the client's right after its request reach the origin; then each side's bytes reach
+    the other."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    from_client: list[bytes] = []
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.settimeout(BOUND)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += connection.recv(65536)
+            early = data.partition(b"\r\n\r\n")[2]
+            connection.sendall(
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: test\r\n"
+                b"Connection: Upgrade\r\n\r\ngreeting"
+            )
+            # Then the client's next bytes, which may come in the same read.
+            while len(early) < len(b"earlyping"):
+                early += connection.recv(65536)
+            from_client.append(early)
+            connection.sendall(b"echo:" + early[len(b"early") :])
+
+    threading.Thread(target=serve, daemon=True).start()
+    client = Client(strict_sidecar, "lean", listener.getsockname()[1])
+    try:
+        client.send(
+            f"GET /ws HTTP/1.1\r\nHost: {client.authority}\r\nUpgrade: test\r\n"
+            "Connection: Upgrade\r\n\r\nearly".encode()
+        )
+        client.sock.settimeout(BOUND)
+        received = b""
+        while not received.endswith(b"greeting"):
+            chunk = client.sock.recv(65536)
+            assert chunk, received
+            received += chunk
+        assert received.startswith(b"HTTP/1.1 101 "), received
+        client.send(b"ping")
+        assert client.sock.recv(65536) == b"echo:ping"
+        assert from_client == [b"earlyping"]
+    finally:
+        client.close()
+        listener.close()

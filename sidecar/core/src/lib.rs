@@ -5,7 +5,8 @@
 //! connection's stream (`Stream`: plain, the server
 //! side of TLS by `TlsConfig` for the lean front end's clients, or the client side by
 //! `ClientTls` towards origins) that moves every byte between the socket and its
-//! protocol, and sends stored body files to a client without Python touching them;
+//! protocol, sends stored body files to a client without Python touching them, and
+//! forwards what it reads to another stream (tunnels, upgrades, bodies that pass);
 //! the table of answers Python recorded, which any worker's streams send again
 //! (`Answers`); and a small body on its way from an origin into the buffer, which the
 //! origin's stream feeds and the clients' streams send on as it comes (`Tee`); the
@@ -35,6 +36,7 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<tee::Tee>()?;
     module.add_class::<digest::Digest>()?;
     module.add_function(wrap_pyfunction!(arrival::accept, module)?)?;
+    module.add_function(wrap_pyfunction!(stream::relayed_bytes, module)?)?;
     module.add("CertificateRejected", module.py().get_type::<stream::CertificateRejected>())?;
     module.add("Truncated", module.py().get_type::<stream::Truncated>())?;
     module.add("ANSWER_SLOT", answers::SLOT)?;

@@ -14,6 +14,12 @@
 //! thread. A thread of our own would have to take the GIL back for each request the
 //! protocol decides, and wait for it while the loop runs Python.
 //!
+//! A stream may forward what it reads to another stream (`forward_to`): a tunnel's or
+//! an upgraded connection's bytes, each way, or the body of an origin's response that
+//! passes to its client. Those bytes go from one stream's reads to the other's writes
+//! without reaching Python, which hears only of the flow control (the other stream's
+//! protocol pauses this one's reading while it is full) and of the end.
+//!
 //! Python is never called while the stream is borrowed: the calls that move bytes
 //! return what the protocol must hear (`Notice`), and it is told afterwards, so that it
 //! may write from inside `data_received`.
@@ -25,6 +31,7 @@ use std::io::{self, Read};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use pyo3::exceptions::{PyConnectionResetError, PyOSError, PyValueError};
 use pyo3::prelude::*;
@@ -56,6 +63,10 @@ thread_local! {
 /// Bytes waiting to be sent before the protocol is told to pause (asyncio's default
 /// is 64 KiB; a stored body file is counted whole).
 const DEFAULT_HIGH_WATER: u64 = 256 * 1024;
+
+/// Bytes forwarded between streams of bytes in this process (`forward_to`: tunnels and
+/// upgraded connections, both ways), for the tunnelled-bytes counter.
+static RELAYED: AtomicU64 = AtomicU64::new(0);
 
 /// What a handshake step waits for.
 pub const HANDSHAKE_DONE: u8 = 0;
@@ -387,6 +398,17 @@ pub struct Stream {
     /// Where the rest of the current response's body goes instead of the protocol
     /// (`body_into`).
     tee: Option<Py<Tee>>,
+    /// Where what is read goes instead of the protocol (`forward_to`).
+    forward: Option<Forward>,
+    /// Bytes forwarded so far (of a body: without its chunked framing).
+    forwarded: u64,
+}
+
+/// Another stream that gets what this one reads: its bytes, or the body of the response
+/// being read, framed in chunks when `chunked`, until the response ends.
+struct Forward {
+    to: Py<Stream>,
+    chunked: bool,
 }
 
 impl Stream {
@@ -406,6 +428,8 @@ impl Stream {
             skip_end: false,
             answered_at: 0.0,
             tee: None,
+            forward: None,
+            forwarded: 0,
         }
     }
 
@@ -475,6 +499,32 @@ impl Stream {
             return Ok(());
         }
         Self::send_with(slf, |core| core.write(parts))
+    }
+
+    /// Send `data`, which this stream read, where it forwards it (`forward_to`): false
+    /// if it forwards nothing, and the protocol is told of them instead.
+    fn forward_piece(slf: &Bound<'_, Self>, data: &[u8]) -> PyResult<bool> {
+        let py = slf.py();
+        let (to, chunked) = {
+            let mut stream = slf.borrow_mut();
+            let Some(forward) = stream.forward.as_ref() else {
+                return Ok(false);
+            };
+            let to = (forward.to.clone_ref(py), forward.chunked);
+            stream.forwarded += data.len() as u64;
+            if stream.parser.is_none() {
+                RELAYED.fetch_add(data.len() as u64, Ordering::Relaxed);
+            }
+            to
+        };
+        let to = to.bind(py);
+        if chunked {
+            let size = format!("{:x}\r\n", data.len());
+            Self::send_parts(to, &[size.as_bytes(), data, b"\r\n"])?;
+        } else {
+            Self::send_parts(to, &[data])?;
+        }
+        Ok(true)
     }
 
     /// Send bytes [pos, pos + data.len()) of a body that is being written into `file`:
@@ -603,21 +653,30 @@ fn decrypt_arrived(
 /// longer borrowed.
 fn tell(slf: &Bound<'_, Stream>, event: Event) -> PyResult<()> {
     let py = slf.py();
-    let (protocol, responses, tee) = {
+    let (protocol, responses, tee, ended) = {
         let mut stream = slf.borrow_mut();
         let responses = stream.parser.as_ref().is_some_and(Parser::reads_responses);
-        // A body's end is its tee's too: the next response is the protocol's again.
-        let tee = match event {
-            Event::Body(_) => stream.tee.as_ref().map(|tee| tee.clone_ref(py)),
-            _ => stream.tee.take(),
+        // A body's end is its tee's and its forward's too: the next response is the
+        // protocol's again.
+        let (tee, ended) = match event {
+            Event::Body(_) => (stream.tee.as_ref().map(|tee| tee.clone_ref(py)), None),
+            _ => (stream.tee.take(), stream.forward.take()),
         };
         match stream.protocol.as_ref() {
-            Some(protocol) => (protocol.clone_ref(py), responses, tee),
+            Some(protocol) => (protocol.clone_ref(py), responses, tee, ended),
             None => return Ok(()),
         }
     };
     if let (Event::Body(data), Some(tee)) = (&event, &tee) {
         return Tee::feed(tee.bind(py), data);
+    }
+    if let Event::Body(data) = &event {
+        if Stream::forward_piece(slf, data)? {
+            return Ok(());
+        }
+    }
+    if let (Event::End, Some(Forward { to, chunked: true })) = (&event, &ended) {
+        Stream::send_parts(to.bind(py), &[b"0\r\n\r\n"])?;
     }
     match event {
         Event::Response(head) => {
@@ -731,7 +790,9 @@ fn deliver(slf: &Bound<'_, Stream>, notices: Vec<Notice>) -> PyResult<()> {
         };
         match notice {
             Notice::Data(data) => {
-                protocol.call_method1(py, "data_received", (PyBytes::new(py, &data),))?;
+                if !Stream::forward_piece(slf, &data)? {
+                    protocol.call_method1(py, "data_received", (PyBytes::new(py, &data),))?;
+                }
             }
             Notice::Eof => {
                 let keep_open = protocol.call_method0(py, "eof_received")?;
@@ -767,12 +828,16 @@ impl Stream {
         self.watcher.traverse(&visit)?;
         visit.call(&self.protocol)?;
         visit.call(&self.tee)?;
+        if let Some(forward) = &self.forward {
+            visit.call(&forward.to)?;
+        }
         Ok(())
     }
 
     fn __clear__(&mut self) {
         self.protocol = None;
         self.tee = None;
+        self.forward = None;
         self.watcher.clear();
     }
 
@@ -789,7 +854,9 @@ impl Stream {
     /// queued; `handshake` then completes it.
     fn secure(&mut self, config: PyRef<'_, ClientTls>, server_name: &str) -> PyResult<()> {
         if self.core.tls.is_some() || self.core.closed() || self.core.outbox.queued() > 0 {
-            return Err(PyValueError::new_err("only an open plain stream can be secured"));
+            return Err(PyValueError::new_err(
+                "only an open plain stream can be secured",
+            ));
         }
         let name = ServerName::try_from(server_name.to_owned())
             .map_err(|_| PyValueError::new_err(format!("not a server name: {server_name:?}")))?;
@@ -967,6 +1034,7 @@ impl Stream {
             Some(parser) if parser.reads_responses() => {
                 parser.expect(method);
                 self.tee = None;
+                self.forward = None;
                 Ok(())
             }
             _ => Err(PyValueError::new_err("the stream does not read responses")),
@@ -981,6 +1049,31 @@ impl Stream {
         }
         self.tee = Some(tee);
         Ok(())
+    }
+
+    /// What this stream reads goes to `to` from here on, not to the protocol: on a
+    /// stream of bytes, all of it; on one that reads responses, the rest of the body
+    /// of the response being read, in chunks of its own framing when `chunked` (the
+    /// last chunk sent at its end), and the protocol hears of its end as before
+    /// (`message_complete`). The protocol of `to` pauses this stream's reading while
+    /// `to` has too much to send (`pause_writing`).
+    #[pyo3(signature = (to, chunked=false))]
+    fn forward_to(&mut self, to: Py<Stream>, chunked: bool) -> PyResult<()> {
+        let responses = self.parser.as_ref().is_some_and(Parser::reads_responses);
+        if self.parser.is_some() && !responses {
+            return Err(PyValueError::new_err("the stream reads requests"));
+        }
+        if chunked && !responses {
+            return Err(PyValueError::new_err("only a response's body is chunked"));
+        }
+        self.forward = Some(Forward { to, chunked });
+        Ok(())
+    }
+
+    /// Bytes this stream has forwarded (`forward_to`), a body's without its framing.
+    #[getter]
+    fn forwarded(&self) -> u64 {
+        self.forwarded
     }
 
     /// Answer this connection's requests from `answers` where it can (`Answers`):
@@ -1150,6 +1243,13 @@ impl Stream {
     fn fileno(&self) -> RawFd {
         self.core.raw()
     }
+}
+
+/// Bytes this process's streams of bytes forwarded to one another (`Stream.forward_to`):
+/// those of tunnels and upgraded connections, both ways.
+#[pyfunction]
+pub fn relayed_bytes() -> u64 {
+    RELAYED.load(Ordering::Relaxed)
 }
 
 /// A descriptor Python hands over (`socket.detach()`), closed when dropped.
