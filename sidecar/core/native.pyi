@@ -141,11 +141,15 @@ class Stream:
     def body_into(self, tee: Tee) -> None:
         """The rest of the current response's body goes into `tee`, not to the protocol
         (which still hears of its end)."""
-    def forward_to(self, to: Stream, chunked: bool = False) -> None:
-        """What this stream reads goes to `to`, not to the protocol: all its bytes (a
-        stream of bytes), or the rest of the current response's body, in chunks of its
-        own framing with `chunked` (the protocol still hears of its end). The protocol
-        of `to` pauses this stream's reading while `to` is full."""
+    def forward_to(self, to: Stream, chunked: bool = False, head: bytes | None = None) -> None:
+        """What this stream reads goes to `to`, not to the protocol, after `head` (in one
+        write with the first of it): all its bytes (a stream of bytes), or the rest of
+        the current response's body, in chunks of its own framing with `chunked` (the
+        protocol still hears of its end). The protocol of `to` pauses this stream's
+        reading while `to` is full."""
+    def end_forward(self) -> None:
+        """The body being forwarded ended with the connection (which the core's framing
+        does not tell): send what is still owed, the head and the last chunk."""
     @property
     def forwarded(self) -> int:
         """Bytes forwarded so far (a body's without its framing)."""

@@ -213,23 +213,23 @@ class Response:
             else:
                 await connection.wait_body()
 
-    async def forward(self, to: native.Stream, chunked: bool) -> int:
-        """The body to `to` as it arrives, framed in chunks (the last one included) if
-        `chunked`, until it ends: the core sends it, and no piece of it comes through
-        Python. The body bytes sent; UpstreamError if it stops short or stalls (not
-        while its reading is paused: `pause`)."""
+    async def forward(self, to: native.Stream, chunked: bool, head: bytes) -> int:
+        """`head`, then the body to `to` as it arrives, framed in chunks (the last one
+        included) if `chunked`, until it ends: the core sends it, and no piece of it
+        comes through Python. The body bytes sent; UpstreamError if it stops short or
+        stalls (not while its reading is paused: `pause`)."""
         connection = self._connection
         stream = connection.transport
         assert stream is not None
         before, forwarding = stream.forwarded, not connection.complete
-        sent = connection.forward_to(to, chunked)
+        sent = connection.forward_to(to, chunked, head)
         while not connection.complete:
             connection.raise_failure()
             await connection.wait_body(lambda: stream.forwarded, lambda: not stream.is_reading())
-        if chunked and forwarding and connection.until_close:
-            # The core sends the last chunk at the end the framing says; this body ended
+        if forwarding and connection.until_close:
+            # The core ends what it forwards where the framing says; this body ended
             # with the connection, which only this side hears of.
-            to.write(b"0\r\n\r\n")
+            stream.end_forward()
         return sent + stream.forwarded - before
 
     def pause(self) -> None:
@@ -524,20 +524,22 @@ class _Connection(asyncio.Protocol):
         """The connection's end delimits the response's body (RFC 9112 §6.3)."""
         return self._until_close
 
-    def forward_to(self, to: native.Stream, chunked: bool) -> int:
-        """The body goes to `to` from here on (see `Response.forward`): what has arrived
-        first, whose bytes it returns, then the rest as the core reads it."""
+    def forward_to(self, to: native.Stream, chunked: bool, head: bytes) -> int:
+        """`head`, then the body, go to `to` from here on (see `Response.forward`): what
+        has arrived first, whose bytes it returns, then the rest as the core reads it.
+        The head leaves with the first body bytes, in one write."""
         arrived = list(self._chunks)
         self._chunks.clear()
         self._buffered = 0
         parts = [b"%x\r\n%s\r\n" % (len(a), a) for a in arrived] if chunked else arrived
         if chunked and self.complete:
             parts.append(b"0\r\n\r\n")  # else the core sends it at the end
-        if parts:
-            to.writelines(parts)
+        if parts or self.complete:
+            to.writelines([head, *parts])
+            head = b""
         self._resume_reading()
         if not self.complete and self.transport is not None:
-            self.transport.forward_to(to, chunked)
+            self.transport.forward_to(to, chunked, head)
         return sum(map(len, arrived))
 
     def raise_failure(self) -> None:

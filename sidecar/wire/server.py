@@ -477,13 +477,11 @@ class Http1Connection(asyncio.Protocol):
         (the origin's connection is then closed)."""
         if self._closed or self._transport is None or self._transport.is_closing():
             raise ClientGone("the client closed the connection")
-        if head:
-            self._transport.write(head)
         self._forwarding = response
         if not self._writable.is_set():
             response.pause()
         try:
-            sent = await response.forward(self._transport, chunked)
+            sent = await response.forward(self._transport, chunked, head)
         except UpstreamError:
             if self._closed:
                 raise ClientGone("the client closed the connection") from None

@@ -405,10 +405,12 @@ pub struct Stream {
 }
 
 /// Another stream that gets what this one reads: its bytes, or the body of the response
-/// being read, framed in chunks when `chunked`, until the response ends.
+/// being read, framed in chunks when `chunked`, until the response ends; `head` goes
+/// with the first of them (a response head and its first body bytes in one write).
 struct Forward {
     to: Py<Stream>,
     chunked: bool,
+    head: Vec<u8>,
 }
 
 impl Stream {
@@ -505,26 +507,34 @@ impl Stream {
     /// if it forwards nothing, and the protocol is told of them instead.
     fn forward_piece(slf: &Bound<'_, Self>, data: &[u8]) -> PyResult<bool> {
         let py = slf.py();
-        let (to, chunked) = {
-            let mut stream = slf.borrow_mut();
-            let Some(forward) = stream.forward.as_ref() else {
+        let (to, chunked, head) = {
+            let mut guard = slf.borrow_mut();
+            let stream = &mut *guard;
+            let Some(forward) = stream.forward.as_mut() else {
                 return Ok(false);
             };
-            let to = (forward.to.clone_ref(py), forward.chunked);
             stream.forwarded += data.len() as u64;
             if stream.parser.is_none() {
                 RELAYED.fetch_add(data.len() as u64, Ordering::Relaxed);
             }
-            to
+            let head = std::mem::take(&mut forward.head);
+            (forward.to.clone_ref(py), forward.chunked, head)
         };
         let to = to.bind(py);
         if chunked {
             let size = format!("{:x}\r\n", data.len());
-            Self::send_parts(to, &[size.as_bytes(), data, b"\r\n"])?;
+            Self::send_parts(to, &[&head, size.as_bytes(), data, b"\r\n"])?;
         } else {
-            Self::send_parts(to, &[data])?;
+            Self::send_parts(to, &[&head, data])?;
         }
         Ok(true)
+    }
+
+    /// The end of what `forward` forwarded: the head if no byte went with it yet, and
+    /// the last chunk of a chunked body.
+    fn end_forward(py: Python<'_>, forward: Forward) -> PyResult<()> {
+        let last: &[u8] = if forward.chunked { b"0\r\n\r\n" } else { b"" };
+        Self::send_parts(forward.to.bind(py), &[&forward.head, last])
     }
 
     /// Send bytes [pos, pos + data.len()) of a body that is being written into `file`:
@@ -675,8 +685,8 @@ fn tell(slf: &Bound<'_, Stream>, event: Event) -> PyResult<()> {
             return Ok(());
         }
     }
-    if let (Event::End, Some(Forward { to, chunked: true })) = (&event, &ended) {
-        Stream::send_parts(to.bind(py), &[b"0\r\n\r\n"])?;
+    if let (Event::End, Some(forward)) = (&event, ended) {
+        Stream::end_forward(py, forward)?;
     }
     match event {
         Event::Response(head) => {
@@ -1051,14 +1061,20 @@ impl Stream {
         Ok(())
     }
 
-    /// What this stream reads goes to `to` from here on, not to the protocol: on a
-    /// stream of bytes, all of it; on one that reads responses, the rest of the body
-    /// of the response being read, in chunks of its own framing when `chunked` (the
-    /// last chunk sent at its end), and the protocol hears of its end as before
-    /// (`message_complete`). The protocol of `to` pauses this stream's reading while
-    /// `to` has too much to send (`pause_writing`).
-    #[pyo3(signature = (to, chunked=false))]
-    fn forward_to(&mut self, to: Py<Stream>, chunked: bool) -> PyResult<()> {
+    /// What this stream reads goes to `to` from here on, not to the protocol, after
+    /// `head` (sent with the first of it): on a stream of bytes, all of it; on one that
+    /// reads responses, the rest of the body of the response being read, in chunks of
+    /// its own framing when `chunked` (the last chunk sent at its end, or by
+    /// `end_forward`), and the protocol hears of its end as before (`message_complete`).
+    /// The protocol of `to` pauses this stream's reading while `to` has too much to
+    /// send (`pause_writing`).
+    #[pyo3(signature = (to, chunked=false, head=None))]
+    fn forward_to(
+        &mut self,
+        to: Py<Stream>,
+        chunked: bool,
+        head: Option<PyBackedBytes>,
+    ) -> PyResult<()> {
         let responses = self.parser.as_ref().is_some_and(Parser::reads_responses);
         if self.parser.is_some() && !responses {
             return Err(PyValueError::new_err("the stream reads requests"));
@@ -1066,8 +1082,20 @@ impl Stream {
         if chunked && !responses {
             return Err(PyValueError::new_err("only a response's body is chunked"));
         }
-        self.forward = Some(Forward { to, chunked });
+        let head = head.map_or_else(Vec::new, |head| head.to_vec());
+        self.forward = Some(Forward { to, chunked, head });
         Ok(())
+    }
+
+    /// The body being forwarded ended where only the protocol hears of it (with the
+    /// connection): what `forward_to` still owes `to` is sent now.
+    #[pyo3(name = "end_forward")]
+    fn end_forward_now(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let forward = slf.borrow_mut().forward.take();
+        match forward {
+            Some(forward) => Self::end_forward(slf.py(), forward),
+            None => Ok(()),
+        }
     }
 
     /// Bytes this stream has forwarded (`forward_to`), a body's without its framing.
