@@ -66,7 +66,7 @@ from sidecar.ipc import Message
 from sidecar.metrics import Metrics
 from sidecar.origins.upstream import Upstream, Validators, forwarded_headers, loggable_url
 from sidecar.wire.client import Response, UpstreamError
-from sidecar.wire.exchange import Channel
+from sidecar.wire.exchange import BodyFile, Channel
 from sidecar.wire.fields import body_length
 
 logger = logging.getLogger(__name__)
@@ -240,8 +240,9 @@ class Fill:
         self._progress_event.set()
         self._progress_event = asyncio.Event()
 
-    async def read(self, start: int, end: int) -> AsyncIterator[bytes]:
-        """Bytes [start, end) of the body, as soon as the pump has written them.
+    async def read(self, start: int, end: int) -> AsyncIterator[Piece]:
+        """Bytes [start, end) of the body, as soon as the pump has written them: those
+        of a body kept in memory, else ranges of its file.
 
         Only for an attached reader, after `head` resolved.
         """
@@ -258,9 +259,9 @@ class Fill:
                 yield piece
                 continue
             assert self._fd is not None
-            for chunk in read_file(self._fd, offset, min(end, self.written)):
-                offset += len(chunk)
-                yield chunk
+            upto = min(end, self.written)
+            yield BodyFile(os.dup(self._fd), offset, upto)
+            offset = upto
 
     async def whole(self) -> None:
         """Wait until every byte of the body is written (FillFailed if it never is,
@@ -314,16 +315,17 @@ class RemoteFill:
         os.close(self._fd)
         self._progress.close()
 
-    async def read(self, start: int, end: int) -> AsyncIterator[bytes]:
+    async def read(self, start: int, end: int) -> AsyncIterator[Piece]:
+        """Ranges [start, end) of the body's file, as soon as its fill has written them."""
         offset = start
         pause = _POLL_MIN
         while offset < end:
             written, state = self._progress.read()
             if offset < written:
                 pause = _POLL_MIN
-                for chunk in read_file(self._fd, offset, min(end, written)):
-                    offset += len(chunk)
-                    yield chunk
+                upto = min(end, written)
+                yield BodyFile(os.dup(self._fd), offset, upto)
+                offset = upto
                 continue
             if state == State.BUFFER_FAILED:
                 raise BufferFailed("the buffer refused the body")
@@ -343,6 +345,9 @@ class RemoteFill:
 
 
 AnyFill = Fill | RemoteFill
+# What a reader of a fill is handed: bytes kept in memory, or a range of the body's file
+# (with a descriptor of its own, which the one it is handed to closes).
+Piece = bytes | BodyFile
 
 
 class UnsizedFill:
@@ -780,9 +785,14 @@ class Fills:
                     # What the core sent stays sent.
                     sent = min(end, max(start, tee.published))
                     raise
-            async for chunk in fill.read(start, end):
-                await channel.write(chunk)
-                sent += len(chunk)
+            async for piece in fill.read(start, end):
+                if isinstance(piece, bytes):
+                    await channel.write(piece)
+                    sent += len(piece)
+                else:
+                    # The core sends it from the file, as the client takes it.
+                    await channel.send_file(piece)
+                    sent = piece.end
         except BufferFailed:
             async for chunk in self._from_origin(fill, sent, end):
                 await channel.write(chunk)

@@ -1,6 +1,6 @@
-"""A fill's readers in its own worker: a body's pieces, read back from its file as the
-pump writes them, or a small body handed over whole in memory; either way exactly the
-bytes of the body, whatever the pieces and the range."""
+"""A fill's readers in its own worker: ranges of a body's file, handed over as the pump
+writes them, or a small body handed over whole in memory; either way exactly the bytes
+of the body, whatever the pieces and the range."""
 
 from __future__ import annotations
 
@@ -12,8 +12,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.buffer.fill import Fill
+from sidecar.buffer.fill import Fill, Piece
 from sidecar.buffer.segments import pwrite_all
+
+
+def _contents(piece: Piece) -> bytes:
+    """The bytes a reader was handed: kept in memory, or read from the file's range
+    (whose descriptor the reader closes)."""
+    if isinstance(piece, bytes):
+        return piece
+    try:
+        return os.pread(piece.fd, piece.end - piece.start, piece.start)
+    finally:
+        os.close(piece.fd)
 
 
 async def _follow(path: Path, body: bytes, cuts: list[int], start: int, end: int) -> bytes:
@@ -25,8 +36,8 @@ async def _follow(path: Path, body: bytes, cuts: list[int], start: int, end: int
     got: list[bytes] = []
 
     async def reader() -> None:
-        async for chunk in fill.read(start, end):
-            got.append(chunk)
+        async for piece in fill.read(start, end):
+            got.append(_contents(piece))
 
     reading = asyncio.create_task(reader())
     try:
@@ -69,7 +80,7 @@ def test_a_body_handed_over_whole_gives_each_reader_exactly_its_range(
         fill = Fill("k", "https://example.test/k", 0)
 
         async def read(start: int, end: int) -> list[bytes]:
-            return [chunk async for chunk in fill.read(start, end)]
+            return [_contents(piece) async for piece in fill.read(start, end)]
 
         # Readers that came before the body was whole wait for it.
         waiting = asyncio.gather(read(start, end), read(0, len(body)))
