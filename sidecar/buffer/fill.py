@@ -15,10 +15,10 @@ front end that follow the tee, straight from the piece while a client keeps up a
 as a range of the file when it does not; the fill hears how far the file has come
 after each piece. Other readers (mitmproxy's front end, other workers) follow the file
 itself, handed the ranges of it written so far (which the core sends from the file to
-a client of the lean front end), and the segments of a body split over several connections are written by
-Python (from a slow origin: readers read them back). Time to first byte is the
-origin's: a reader is handed bytes as soon as they are on the buffer (but for small
-bodies, below).
+a client of the lean front end), and the segments of a body split over several
+connections are written by Python (from a slow origin: readers read them back). Time
+to first byte is the origin's: a reader is handed bytes as soon as they are on the
+buffer (but for small bodies, below).
 
 When the body is complete and its length matches Content-Length the partial file is
 renamed into the buffer (commit); any failure deletes it. The body's last byte is

@@ -226,7 +226,13 @@ class Front:
         client_side, origin_side = tunnel.pair(counters, self._balance.closed)
         origin.set_protocol(origin_side)
         origin_side.connection_made(origin)
-        native.Stream(client, asyncio.get_running_loop()).start(client_side)
+        try:
+            native.Stream(client, asyncio.get_running_loop()).start(client_side)
+        except OSError as e:
+            # The stream has closed the client's socket; the relay never began.
+            logger.debug("client connection ended early: %s", e)
+            origin.close()
+            self._balance.closed()
 
     def _spawn(self, work: Coroutine[None, None, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)

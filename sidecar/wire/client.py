@@ -238,6 +238,7 @@ class Response:
             self._connection.transport.pause_reading()
 
     def resume(self) -> None:
+        """Read the body again."""
         if self._connection.transport is not None:
             self._connection.transport.resume_reading()
 

@@ -7,8 +7,8 @@ refused the pod CA's certificate (`sidecar.wire.rejections`), a WebSocket after 
 up stops the other from being read), and its bytes counted. Both sides are streams of
 the Rust core, and each forwards what it reads to the other (`Stream.forward_to`): no
 byte of a relayed connection reaches Python, which hears only when a side is full and
-when one ends; the core counts the bytes (`native.relayed_bytes`). `Tunnels` counts them by
-reason and names each host once per reason in the log, whichever front end
+when one ends; the core counts the bytes (`native.relayed_bytes`). `Tunnels` counts the
+connections by reason and names each host once per reason in the log, whichever front end
 (`sidecar.proxy.front`, or mitmproxy's `sidecar.mitm.addon`) found it.
 """
 
