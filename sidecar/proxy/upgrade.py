@@ -86,10 +86,8 @@ async def _refused(request: Request, client: Any, metrics: Metrics, answer: Resp
     it (or is cut, if the origin breaks off the body)."""
     # Hop-by-hop fields dropped: its body goes out decoded and ends with the connection.
     fields = response_headers(answer.headers.items())
-    client.write(response_head(answer.status, fields, close=True))
     try:
-        async for chunk in answer.chunks():
-            client.write(chunk)
+        await answer.forward(client, False, response_head(answer.status, fields, close=True))
     except UpstreamError as e:
         metrics.counters.upstream_errors += 1
         logger.warning("upgrade %s: %s", loggable_url(request.url), e)
