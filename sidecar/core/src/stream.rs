@@ -864,9 +864,7 @@ impl Stream {
     /// queued; `handshake` then completes it.
     fn secure(&mut self, config: PyRef<'_, ClientTls>, server_name: &str) -> PyResult<()> {
         if self.core.tls.is_some() || self.core.closed() || self.core.outbox.queued() > 0 {
-            return Err(PyValueError::new_err(
-                "only an open plain stream can be secured",
-            ));
+            return Err(PyValueError::new_err("only an open plain stream can be secured"));
         }
         let name = ServerName::try_from(server_name.to_owned())
             .map_err(|_| PyValueError::new_err(format!("not a server name: {server_name:?}")))?;
