@@ -508,13 +508,15 @@ def test_a_client_slower_than_the_origin_costs_no_memory_for_the_body(
     sidecar = start_sidecar("--workers", "1")
     # A request through mitmproxy first: the worker has loaded it before RSS is read.
     curl(sidecar, f"http://origin.test:{plain_origin}/files/small.bin")
+    stored = sidecar.stats()["entries"]  # small.bin's
     workers = process_tree(sidecar.pid)
     with RssSampler(workers) as before:
         pass
     url = origin.url("big.bin", case="slow-client")
     with ThreadPoolExecutor(1) as pool, RssSampler(workers) as during:
         reading = pool.submit(curl, sidecar, url, "--limit-rate", "6M")  # ~4 s for 24 MiB
-        wait_until(lambda: sidecar.stats()["entries"] == 1, "the commit", timeout=3)
+        committed = lambda: sidecar.stats()["entries"] == stored + 1  # noqa: E731
+        wait_until(committed, "the commit", timeout=3)
         assert not reading.done()
         download = reading.result()
     assert download.body == body_of(dataset, "big.bin")
