@@ -48,7 +48,7 @@ from sidecar.origins.upstream import (
 )
 from sidecar.proxy import upgrade
 from sidecar.settings import Settings, host_matches
-from sidecar.wire import conditionals, ranges
+from sidecar.wire import conditionals, framing, ranges
 from sidecar.wire.client import Interim, Response, UpstreamError
 from sidecar.wire.exchange import Body, BodyFile, Channel, ClientGone, Immediate, Request
 from sidecar.wire.fields import Fields, Headers, header
@@ -697,15 +697,15 @@ class Router:
         elif self.settings.access_log:
             _log_object("miss", request, response.status, relayed, started)
 
-    async def _write(self, channel: Channel, chunks: AsyncIterator[bytes], chunked: bool) -> int:
+    async def _write(self, channel: Channel, pieces: AsyncIterator[bytes], chunked: bool) -> int:
         """Write a body to the client as it arrives (in chunks if `chunked`); its bytes."""
         written = 0
-        async for chunk in chunks:
-            self.metrics.counters.bytes_from_upstream += len(chunk)
-            written += len(chunk)
-            await channel.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+        async for piece in pieces:
+            self.metrics.counters.bytes_from_upstream += len(piece)
+            written += len(piece)
+            await channel.write(framing.chunk(piece) if chunked else piece)
         if chunked:
-            await channel.write(b"0\r\n\r\n")
+            await channel.write(framing.LAST_CHUNK)
         return written
 
     async def _error(self, channel: Channel, status: int, message: str) -> None:

@@ -41,7 +41,7 @@ from urllib.parse import SplitResult, unquote, urlsplit
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from sidecar.core import native
-from sidecar.wire import tls
+from sidecar.wire import framing, tls
 from sidecar.wire.framing import faulty_framing, response_head_error
 
 logger = logging.getLogger(__name__)
@@ -497,15 +497,15 @@ class _Connection(asyncio.Protocol):
 
     async def _send(self, body: AsyncIterator[bytes], chunked: bool) -> None:
         try:
-            async for chunk in body:
-                if not chunk:
+            async for piece in body:
+                if not piece:
                     continue
                 await self._can_write.wait()
                 if self._lost or self.transport is None:
                     return
-                self.transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                self.transport.write(framing.chunk(piece) if chunked else piece)
             if chunked and not self._lost and self.transport is not None:
-                self.transport.write(b"0\r\n\r\n")
+                self.transport.write(framing.LAST_CHUNK)
         except Exception as e:
             # The request body failed (its client went away): so does the exchange.
             self._fail(e)
@@ -532,9 +532,9 @@ class _Connection(asyncio.Protocol):
         arrived = list(self._chunks)
         self._chunks.clear()
         self._buffered = 0
-        parts = [b"%x\r\n%s\r\n" % (len(a), a) for a in arrived] if chunked else arrived
+        parts = [framing.chunk(a) for a in arrived] if chunked else arrived
         if chunked and self.complete:
-            parts.append(b"0\r\n\r\n")  # else the core sends it at the end
+            parts.append(framing.LAST_CHUNK)  # else the core sends it at the end
         if parts or self.complete:
             to.writelines([head, *parts])
             head = b""

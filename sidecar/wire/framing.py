@@ -1,5 +1,5 @@
 """RFC 9112's rules on which HTTP/1.x messages are refused, and after which a connection
-must close, whichever parser read them.
+must close, whichever parser read them; and the chunked coding that Python writes.
 
 Both front ends (the lean server with the Rust core's parser, mitmproxy with its own)
 and the client towards origins (the core's parser again) ask these pure functions, so
@@ -12,6 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from http import HTTPStatus
+
+# RFC 9112 §7.1: last-chunk and the empty trailer section that end a chunked body.
+LAST_CHUNK = b"0\r\n\r\n"
+
+
+def chunk(data: bytes) -> bytes:
+    """`data` as one chunk of a chunked body (RFC 9112 §7.1); never give it empty bytes,
+    which would be the last chunk."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
 
 
 def request_head_error(
