@@ -30,7 +30,7 @@ The table of answers is written by any worker, each slot under a sequence lock o
 own (see `sidecar/core/src/answers.rs`), and answers recorded under an older index
 generation are not used.
 
-The clients' table and the region are written by any process, but only under `lock()`: an
+The clients' table and the region are written by any process, but only under `lock`: an
 exclusive `flock` on a descriptor of the file that each process opened for itself (a lock
 belongs to an open file, and the inherited descriptor is one open file for every
 process). The kernel releases the lock of a process that dies, so a `kill -9` never
@@ -39,11 +39,10 @@ leaves it held.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import mmap
 import os
-from collections.abc import Iterator
+from types import TracebackType
 
 _SLOT = 8  # bytes
 _COMMON = 5  # slots before the per-worker ones
@@ -55,6 +54,27 @@ CLIENTS_TABLE = 8 * 1024
 ANSWERS_TABLE = 8 * 1024 * 1024
 # Where the index generation is (slot 0), for the core's table of answers.
 GENERATION_AT = 0
+
+
+class FileLock:
+    """An exclusive `flock` on one descriptor, held for a `with` block. A class rather
+    than a generator: the claims take it several times per request."""
+
+    __slots__ = ("_fd",)
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def __enter__(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
 
 
 class Shared:
@@ -71,6 +91,8 @@ class Shared:
         self.region = self.answers + ANSWERS_TABLE
         # This process's own open file: see the module docstring.
         self._lock_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+        # `with shared.lock:` holds the lock of the table and the region.
+        self.lock = FileLock(self._lock_fd)
 
     @classmethod
     def create(cls, workers: int, region: int = 0) -> Shared:
@@ -83,14 +105,6 @@ class Shared:
         shared._slots[2] = _UNKNOWN
         return shared
 
-    @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """Hold the lock of the table and the region (see the module docstring)."""
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     @property
     def generation(self) -> int:

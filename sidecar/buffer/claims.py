@@ -116,7 +116,7 @@ class Claims:
         """Claim `key` for `worker`: (State.FREE, worker) when it got it, the (state,
         owner) of the claim found otherwise, None when the table is full."""
         digest = key_digest(key)
-        with self._shared.lock():
+        with self._shared.lock:
             found = self._find(digest)
             if found is not None:
                 _, owner, state = _SLOT.unpack_from(self._memory, found)
@@ -132,14 +132,14 @@ class Claims:
 
     def state(self, key: str) -> int:
         """The state of the claim of `key` (State.FREE: none)."""
-        with self._shared.lock():
+        with self._shared.lock:
             found = self._find(key_digest(key))
             return State.FREE if found is None else self._state(found)
 
     def release(self, key: str, worker: int, held: int = 0) -> None:
         """`worker` is done with its RUNNING claim of `key` (invalidated or not), unstored;
         the `held` bytes its fill took from its lease are free again."""
-        with self._shared.lock():
+        with self._shared.lock:
             found = self._find(key_digest(key))
             if found is not None and self._owned(found, worker, None):
                 self._free(found)
@@ -151,7 +151,7 @@ class Claims:
         bytes of its lease: `insert()` its index row, count it, free the claim. False
         if a write invalidated it (nothing inserted); what `insert` raises. Either way,
         the caller then releases the claim and its room (`release`)."""
-        with self._shared.lock():
+        with self._shared.lock:
             found = self._find(key_digest(key))
             if found is None or not self._owned(found, worker, State.RUNNING):
                 return False
@@ -164,7 +164,7 @@ class Claims:
     def announce(self, key: str, worker: int, state: State) -> bool:
         """(The keeper.) `worker`'s RUNNING claim of `key` is now a fill of `state`;
         False if it was invalidated (or is not that worker's)."""
-        with self._shared.lock():
+        with self._shared.lock:
             found = self._find(key_digest(key))
             if found is None or not self._owned(found, worker, State.RUNNING):
                 return False
@@ -173,7 +173,7 @@ class Claims:
 
     def invalidate(self, keys: list[str]) -> None:
         """(The keeper.) The fills of `keys` may not commit, nor be joined."""
-        with self._shared.lock():
+        with self._shared.lock:
             for key in keys:
                 found = self._find(key_digest(key))
                 if found is not None:
@@ -186,7 +186,7 @@ class Claims:
         claim left as it is, if a write invalidated it (nothing committed) or `commit`
         raised. Index rows are written under the lock by every process: so writers never
         wait on SQLite's own lock, whose wait sleeps a millisecond at least, claims held."""
-        with self._shared.lock():
+        with self._shared.lock:
             found = self._find(key_digest(key))
             if commit is not None:
                 if found is not None and self._state(found) & INVALIDATED:
@@ -199,7 +199,7 @@ class Claims:
 
     def running(self) -> int:
         """How many claims there are (fills in progress)."""
-        with self._shared.lock():
+        with self._shared.lock:
             return sum(
                 self._state(offset) != State.FREE
                 for offset in range(self._start, self._end, _SLOT.size)
@@ -214,7 +214,7 @@ class Claims:
     def take(self, worker: int, charged: int) -> bool:
         """Hold `charged` bytes of `worker`'s lease for a small fill; False if it has not
         that many left."""
-        with self._shared.lock():
+        with self._shared.lock:
             if self.lease(worker).idle < charged:
                 return False
             self._add(worker, held=charged)
@@ -222,19 +222,19 @@ class Claims:
 
     def grant(self, worker: int, amount: int) -> None:
         """(The keeper.) Lend `worker` `amount` more bytes."""
-        with self._shared.lock():
+        with self._shared.lock:
             self._add(worker, granted=amount)
 
     def fold(self) -> tuple[int, int]:
         """(The keeper.) The bytes and objects workers committed since the last fold,
         taken out of their leases (and so out of the room the keeper counts as reserved)."""
-        with self._shared.lock():
+        with self._shared.lock:
             return self._fold()
 
     def revoke(self) -> int:
         """(The keeper.) Take back every idle byte of every lease; how many."""
         revoked = 0
-        with self._shared.lock():
+        with self._shared.lock:
             for worker in range(self.workers):
                 idle = self.lease(worker).idle
                 self._add(worker, granted=-idle)
@@ -246,7 +246,7 @@ class Claims:
         its lease, then `settle(lent, spent, stored)` under the same lock, so that no
         commit is half done meanwhile: `lent`, the dead worker's lease room; `spent` and
         `stored`, what was folded."""
-        with self._shared.lock():
+        with self._shared.lock:
             spent, stored = self._fold()
             lent = self.lease(worker).granted
             _LEASE.pack_into(self._memory, self._leases + worker * _LEASE.size, 0, 0, 0, 0)

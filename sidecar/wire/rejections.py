@@ -139,7 +139,7 @@ class Rejections:
             digest = _digest(host, client_hello_fingerprint(hello))
         except (Incomplete, ValueError):
             return False
-        with self._shared.lock():
+        with self._shared.lock:
             found = self._find(digest)
             return found is not None and _SLOT.unpack_from(self._memory, found)[1] > now
 
@@ -154,7 +154,7 @@ class Rejections:
         now = time.monotonic_ns()
         expiry = now + self._remember_for
         memory = self._memory
-        with self._shared.lock():
+        with self._shared.lock:
             found = self._find(digest)
             if found is not None and _SLOT.unpack_from(memory, found)[1] > now:
                 return  # a concurrent connection of the same client told us already

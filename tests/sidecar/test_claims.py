@@ -51,7 +51,7 @@ def _hold(inherited: InheritedFd, me: int, ready: Event, lock: bool) -> None:
         claims.claim(key, me)
         claims.take(me, CHARGE)
     if lock:
-        with shared.lock():
+        with shared.lock:
             ready.set()
             time.sleep(60)
     ready.set()
