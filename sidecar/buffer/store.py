@@ -65,6 +65,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -720,7 +721,8 @@ def insert_row(writer: sqlite3.Connection, slot: bytes, value: bytes, charged: i
 def encode(entry: StoredObject) -> bytes:
     """An index value: `entry` packed (see _RECORD); ValueError for fields holding NUL."""
     fields = [part for field in entry.headers for part in field]
-    if any("\0" in part for part in fields):
+    text = "\0".join(fields)
+    if text.count("\0") != max(len(fields) - 1, 0):
         raise ValueError("a response field holds NUL")
     record = _RECORD.pack(
         bytes.fromhex(entry.file),
@@ -730,7 +732,7 @@ def encode(entry: StoredObject) -> bytes:
         entry.generated_at,
         entry.lifetime,
     )
-    return record + "\0".join(fields).encode("utf-8", "surrogatepass")
+    return record + text.encode("utf-8", "surrogatepass")
 
 
 def decode(encoded: bytes) -> StoredObject | None:
@@ -784,8 +786,11 @@ def _open_index(directory: Path) -> diskcache.Cache:
     )
 
 
+@functools.lru_cache(maxsize=1024)
 def key_digest(key: str) -> bytes:
-    """The index's key for a cache key: a digest of fixed size, however long the URL."""
+    """The index's key for a cache key: a digest of fixed size, however long the URL.
+    Remembered for the last keys: a miss asks for its key's four times (the lookup, the
+    claim, the commit, the row)."""
     return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=_KEY_BYTES).digest()
 
 

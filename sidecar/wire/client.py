@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import functools
 import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
@@ -101,6 +102,13 @@ class Route:
 
 def authority(url: SplitResult) -> str:
     """`host[:port]` of a URL, the port left out when it is the scheme's default."""
+    return _authority(url.scheme, url.netloc)
+
+
+@functools.lru_cache(maxsize=256)
+def _authority(scheme: str, netloc: str) -> str:
+    # Remembered by origin: every request to it sends the same Host.
+    url = SplitResult(scheme, netloc, "", "", "")
     host = url.hostname or ""
     if ":" in host:
         host = f"[{host}]"

@@ -12,12 +12,16 @@ from __future__ import annotations
 import functools
 import re
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
 # A headers mapping, or stored fields as (name, value) pairs.
 Headers = Mapping[str, str] | Sequence[tuple[str, str]]
+
+# The multidicts `header()` asks by name rather than scanning (a tuple: a union made at
+# each call would cost every lookup an allocation).
+_MULTIDICTS = (CIMultiDictProxy, CIMultiDict)
 
 # Longer numbers (after leading zeros) are absurd for a size or an offset: 10**19 bytes is
 # beyond any object, and int() of thousands of digits raises. RFC 9110 §14.1.2:
@@ -51,13 +55,17 @@ def header(headers: Headers, name: str) -> str | None:
     every line. The fields of an origin's response (a case-insensitive multidict, asked
     a score of times per miss) and `Fields` are looked up instead.
     """
-    if isinstance(headers, CIMultiDictProxy | CIMultiDict):
+    if isinstance(headers, _MULTIDICTS):
         lines = headers.getall(name, ())
         return ", ".join(lines) if lines else None
     wanted = name.lower()
     if isinstance(headers, Fields):
         return headers.get(wanted)
-    fields = headers.items() if isinstance(headers, Mapping) else headers
+    # Pairs (a stored object's) are asked of first: Mapping's check is an ABC's, slower.
+    if isinstance(headers, (tuple, list)):
+        fields: Iterable[tuple[str, str]] = headers
+    else:
+        fields = headers.items() if isinstance(headers, Mapping) else headers
     values = [value for key, value in fields if key.lower() == wanted]
     return ", ".join(values) if values else None
 

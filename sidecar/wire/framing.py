@@ -81,6 +81,10 @@ def faulty_framing(version: str, transfer_encoding: str | None) -> bool:
     return transfer_encoding is not None and version == "1.0"
 
 
+# The fields that frame a message's body (RFC 9112 §6.1, §6.2).
+_FRAMING_FIELDS = frozenset(("content-length", "transfer-encoding"))
+
+
 def ends_by_close(method: str, status: int, fields: Sequence[tuple[str, str]]) -> bool:
     """Can only closing the connection end this response? RFC 9112 §6.3: a response to
     HEAD, and a 1xx, 204 or 304, has no body; any other without Transfer-Encoding or
@@ -88,7 +92,7 @@ def ends_by_close(method: str, status: int, fields: Sequence[tuple[str, str]]) -
     closing the connection"."""
     if method == "HEAD" or status < 200 or status in (204, 304):
         return False
-    return not any(name.lower() in ("content-length", "transfer-encoding") for name, _ in fields)
+    return _FRAMING_FIELDS.isdisjoint([name.lower() for name, _ in fields])
 
 
 def _authority(scheme: str, authority: str) -> str:

@@ -163,6 +163,8 @@ def test_an_index_value_is_packed_and_read_back() -> None:
         3.0,
     )
     assert decode(encode(entry)) == entry
+    bare = StoredObject(entry.file, 1, entry.digest, (), 0.0)
+    assert decode(encode(bare)) == bare
     assert decode(b"short") is None
     with pytest.raises(ValueError):
         encode(StoredObject(entry.file, 1, entry.digest, (("X", "a\0b"),), 0.0))
