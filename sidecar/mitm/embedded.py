@@ -18,9 +18,11 @@ Two of mitmproxy's defaults are changed on purpose:
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections.abc import Sequence
 
+from mitmproxy import log
 from mitmproxy.addons import core, errorcheck, next_layer, proxyserver, tlsconfig
 from mitmproxy.master import Master
 from mitmproxy_rs.dns import DnsResolver
@@ -41,6 +43,18 @@ def allow_hosts(globs: Sequence[str]) -> list[str]:
     return [rf"^(?:{host_glob_regex(glob)}):\d+$" for glob in globs]
 
 
+def forgo_log_hook() -> None:
+    """Take mitmproxy's `LegacyLogEvents` handler off the root logger. A `Master` installs
+    it to hand every log record to its addons' deprecated `add_log` hook: a record
+    formatted once more, a wakeup of the event loop and a turn over every addon, for each
+    line the worker logs (a pass logs one: this was a third of the Python calls of its
+    answer). No addon here has that hook; they log through `logging`."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, log.LegacyLogEvents):
+            handler.uninstall()
+
+
 class Embedded:
     """One worker's mitmproxy, serving the connections the front end hands it."""
 
@@ -54,6 +68,7 @@ class Embedded:
         rejections: Rejections,
     ) -> None:
         self._master = Master(None)
+        forgo_log_hook()
         ps = proxyserver.Proxyserver()
         self._master.addons.add(
             core.Core(),
