@@ -48,8 +48,11 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-# Below the kernel's ephemeral range, where free ports are looked for (`free_port`).
-FIXED_PORTS_FROM = 10_000
+# Where free ports are looked for (`free_port`), up to the kernel's ephemeral range: above
+# every port a server here is configured with, the test cluster's among them (etcd's 23790
+# and 23800, CoreDNS' 18181, Kubernetes' 10248–10259: `tests.cluster.components`). A test
+# server that took one of those first kept the cluster from starting.
+FIXED_PORTS_FROM = 24_000
 
 
 def ephemeral_ports() -> range:

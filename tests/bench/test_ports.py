@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 
 from bench.harness import FIXED_PORTS_FROM, ephemeral_ports, free_port
+from tests.cluster.components import fixed_ports
+from tests.cluster.layout import Layout
 
 
 def test_a_free_port_lies_below_the_range_connections_take_their_ports_from() -> None:
@@ -16,3 +18,7 @@ def test_a_free_port_lies_below_the_range_connections_take_their_ports_from() ->
     with socket.create_server(("127.0.0.1", ports.pop())):
         pass
 
+
+
+def test_no_free_port_is_one_the_test_cluster_listens_on() -> None:
+    assert all(port < FIXED_PORTS_FROM for port in fixed_ports(Layout())), fixed_ports(Layout())

@@ -27,6 +27,25 @@ PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 # On top of the API server's defaults, as kubeadm enables it.
 ADMISSION_PLUGINS = "NodeRestriction"
 DNS_READY_PORT = 18181  # CoreDNS' ready plugin, on loopback
+KUBE_PROXY_METRICS_PORT = 10249
+KUBE_PROXY_HEALTHZ_PORT = 10256
+# What the kubelet (10248 its health, 10250 its API), the controller manager (10257) and
+# the scheduler (10259) listen on, by default.
+DEFAULT_PORTS = (10248, 10250, 10257, 10259)
+
+
+def fixed_ports(layout: Layout) -> set[int]:
+    """Every port the cluster's processes listen on: no test's server may take one first
+    (`bench.harness.free_port` looks above them)."""
+    return {
+        layout.etcd_client_port,
+        layout.etcd_peer_port,
+        layout.apiserver_port,
+        DNS_READY_PORT,
+        KUBE_PROXY_METRICS_PORT,
+        KUBE_PROXY_HEALTHZ_PORT,
+        *DEFAULT_PORTS,
+    }
 
 
 @dataclass(frozen=True)
@@ -267,8 +286,8 @@ def kube_proxy(layout: Layout, binaries: Path, pki: Pki) -> Component:
             f"--hostname-override={layout.node}",
             f"--cluster-cidr={layout.pod_cidr}",
             "--proxy-mode=iptables",
-            "--metrics-bind-address=127.0.0.1:10249",
-            "--healthz-bind-address=127.0.0.1:10256",
+            f"--metrics-bind-address=127.0.0.1:{KUBE_PROXY_METRICS_PORT}",
+            f"--healthz-bind-address=127.0.0.1:{KUBE_PROXY_HEALTHZ_PORT}",
             # Leave the machine's conntrack table size and OOM scores as they are.
             "--conntrack-max-per-core=0",
             "--oom-score-adj=0",

@@ -114,6 +114,11 @@ def cluster() -> Iterator[Cluster]:
             up(layout, say=lambda line: print(line, file=sys.stderr))
         except ClusterUnavailable as e:
             pytest.skip(f"no Kubernetes cluster on this machine: {e}")
+        except BaseException:
+            # What started before the failure would outlive the session and hold the
+            # cluster's ports and network against the next one.
+            down(layout)
+            raise
     api = config.new_client_from_config(config_file=str(layout.kubeconfig))
     yield Cluster(layout, api)
     api.close()
