@@ -19,6 +19,5 @@ def test_a_free_port_lies_below_the_range_connections_take_their_ports_from() ->
         pass
 
 
-
 def test_no_free_port_is_one_the_test_cluster_listens_on() -> None:
     assert all(port < FIXED_PORTS_FROM for port in fixed_ports(Layout())), fixed_ports(Layout())
