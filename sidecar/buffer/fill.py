@@ -34,12 +34,13 @@ than piece by piece: waiting for all of it costs its time to first byte a fracti
 millisecond from a fast origin, and takes nothing from its whole. One stored from this
 worker's lease is kept in memory by the core (`Fill.tee`, a `native.Tee`), which takes
 its digest as it arrives and sends it on at once to the clients of the lean front end
-that follow it: no piece of it passes through Python. It is written and committed once
-whole, after its readers have it: a miss then costs its client little more than the
-origin's time. If the origin drops the connection mid-body, the pump resumes
-from the byte it had with a Range request validated by If-Range, a few times with
-backoff; if it cannot, every reader's connection is
-aborted, so no client ever sees a short body with a success status.
+that follow it: no piece of it passes through Python, and no task waits for it (its
+response tells the fill of its end, `Response.feed`, and a pump then commits it, or
+resumes it). It is written and committed once whole, after its readers have it: a
+miss then costs its client little more than the origin's time. If the origin drops the
+connection mid-body, the pump resumes from the byte it had with a Range request
+validated by If-Range, a few times with backoff; if it cannot, every reader's
+connection is aborted, so no client ever sees a short body with a success status.
 
 A body whose length only its end tells (chunked, or delimited by the connection's
 close) is stored another way (`UnsizedFill`): its one client relays the origin's stream
@@ -50,6 +51,7 @@ why).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -164,7 +166,9 @@ class Fill:
         self._last = 0  # the largest prefix published before the fill ends
         self.failure: BaseException | None = None
         self.ended = asyncio.Event()
-        self._progress_event = asyncio.Event()
+        # What readers waiting for more wait on: made by the first of them, set and
+        # dropped at the pump's next step (most steps have nobody waiting).
+        self._progress_event: asyncio.Event | None = None
         # One descriptor on the body, written by the pump and shared by all readers
         # (pwrite and pread need no position): it stays valid across the rename of a
         # commit and the unlink of a failure, and is closed when the last reader is done.
@@ -238,8 +242,10 @@ class Fill:
         self._wake()
 
     def _wake(self) -> None:
-        self._progress_event.set()
-        self._progress_event = asyncio.Event()
+        event = self._progress_event
+        if event is not None:
+            self._progress_event = None
+            event.set()
 
     async def read(self, start: int, end: int) -> AsyncIterator[Piece]:
         """Bytes [start, end) of the body, as soon as the pump has written them: those
@@ -280,6 +286,8 @@ class Fill:
             raise BufferFailed(str(self.failure))
         if self.failure is not None:
             raise FillFailed(str(self.failure))
+        if self._progress_event is None:
+            self._progress_event = asyncio.Event()
         await self._progress_event.wait()
 
     async def outcome(self) -> int:
@@ -714,11 +722,26 @@ class Fills:
             fill.tee = native.Tee(size, fill._fd, fill._last)
         fill.attach()
         fill.head.set_result(head)
-        task = asyncio.get_running_loop().create_task(self._pump(fill, response, rid))
+        started = time.monotonic()
+        if fill._fd is None:
+            # It goes into memory with no task until its response ends (most misses'
+            # bodies are small): a pump then stores it, or resumes it.
+            response.feed(fill.tee, functools.partial(self._arrived, fill, response, rid, started))
+        else:
+            self._start_pump(fill, response, rid, started)
+        return Acquired(fill, "miss", relayed=tuple(policy.relayed_headers(response.headers)))
+
+    def _arrived(self, fill: Fill, response: Response, rid: str, started: float) -> None:
+        """The response of an in-memory body ended (`Response.feed`)."""
+        assert fill.tee is not None
+        self._metrics.counters.bytes_from_upstream += fill.tee.received
+        self._start_pump(fill, response, rid, started)
+
+    def _start_pump(self, fill: Fill, response: Response, rid: str, started: float) -> None:
+        task = asyncio.get_running_loop().create_task(self._pump(fill, response, rid, started))
         if not task.done():
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        return Acquired(fill, "miss", relayed=tuple(policy.relayed_headers(response.headers)))
 
     async def _room(self, asked: Awaitable[Message]) -> Message:
         """The keeper's answer to a fill's request for room; a failing buffer refuses."""
@@ -832,8 +855,7 @@ class Fills:
         fill.in_memory = 0
         fill._finish(failure)
 
-    async def _pump(self, fill: Fill, response: Response, rid: str) -> None:
-        started = time.monotonic()
+    async def _pump(self, fill: Fill, response: Response, rid: str, started: float) -> None:
         head = fill.head.result()
         failure: BaseException | None = None
         stored: StoredObject | None = None
@@ -910,8 +932,19 @@ class Fills:
         the body if in memory.
 
         A large body from a slow origin that serves ranges is split over several
-        connections; any other is one segment, resumed where it broke off.
+        connections; any other is one segment, resumed where it broke off. An in-memory
+        body that arrived whole (`Response.feed`) needs no copy.
         """
+        tee = fill.tee
+        if fill._fd is None and tee is not None and response.complete:
+            body = tee.body()
+            if body is not None:
+                digest = tee.hexdigest()
+                assert digest is not None
+                overlong = response.overlong
+                response.release()
+                fill.hand_over(body)
+                return digest, overlong, body
         accept_ranges = response.headers.get("Accept-Ranges")
         splittable = may_split(self._connections, head.size, accept_ranges, head.validators)
         target = Target(

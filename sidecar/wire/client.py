@@ -65,6 +65,10 @@ CLOSE_TIMEOUT = 1.0  # seconds
 # names are remembered.
 DNS_TTL = 60.0  # seconds
 MAX_NAMES = 1024
+# What an origin writes right after a response (a stray segment or TLS record past its
+# Content-Length) is read by the time the event loop has turned this often since the
+# response ended: the loop polls its sockets between two turns.
+SETTLE_TURNS = 3
 # Methods that may be sent again when a reused connection turns out to be closed.
 _IDEMPOTENT = frozenset(("GET", "HEAD", "PUT", "DELETE", "OPTIONS"))
 
@@ -272,13 +276,19 @@ class Response:
         Squid store such bodies too); over TLS, a close without the alert may be a cut."""
         return self._connection.complete and not self._connection.unconfirmed
 
+    def feed(self, tee: native.Tee, ended: Callable[[], None]) -> None:
+        """The body into `tee`, as `into`, with no task waiting for it: `ended()` is
+        called once the response has ended, whole or broken off (a stall of the read
+        timeout breaks it off), and has settled (`settle`). After a break, `into`
+        raises why."""
+        self._connection.feed(tee, ended)
+
     async def settle(self) -> bool:
-        """`overlong`, once what the origin sent right after the response has been read:
-        a stray write of its own (another TLS record or segment) is in the socket by the
-        time the event loop reads it again. Two turns: the first queues the read behind
-        this task, the second runs this task after it."""
-        for _ in range(2):
-            await asyncio.sleep(0)
+        """`overlong`, once what the origin sent right after the response has been read
+        (SETTLE_TURNS): one wait, whose wakeup is the last turn."""
+        settled = asyncio.get_running_loop().create_future()
+        after_turns(SETTLE_TURNS - 1, settled.set_result, None)
+        await settled
         return self.overlong
 
     async def read(self, limit: int) -> bytes:
@@ -331,10 +341,13 @@ class _Connection(asyncio.Protocol):
         self._idle_timer: asyncio.TimerHandle | None = None
         self.gone = asyncio.Event()  # set once the connection is closed
         self.used = False  # it carried an exchange before the current one
+        self._stall: asyncio.TimerHandle | None = None
         self._clear()
 
     def _clear(self) -> None:
         """No exchange in progress."""
+        if self._stall is not None:
+            self._stall.cancel()
         self._asked = False  # a request was sent and its response is read
         self._method = ""
         self._interim: Interim | None = None
@@ -347,6 +360,10 @@ class _Connection(asyncio.Protocol):
         self._buffered = 0
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
+        # A body going into a tee with no task waiting (`feed`): whom to tell of its
+        # end, and the timer that finds it stalled.
+        self._fed: Callable[[], None] | None = None
+        self._stall = None
         self._error: BaseException | None = None
         self._received = False  # any part of the response arrived
         self.complete = False  # the final response has ended
@@ -528,6 +545,35 @@ class _Connection(asyncio.Protocol):
         if not self.complete and self.transport is not None:
             self.transport.body_into(tee)
 
+    def feed(self, tee: native.Tee, ended: Callable[[], None]) -> None:
+        """See `Response.feed`."""
+        self.body_into(tee)
+        self._fed = ended
+        self._stall = self._loop.call_later(self._read_timeout, self._stalled, tee, tee.received)
+        self._tell_fed()
+
+    def _stalled(self, tee: native.Tee, received: int) -> None:
+        """The read timeout passed since a fed body had `received` bytes."""
+        if tee.received != received:
+            self._stall = self._loop.call_later(
+                self._read_timeout, self._stalled, tee, tee.received
+            )
+            return
+        self._stall = None
+        self._fail(UpstreamError(f"the origin sent nothing for {self._read_timeout:g}s"))
+        self._close()
+
+    def _tell_fed(self) -> None:
+        """A fed body that ended, whole or not, is told so once it has settled."""
+        ended = self._fed
+        if ended is None or not (self.complete or self._error is not None):
+            return
+        self._fed = None
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+        after_turns(SETTLE_TURNS, ended)
+
     @property
     def until_close(self) -> bool:
         """The connection's end delimits the response's body (RFC 9112 §6.3)."""
@@ -681,10 +727,20 @@ class _Connection(asyncio.Protocol):
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+        if self._fed is not None:
+            self._tell_fed()
 
     def _close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+
+def after_turns(turns: int, callback: Callable[..., object], *args: object) -> None:
+    """Call `callback(*args)` once the running event loop has turned `turns` times."""
+    if turns:
+        asyncio.get_running_loop().call_soon(after_turns, turns - 1, callback, *args)
+    else:
+        callback(*args)
 
 
 def _because(exc: Exception | None) -> str:

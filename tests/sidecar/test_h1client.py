@@ -206,6 +206,77 @@ def test_a_stray_write_right_after_the_body_is_found_before_the_body_is_trusted(
         thread.join(5)
 
 
+def test_a_fed_body_tells_of_its_end_once_settled(ca: trustme.CA) -> None:
+    # As above, for a body that goes into a tee with no task waiting: its end is told
+    # only after the stray write that followed it was read.
+    origin = Origin(ca, answer())
+    rest, stray = threading.Event(), threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        with origin.context.wrap_socket(connection, server_side=True) as tls:
+            while not tls.recv(4096).endswith(b"\r\n\r\n"):
+                pass
+            tls.sendall(OK[:-2])
+            rest.wait(5)
+            tls.sendall(b"lo")
+            stray.wait(5)
+            tls.sendall(FORGED)
+            tls.recv(1)  # until the client closes
+
+    async def main() -> None:
+        url = f"https://{HOST}:{listener.getsockname()[1]}/f"
+        pool = Pool(read_timeout=2.0, resolve=loopback)
+        route = direct_route(urlsplit(url), client_context(ca))
+        response = await pool.request(route, "GET", url, [])
+        tee = native.Tee(5)
+        ended = asyncio.get_running_loop().create_future()
+        response.feed(tee, lambda: ended.set_result(response.overlong))
+        await asyncio.sleep(0.1)
+        assert not ended.done() and tee.received == 3
+        rest.set()
+        while tee.received < 5:
+            await asyncio.sleep(0)
+        # The body is whole: the stray write reaches the socket while the loop is held.
+        stray.set()
+        time.sleep(0.1)
+        assert await ended, "told of the end before the stray write was read"
+        assert response.complete and tee.body() == b"hello"
+        response.release()
+        await pool.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        asyncio.run(asyncio.wait_for(main(), 20))
+    finally:
+        listener.close()
+        thread.join(5)
+
+
+def test_a_fed_body_that_stalls_ends_after_the_read_timeout(ca: trustme.CA) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        writer.write(OK[:-2])
+        await asyncio.sleep(5)
+
+    async def test(origin: Origin, pool: Pool, route: Route) -> None:
+        response = await pool.request(route, "GET", origin.url(), [])
+        tee = native.Tee(5)
+        ended = asyncio.get_running_loop().create_future()
+        fed = time.monotonic()
+        response.feed(tee, lambda: ended.set_result(None))
+        await ended
+        assert 1.9 < time.monotonic() - fed < 4
+        with pytest.raises(UpstreamError, match="sent nothing for 2s"):
+            await response.into(tee)
+        assert tee.received == 3 and tee.body() is None
+        response.close()
+
+    run(ca, script, test)
+
+
 def test_bytes_on_an_idle_connection_close_it(ca: trustme.CA) -> None:
     async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await request_head(reader)
@@ -473,4 +544,3 @@ def test_a_switch_of_protocols_hands_the_connection_over_with_what_followed_it(
         stream.close()
 
     run(ca, script, test)
-

@@ -429,15 +429,19 @@ def test_an_upstream_proxy_carries_fills_and_tunnels(
         assert parent.connects[f"tunnel.test:{origin.port}"] == 1
 
 
+# A small body is kept in memory as it arrives, a larger one written into its file.
+@pytest.mark.parametrize("name", ["small.bin", "medium.bin"])
 def test_a_stalled_origin_is_resumed_after_the_upstream_timeout(
-    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path, name: str
 ) -> None:
     sidecar = start_sidecar("--upstream-timeout", "1")
-    url = origin.url("medium.bin", stall=1_000_000)
+    stall = FILES[name] // 2
+    url = origin.url(name, stall=stall)
     download = curl(sidecar, url)
     assert download.returncode == 0, download.stderr
-    assert download.body == body_of(dataset, "medium.bin")
-    assert origin.requests()["ranges"][origin.target("medium.bin", stall=1_000_000)] == 1
+    assert download.body == body_of(dataset, name)
+    assert origin.requests()["ranges"][origin.target(name, stall=stall)] == 1
+    wait_until(lambda: sidecar.stats()["entries"] == 1, "the resumed fill to commit")
     assert sidecar.stats()["entries"] == 1
 
 

@@ -231,15 +231,17 @@ def test_a_killed_worker_is_replaced_and_nothing_it_half_wrote_is_served(
     assert sidecar.stats()["hits"] == 1
 
 
+# A small body arrives into memory, a large one into its file.
+@pytest.mark.parametrize("name", ["small.bin", "big.bin"])
 def test_sigterm_stops_every_worker_within_two_seconds(
-    start_sidecar: Callable[..., Sidecar], origin: OriginServer
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, name: str
 ) -> None:
     sidecar = start_sidecar("--workers", "2")
     workers = workers_of(sidecar)
     assert len(workers) == 2
     slow = subprocess.Popen(  # a download in progress must not hold the stop up
         ["curl", "-s", "-o", "/dev/null", "--proxy", sidecar.proxy, "--cacert",
-         str(sidecar.bundle), origin.url("big.bin", case="workers-stop", rate=1_000_000)],
+         str(sidecar.bundle), origin.url(name, case="workers-stop", rate=FILES[name] // 20)],
         env={"PATH": os.environ["PATH"]},
     )  # fmt: skip
     try:
@@ -249,11 +251,14 @@ def test_sigterm_stops_every_worker_within_two_seconds(
         sidecar.process.popen.send_signal(signal.SIGTERM)
         sidecar.process.popen.wait(timeout=5)
         elapsed = time.monotonic() - started
+        cut = slow.wait(timeout=5)
     finally:
         slow.kill()
         slow.wait()
     assert elapsed < 2.0
     assert sidecar.process.popen.returncode == 0
+    assert cut != 0, "a download the stop cut short ended as a success"
+    assert "Traceback" not in sidecar.log()
     for pid in workers:
         assert not Path(f"/proc/{pid}").exists()
 
