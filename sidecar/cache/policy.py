@@ -358,10 +358,12 @@ def response_is_cacheable(status: int, headers: Headers, version: str) -> Verdic
         return Verdict(False, Reason.BAD_LENGTH)
     if "no-store" in cache_directives(headers):
         return Verdict(False, Reason.RESPONSE_NO_STORE)
-    codings = [c.lower() for c in split_list(header(headers, "Content-Encoding") or "")]
-    if any(coding != "identity" for coding in codings):
+    # Each list read only when present: most responses have neither.
+    codings = header(headers, "Content-Encoding")
+    if codings is not None and {c.lower() for c in split_list(codings)} - {"identity"}:
         return Verdict(False, Reason.CONTENT_ENCODING)
-    vary = {member.lower() for member in split_list(header(headers, "Vary") or "")}
+    varies = header(headers, "Vary")
+    vary = {member.lower() for member in split_list(varies)} if varies is not None else set()
     if "*" in vary:
         return Verdict(False, Reason.VARY_STAR)
     if not vary <= _HARMLESS_VARY:
@@ -397,8 +399,14 @@ def relayed_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
     """
     dropped = set(HOP_BY_HOP | _FRAMING)
     dropped.add("alt-svc")
-    dropped.update(name.lower() for name in split_list(header(headers, "Connection") or ""))
+    dropped.update(_named_by_connection(headers))
     return [(name, value) for name, value in headers.items() if name.lower() not in dropped]
+
+
+def _named_by_connection(headers: Mapping[str, str]) -> list[str]:
+    """The fields a response's `Connection` names (RFC 9110 §7.6.1), lower-cased."""
+    connection = header(headers, "Connection")
+    return [name.lower() for name in split_list(connection)] if connection else []
 
 
 def stored_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -416,10 +424,10 @@ def stored_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
     without successful revalidation" (RFC 9111 §5.2.2.4).
     """
     dropped = set(_NOT_REPLAYED)
-    dropped.update(name.lower() for name in split_list(header(headers, "Connection") or ""))
+    dropped.update(_named_by_connection(headers))
     no_cache = cache_directives(headers).get("no-cache")
     if no_cache:
-        dropped.update(name.lower() for name in split_list(no_cache))
+        dropped.update([name.lower() for name in split_list(no_cache)])
     return [
         (name, value)
         for name, value in headers.items()
@@ -543,7 +551,7 @@ def generated_at(
     apparent = max(0.0, response_time - moment.timestamp()) if moment is not None else 0.0
     # "a cache encountering a message with a list-based Age field value SHOULD use the
     # first member of the field value, discarding subsequent ones" (RFC 9111 §5.1).
-    members = split_list(age or "")
+    members = split_list(age) if age else []
     corrected = _delta_seconds(members[0] if members else None) + (response_time - request_time)
     return response_time - max(apparent, corrected)
 
@@ -666,8 +674,8 @@ def client_asks_no_cache(request_headers: Headers) -> bool:
     """
     if header(request_headers, "Cache-Control") is not None:
         return "no-cache" in cache_directives(request_headers)
-    pragma = header(request_headers, "Pragma") or ""
-    return any(member.lower() == "no-cache" for member in split_list(pragma))
+    pragma = header(request_headers, "Pragma")
+    return pragma is not None and "no-cache" in [m.lower() for m in split_list(pragma)]
 
 
 def only_if_cached(request_headers: Headers) -> bool:

@@ -13,7 +13,6 @@ cache stores bytes as sent.
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import logging
 import re
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -37,6 +36,8 @@ from sidecar.wire.fields import HOP_BY_HOP, MAX_DIGITS
 
 logger = logging.getLogger(__name__)
 
+# Origins whose routes are remembered (`Upstream.route`).
+ROUTES = 4096
 # Request fields that make a response partial or conditional: dropped for the full,
 # unconditional fetch that fills the buffer.
 _PARTIAL_OR_CONDITIONAL = frozenset(
@@ -139,6 +140,7 @@ class Upstream:
         self._proxy = proxy
         self._pool = pool
         self._parents = parents
+        self._routes: dict[str, Route] = {}  # by `scheme://authority`
 
     async def open(self) -> None:
         if self._parents is not None:
@@ -170,17 +172,28 @@ class Upstream:
         return await self._pool.request(route, method, url, headers, body, interim_sink.get())
 
     def route(self, url: str) -> Route:
-        """How a request for `url` reaches its origin (never through a parent)."""
-        parts = urlsplit(url)
-        if self._proxy is not None:
-            return proxied_route(parts, self._proxy, self._ssl)
-        return direct_route(parts, self._ssl)
+        """How a request for `url` reaches its origin (never through a parent).
+
+        Remembered by the URL's text up to its path (`scheme://authority`, which alone
+        decides the route): a miss asks once per request."""
+        origin = "/".join(url.split("/", 3)[:3])
+        known = self._routes.get(origin)
+        if known is None:
+            if len(self._routes) >= ROUTES:
+                self._routes.clear()
+            parts = urlsplit(url)
+            if self._proxy is not None:
+                known = proxied_route(parts, self._proxy, self._ssl)
+            else:
+                known = direct_route(parts, self._ssl)
+            self._routes[origin] = known
+        return known
 
     async def tunnel(self, url: str) -> native.Stream:
         """A connection of the caller's own to the origin of `url`, never through a
         parent: the bare TCP connection that a client's own TLS goes through (through
         the upstream proxy's CONNECT, if any). UpstreamError if it fails."""
-        return await self._pool.open(dataclasses.replace(self.route(url), context=None))
+        return await self._pool.open(self.route(url)._replace(context=None))
 
     async def upgrade(self, method: str, url: str, headers: list[tuple[str, str]]) -> Response:
         """Ask the origin of `url` to switch protocols (RFC 9110 §7.8), on a connection

@@ -35,8 +35,7 @@ import functools
 import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import SplitResult, unquote, urlsplit
 
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -86,9 +85,10 @@ class _Stale(UpstreamError):
     """A reused connection was closed by the origin before any byte of the response."""
 
 
-@dataclass(frozen=True)
-class Route:
-    """How requests reach an origin: the first hop, and what is said on it."""
+class Route(NamedTuple):
+    """How requests reach an origin: the first hop, and what is said on it. A tuple:
+    the pool looks its idle connections up by it for every request, and a tuple's hash
+    and comparison cost no Python call."""
 
     host: str  # the first hop's name (a TLS first hop is verified against it)
     port: int
@@ -498,20 +498,19 @@ class _Connection(asyncio.Protocol):
             # defined semantics", RFC 9110 §9.3.1), nor may its length: the origin would
             # wait for a body that never comes.
             fields = [(k, v) for k, v in fields if k.lower() != "content-length" or v == "0"]
-        has_length = any(name.lower() == "content-length" for name, _ in fields)
+        has_length = "content-length" in [name.lower() for name, _ in fields]
         chunked = body is not None and not has_length
         self.transport.write(request_head(self.route, method, url, fields, chunked))
         if body is not None:
             self._sending = self._loop.create_task(self._send(body, chunked))
+        waiting = self._loop.call_later(self._read_timeout, self._no_head)
         try:
-            async with asyncio.timeout(self._read_timeout):
-                response = await self._head
-        except TimeoutError:
-            self._close()
-            raise UpstreamError(f"no response within {self._read_timeout:g}s") from None
+            response = await self._head
         except BaseException:
             self._close()
             raise
+        finally:
+            waiting.cancel()
         try:
             for task in self._interims:
                 await task
@@ -690,6 +689,11 @@ class _Connection(asyncio.Protocol):
         self._clear()
 
     # Internals
+
+    def _no_head(self) -> None:
+        """The read timeout passed with no response to the request sent."""
+        self._fail(UpstreamError(f"no response within {self._read_timeout:g}s"))
+        self._close()
 
     def _excess(self) -> None:
         # The caller, who knows the URL, says so in the log.

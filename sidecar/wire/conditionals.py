@@ -54,12 +54,12 @@ def if_range_allows(if_range: str | None, etag: str | None, last_modified: str |
     )
 
 
-_PRECONDITIONS = ("If-Match", "If-Unmodified-Since")
-
-
 def has_precondition(request_headers: Headers) -> bool:
     """Does the request carry `If-Match` or `If-Unmodified-Since`?"""
-    return any(header(request_headers, name) is not None for name in _PRECONDITIONS)
+    return (
+        header(request_headers, "If-Match") is not None
+        or header(request_headers, "If-Unmodified-Since") is not None
+    )
 
 
 def _listed(tags: str, etag: str | None, strong: bool) -> bool:
