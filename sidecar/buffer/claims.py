@@ -211,14 +211,17 @@ class Claims:
         """`worker`'s lease (read without the lock: each counter is one aligned word)."""
         return Lease(*_LEASE.unpack_from(self._memory, self._leases + worker * _LEASE.size))
 
-    def take(self, worker: int, charged: int) -> bool:
-        """Hold `charged` bytes of `worker`'s lease for a small fill; False if it has not
-        that many left."""
+    def take(self, worker: int, charged: int) -> int | None:
+        """Hold `charged` bytes of `worker`'s lease for a small fill: the bytes it has idle
+        then; None, and nothing held, if it has not that many."""
+        at = self._leases + worker * _LEASE.size
         with self._shared.lock:
-            if self.lease(worker).idle < charged:
-                return False
-            self._add(worker, held=charged)
-        return True
+            granted, held, spent, stored = _LEASE.unpack_from(self._memory, at)
+            idle = granted - spent - held - charged
+            if idle < 0:
+                return None
+            _LEASE.pack_into(self._memory, at, granted, held + charged, spent, stored)
+        return idle
 
     def grant(self, worker: int, amount: int) -> None:
         """(The keeper.) Lend `worker` `amount` more bytes."""
@@ -292,14 +295,16 @@ class Claims:
     def _add(
         self, worker: int, granted: int = 0, held: int = 0, spent: int = 0, stored: int = 0
     ) -> None:
-        lease = self.lease(worker)
+        # The counters as they are, not a `Lease`: a miss adds to them twice.
+        at = self._leases + worker * _LEASE.size
+        was_granted, was_held, was_spent, was_stored = _LEASE.unpack_from(self._memory, at)
         _LEASE.pack_into(
             self._memory,
-            self._leases + worker * _LEASE.size,
-            lease.granted + granted,
-            lease.held + held,
-            lease.spent + spent,
-            lease.stored + stored,
+            at,
+            was_granted + granted,
+            was_held + held,
+            was_spent + spent,
+            was_stored + stored,
         )
 
     def _fold(self) -> tuple[int, int]:

@@ -648,13 +648,13 @@ class Buffer:
         if key in self._removing:
             return None
         charged = self._index.charge(size)
-        taken = self._claims.take(self._worker, charged)
-        if self._claims.lease(self._worker).idle < LEASE // 2:
+        idle = self._claims.take(self._worker, charged)
+        if idle is None or idle < LEASE // 2:
             self._ask_for_lease()
-        if not taken:
+        if idle is None:
             return None
         rid = uuid.uuid4().hex
-        path = os.path.join(self._index.partial_dir, worker_partial(rid, self._worker))
+        path = f"{self._index.partial_dir}/{worker_partial(rid, self._worker)}"
         self._small[rid] = (key, size, charged, path)
         return rid
 

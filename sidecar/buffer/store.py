@@ -671,12 +671,12 @@ class Index:
             raise StoreError("the object was stored meanwhile")
 
     def body_path(self, entry: StoredObject) -> str:
-        return os.path.join(self._objects_dir, entry.file)
+        return f"{self._objects_dir}/{entry.file}"
 
     def open_body(self, entry: StoredObject) -> int:
         """A descriptor of a stored body (it stays readable even if evicted)."""
         try:
-            return os.open(os.path.join(self._objects_dir, entry.file), os.O_RDONLY)
+            return os.open(self.body_path(entry), os.O_RDONLY)
         except OSError as e:
             raise StoreError(f"cannot read a stored body: {_describe(e)}") from e
 

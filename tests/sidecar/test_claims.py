@@ -38,7 +38,7 @@ def _claim_all(inherited: InheritedFd, me: int, together: Barrier, out: str) -> 
             won.append(key)
     together.wait()
     for key in won:
-        assert claims.take(me, CHARGE)
+        assert claims.take(me, CHARGE) is not None
         assert claims.commit(key, me, CHARGE, lambda: None)
     Path(out).write_text("\n".join(won))
 
@@ -111,7 +111,7 @@ def test_a_claim_seen_by_others_is_its_owners_until_freed() -> None:
     # An invalidated small fill never commits; its owner releases it.
     assert claims.claim(key, 1) == (State.FREE, 1)
     claims.grant(1, CHARGE)
-    assert claims.take(1, CHARGE) and not claims.take(1, 1)
+    assert claims.take(1, CHARGE) == 0 and claims.take(1, 1) is None  # 0 left idle
     claims.invalidate([key])
     assert not claims.commit(key, 1, CHARGE, lambda: None)
     claims.release(key, 1, CHARGE)
