@@ -740,11 +740,14 @@ class _Connection(asyncio.Protocol):
 
 
 def after_turns(turns: int, callback: Callable[..., object], *args: object) -> None:
-    """Call `callback(*args)` once the running event loop has turned `turns` times."""
-    if turns:
-        asyncio.get_running_loop().call_soon(after_turns, turns - 1, callback, *args)
-    else:
-        callback(*args)
+    """Call `callback(*args)` once the running event loop has turned `turns` times (at
+    least one): each turn but the last schedules the next with the loop's own
+    `call_soon`, so that no Python function runs between them."""
+    call_soon = asyncio.get_running_loop().call_soon
+    for _ in range(turns - 1):
+        args = (callback, *args)
+        callback = call_soon
+    call_soon(callback, *args)
 
 
 def _because(exc: Exception | None) -> str:
