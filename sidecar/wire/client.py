@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
-import functools
 import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
@@ -104,22 +103,6 @@ class Route(NamedTuple):
         return _unbracket(self.tunnel.rsplit(":", 1)[0]) if self.tunnel else self.host
 
 
-def authority(url: SplitResult) -> str:
-    """`host[:port]` of a URL, the port left out when it is the scheme's default."""
-    return _authority(url.scheme, url.netloc)
-
-
-@functools.lru_cache(maxsize=256)
-def _authority(scheme: str, netloc: str) -> str:
-    # Remembered by origin: every request to it sends the same Host.
-    url = SplitResult(scheme, netloc, "", "", "")
-    host = url.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    default = 443 if url.scheme == "https" else 80
-    return host if url.port in (None, default) else f"{host}:{url.port}"
-
-
 def _port(url: SplitResult) -> int:
     return url.port or (443 if url.scheme == "https" else 80)
 
@@ -179,7 +162,7 @@ def request_head(
         target = url.geturl()
     else:
         target = (url.path or "/") + (f"?{url.query}" if url.query else "")
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {authority(url)}"]
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {framing.authority(url.scheme, url.netloc)}"]
     lines += [f"{name}: {value}" for name, value in fields]
     if route.absolute_form and route.proxy_authorization:
         lines.append(f"Proxy-Authorization: {route.proxy_authorization}")

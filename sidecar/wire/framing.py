@@ -10,6 +10,7 @@ one, a status of 600); these are the checks they leave to us.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from http import HTTPStatus
 
@@ -53,8 +54,8 @@ def request_head_error(
     # (nginx and HAProxy refuse a request where they differ, as a smuggling sign).
     scheme, sep, rest = target.partition("://")
     if sep and hosts:
-        named = _authority(scheme, rest.split("/", 1)[0].split("?", 1)[0])
-        if named != _authority(scheme, hosts[0].strip()):
+        named = authority(scheme, rest.split("/", 1)[0].split("?", 1)[0])
+        if named != authority(scheme, hosts[0].strip()):
             return HTTPStatus.BAD_REQUEST, "the Host field differs from the target's authority"
     # §6.1: "If any transfer coding other than chunked is applied to a request's content,
     # the sender MUST apply chunked as the final transfer coding"; we decode no other
@@ -95,13 +96,17 @@ def ends_by_close(method: str, status: int, fields: Sequence[tuple[str, str]]) -
     return _FRAMING_FIELDS.isdisjoint([name.lower() for name, _ in fields])
 
 
-def _authority(scheme: str, authority: str) -> str:
-    """`authority` in lower case, without the scheme's default port (RFC 9110 §4.2.3)."""
-    authority = authority.rpartition("@")[2].lower()
+@functools.lru_cache(maxsize=256)
+def authority(scheme: str, netloc: str) -> str:
+    """`host[:port]` of a URL's `netloc` (or of a Host field), in lower case, without
+    userinfo and without the scheme's default port (RFC 9110 §4.2.3): what a request's
+    Host says, and what its target's authority is compared by. Remembered: every request
+    to an origin sends the same."""
+    netloc = netloc.rpartition("@")[2].lower()
     default = {"http": ":80", "https": ":443"}.get(scheme.lower())
-    if default and authority.endswith(default):
-        return authority[: -len(default)]
-    return authority
+    if default and netloc.endswith(default):
+        return netloc[: -len(default)]
+    return netloc
 
 
 def response_head_error(

@@ -1,12 +1,15 @@
-"""RFC 9112's refusals as pure decisions: the cases the end-to-end table leaves out."""
+"""RFC 9112's refusals as pure decisions (the cases the end-to-end table leaves out), and
+the authority a request's Host is compared by and an origin is sent."""
 
 from __future__ import annotations
 
 from http import HTTPStatus
+from urllib.parse import urlsplit
 
 import pytest
 
-from sidecar.wire.framing import ends_by_close, request_head_error
+from sidecar.wire.client import Route, request_head
+from sidecar.wire.framing import authority, ends_by_close, request_head_error
 
 HOST = ["origin.test"]
 
@@ -56,3 +59,25 @@ def test_only_a_response_that_may_have_a_body_and_has_no_framing_ends_by_the_clo
 ) -> None:
     # RFC 9112 §6.3, rules 1 and 8.
     assert ends_by_close(method, status, fields) is closes
+
+
+@pytest.mark.parametrize(
+    ("scheme", "netloc", "expected"),
+    [
+        ("https", "Origin.Test", "origin.test"),
+        ("https", "origin.test:443", "origin.test"),
+        ("HTTP", "origin.test:80", "origin.test"),
+        ("http", "origin.test:443", "origin.test:443"),
+        ("https", "user:secret@origin.test:8443", "origin.test:8443"),
+        ("https", "[::1]:443", "[::1]"),
+        ("http", "[::1]:8080", "[::1]:8080"),
+    ],
+)
+def test_an_authority_is_compared_and_sent_without_userinfo_case_or_default_port(
+    scheme: str, netloc: str, expected: str
+) -> None:
+    # RFC 9110 §4.2.3. The same function says what a client's Host is compared by and
+    # what an origin is sent.
+    assert authority(scheme, netloc) == expected
+    head = request_head(Route("h", 1, None), "GET", urlsplit(f"{scheme}://{netloc}/f"), [], False)
+    assert f"\r\nHost: {expected}\r\n".encode() in head
