@@ -674,9 +674,11 @@ class _Connection(asyncio.Protocol):
     # Internals
 
     def _no_head(self) -> None:
-        """The read timeout passed with no response to the request sent."""
-        self._fail(UpstreamError(f"no response within {self._read_timeout:g}s"))
-        self._close()
+        """The read timeout passed with no response to the request sent (one that came
+        in the same turn is taken)."""
+        if self._head is not None and not self._head.done():
+            self._fail(UpstreamError(f"no response within {self._read_timeout:g}s"))
+            self._close()
 
     def _excess(self) -> None:
         # The caller, who knows the URL, says so in the log.

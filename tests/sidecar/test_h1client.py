@@ -163,41 +163,35 @@ def test_bytes_after_the_content_length_are_cut_and_the_connection_is_not_reused
     assert run(ca, answer(OK + FORGED, OK), test).connections == 2
 
 
-def test_a_stray_write_right_after_the_body_is_found_before_the_body_is_trusted(
+def run_threaded(
     ca: trustme.CA,
+    serve: Callable[[ssl.SSLSocket], None],
+    test: Callable[[Response], Awaitable[None]],
 ) -> None:
-    # The origin runs in a thread, so its second write can be in the client's socket
-    # while the client's event loop has not read it yet.
+    """Run `test` on the response to one request, from an origin whose one connection
+    `serve` writes from a thread of its own: what it writes can then be in the client's
+    socket while the client's event loop is held and has not read it."""
     origin = Origin(ca, answer())
-    body_read, stray_sent = threading.Event(), threading.Event()
     listener = socket.create_server(("127.0.0.1", 0))
 
-    def serve() -> None:
+    def accept() -> None:
         connection, _ = listener.accept()
         with origin.context.wrap_socket(connection, server_side=True) as tls:
             while not tls.recv(4096).endswith(b"\r\n\r\n"):
                 pass
-            tls.sendall(OK)
-            body_read.wait(5)
-            tls.sendall(FORGED)  # a TLS record of its own, after the body was read
-            stray_sent.set()
+            serve(tls)
             tls.recv(1)  # until the client closes
 
     async def main() -> None:
         url = f"https://{HOST}:{listener.getsockname()[1]}/f"
         pool = Pool(read_timeout=2.0, resolve=loopback)
         route = direct_route(urlsplit(url), client_context(ca))
-        response = await pool.request(route, "GET", url, [])
-        assert b"".join([chunk async for chunk in response.chunks()]) == b"hello"
-        body_read.set()
-        assert stray_sent.wait(5)
-        time.sleep(0.1)  # in this socket's buffer now, and not read: the loop is held
-        assert not response.overlong
-        assert await response.settle()
-        response.release()
-        await pool.close()
+        try:
+            await test(await pool.request(route, "GET", url, []))
+        finally:
+            await pool.close()
 
-    thread = threading.Thread(target=serve, daemon=True)
+    thread = threading.Thread(target=accept, daemon=True)
     thread.start()
     try:
         asyncio.run(asyncio.wait_for(main(), 20))
@@ -206,30 +200,42 @@ def test_a_stray_write_right_after_the_body_is_found_before_the_body_is_trusted(
         thread.join(5)
 
 
+def test_a_stray_write_right_after_the_body_is_found_before_the_body_is_trusted(
+    ca: trustme.CA,
+) -> None:
+    body_read, stray_sent = threading.Event(), threading.Event()
+
+    def serve(tls: ssl.SSLSocket) -> None:
+        tls.sendall(OK)
+        body_read.wait(5)
+        tls.sendall(FORGED)  # a TLS record of its own, after the body was read
+        stray_sent.set()
+
+    async def test(response: Response) -> None:
+        assert b"".join([chunk async for chunk in response.chunks()]) == b"hello"
+        body_read.set()
+        assert stray_sent.wait(5)
+        time.sleep(0.1)  # in this socket's buffer now, and not read: the loop is held
+        assert not response.overlong
+        assert await response.settle()
+        response.release()
+
+    run_threaded(ca, serve, test)
+
+
 def test_a_fed_body_tells_of_its_end_once_settled(ca: trustme.CA) -> None:
     # As above, for a body that goes into a tee with no task waiting: its end is told
     # only after the stray write that followed it was read.
-    origin = Origin(ca, answer())
     rest, stray = threading.Event(), threading.Event()
-    listener = socket.create_server(("127.0.0.1", 0))
 
-    def serve() -> None:
-        connection, _ = listener.accept()
-        with origin.context.wrap_socket(connection, server_side=True) as tls:
-            while not tls.recv(4096).endswith(b"\r\n\r\n"):
-                pass
-            tls.sendall(OK[:-2])
-            rest.wait(5)
-            tls.sendall(b"lo")
-            stray.wait(5)
-            tls.sendall(FORGED)
-            tls.recv(1)  # until the client closes
+    def serve(tls: ssl.SSLSocket) -> None:
+        tls.sendall(OK[:-2])
+        rest.wait(5)
+        tls.sendall(b"lo")
+        stray.wait(5)
+        tls.sendall(FORGED)
 
-    async def main() -> None:
-        url = f"https://{HOST}:{listener.getsockname()[1]}/f"
-        pool = Pool(read_timeout=2.0, resolve=loopback)
-        route = direct_route(urlsplit(url), client_context(ca))
-        response = await pool.request(route, "GET", url, [])
+    async def test(response: Response) -> None:
         tee = native.Tee(5)
         ended = asyncio.get_running_loop().create_future()
         response.feed(tee, lambda: ended.set_result(response.overlong))
@@ -244,15 +250,8 @@ def test_a_fed_body_tells_of_its_end_once_settled(ca: trustme.CA) -> None:
         assert await ended, "told of the end before the stray write was read"
         assert response.complete and tee.body() == b"hello"
         response.release()
-        await pool.close()
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        asyncio.run(asyncio.wait_for(main(), 20))
-    finally:
-        listener.close()
-        thread.join(5)
+    run_threaded(ca, serve, test)
 
 
 def test_a_fed_body_that_stalls_ends_after_the_read_timeout(ca: trustme.CA) -> None:
