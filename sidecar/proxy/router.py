@@ -156,13 +156,6 @@ def records_answers(settings: Settings) -> bool:
     return not (settings.access_log or settings.revalidate)
 
 
-# The fields of a request that its answer reads (If-Range only with a Range): one with
-# none of them (a data loader's) gets the whole 200 without their rules being asked.
-_ANSWER_FIELDS = frozenset(
-    ("if-match", "if-unmodified-since", "if-none-match", "if-modified-since", "range")
-)
-
-
 def answer(request: Request, representation: Representation, now: float) -> Answer:
     """The response to `request` from a complete representation at time `now`: 412 for a
     failed precondition, 304 for a matching conditional (RFC 9110 §13.2.2), 416 for an
@@ -173,7 +166,9 @@ def answer(request: Request, representation: Representation, now: float) -> Answ
     else:
         base = representation.stamped(now)
     asked = None
-    if not _ANSWER_FIELDS.isdisjoint(request.fields):
+    # A request with none of the fields a hit's decision reads (a data loader's) gets the
+    # whole 200 without their rules being asked.
+    if not policy.HIT_FIELDS.isdisjoint(request.fields):
         asked = _asked(request, representation, base)
         if isinstance(asked, Answer):
             return asked
