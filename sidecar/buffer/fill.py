@@ -70,7 +70,6 @@ from sidecar.metrics import Metrics
 from sidecar.origins.upstream import Upstream, Validators, forwarded_headers, loggable_url
 from sidecar.wire.client import Response, UpstreamError
 from sidecar.wire.exchange import BodyFile, Channel
-from sidecar.wire.fields import body_length
 
 logger = logging.getLogger(__name__)
 
@@ -381,12 +380,12 @@ class UnsizedFill:
         key: str,
         url: str,
         reserved: tuple[str, int, int],
-        fetched: Fetched,
+        kept: policy.Kept,
         log_objects: bool,
         on_stored: Callable[[str, str, StoredObject, int], None],
     ) -> None:
         """`reserved`: the keeper's room (rid, its size) and the partial body open for
-        writing; `fetched`: the origin's response; `on_stored`: told once it is
+        writing; `kept`: what is kept of the origin's response; `on_stored`: told once it is
         committed, as `Fills.on_stored` is."""
         self._buffer = buffer
         self._metrics = metrics
@@ -395,9 +394,9 @@ class UnsizedFill:
         self._rid: str | None = reserved[0]  # None once committed or abandoned
         self._room = reserved[1]
         self._fd: int | None = reserved[2]
-        self._headers = tuple(policy.stored_headers(fetched.response.headers))
-        self._generated_at = fetched.generated_at
-        self._lifetime = fetched.lifetime(self._headers)
+        self._headers = kept.stored
+        self._generated_at = kept.generated_at
+        self._lifetime = kept.lifetime
         self._log_objects = log_objects
         self._on_stored = on_stored
         self._size = 0
@@ -684,17 +683,16 @@ class Fills:
         if fetched is None:
             fetched = await self.fetch(fill.url, headers)
         response = fetched.response
-        verdict = policy.response_is_cacheable(response.status, response.headers, response.version)
-        if not verdict.cacheable:
-            return self._decline(fill, response, verdict.reason)
-        size = body_length(response.headers)
-        if size is None:
-            return await self._start_unsized(fill, fetched)
-        validators = Validators(response.headers.get("ETag"), response.headers.get("Last-Modified"))
-        stored = tuple(policy.stored_headers(response.headers))
-        head = Head(
-            size, stored, validators, headers, fetched.generated_at, fetched.lifetime(stored)
+        kept = policy.judge_response(
+            response.status, response.version, response.headers, fetched.requested, fetched.received
         )
+        if isinstance(kept, policy.Verdict):
+            return self._decline(fill, response, kept.reason)
+        size = kept.size
+        if size is None:
+            return await self._start_unsized(fill, response, kept)
+        validators = Validators(kept.etag, kept.last_modified)
+        head = Head(size, kept.stored, validators, headers, kept.generated_at, kept.lifetime)
         # A small body is stored from this worker's lease, kept in memory (while the
         # worker holds few enough) until it is whole: no other worker follows it (see
         # `sidecar.buffer.keeper`). Any other asks for its room, and is written into a
@@ -729,7 +727,7 @@ class Fills:
             response.feed(fill.tee, functools.partial(self._arrived, fill, response, rid, started))
         else:
             self._start_pump(fill, response, rid, started)
-        return Acquired(fill, "miss", relayed=tuple(policy.relayed_headers(response.headers)))
+        return Acquired(fill, "miss", relayed=kept.relayed)
 
     def _arrived(self, fill: Fill, response: Response, rid: str, started: float) -> None:
         """The response of an in-memory body ended (`Response.feed`)."""
@@ -754,8 +752,7 @@ class Fills:
             self._metrics.counters.admissions_refused += 1
         return answer
 
-    async def _start_unsized(self, fill: Fill, fetched: Fetched) -> Acquired:
-        response = fetched.response
+    async def _start_unsized(self, fill: Fill, response: Response, kept: policy.Kept) -> Acquired:
         answer = await self._room(self._buffer.start_unsized(fill.key))
         if "refused" in answer:
             return self._decline(fill, response, answer["refused"])
@@ -773,7 +770,7 @@ class Fills:
             fill.key,
             fill.url,
             reserved,
-            fetched,
+            kept,
             self._log_objects,
             self._tell_stored,
         )

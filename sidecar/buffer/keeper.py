@@ -69,7 +69,6 @@ import contextlib
 import logging
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
@@ -84,6 +83,7 @@ from sidecar.buffer.store import (
     Store,
     StoredObject,
     StoreError,
+    body_name,
     check_body,
     worker_partial,
 )
@@ -653,7 +653,7 @@ class Buffer:
             self._ask_for_lease()
         if idle is None:
             return None
-        rid = uuid.uuid4().hex
+        rid = body_name()
         path = f"{self._index.partial_dir}/{worker_partial(rid, self._worker)}"
         self._small[rid] = (key, size, charged, path)
         return rid

@@ -75,7 +75,6 @@ import struct
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,7 +114,7 @@ FORMAT = 3
 # Bytes of the key digest that names an object in the index: 128 bits, so that a
 # collision among a million keys is about as likely as 10^-26.
 _KEY_BYTES = 16
-# A packed index value: body file (a uuid4's 16 bytes), digest, size, stored_at,
+# A packed index value: body file (`body_name`'s 16 bytes), digest, size, stored_at,
 # generated_at, lifetime; then the fields, names and values separated by NUL, which
 # no field may hold (RFC 9110 §5.5).
 _RECORD = struct.Struct("<16s32sQddd")
@@ -201,7 +200,7 @@ class Reservation:
     def __init__(self, size: int, charged: int, partial_dir: str) -> None:
         self.size = size
         self.charged = charged
-        self.name = uuid.uuid4().hex
+        self.name = body_name()
         self.path = os.path.join(partial_dir, self.name)
         self.settled = False
 
@@ -692,6 +691,11 @@ def charge(size: int, block: int) -> int:
     return max(1, -(-size // block)) * block
 
 
+def body_name() -> str:
+    """A new body's file name: 128 random bits in hex (16 bytes in its index value)."""
+    return os.urandom(16).hex()
+
+
 def worker_partial(name: str, worker: int) -> str:
     """The file name in partial/ of the small fill `name` of `worker` (`keeper.Buffer`):
     the keeper deletes a worker's own if it dies (`Store.remove_partials`)."""
@@ -990,6 +994,5 @@ def _sweep(directory: Path, opened_at: float, entries: int) -> int:
 
 
 def _slots(number: int, bits: int) -> tuple[int, int]:
-    """Two Bloom filter positions of a body named by `number` (a uuid4: its low 62 and
-    high 48 bits are random)."""
+    """Two Bloom filter positions of a body named by `number` (`body_name`: random bits)."""
     return number % bits, (number >> 80) % bits

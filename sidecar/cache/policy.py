@@ -70,7 +70,7 @@ from __future__ import annotations
 import enum
 import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 from urllib.parse import unquote_plus, urljoin, urlsplit
@@ -79,10 +79,14 @@ from sidecar.settings import host_matches
 from sidecar.wire import conditionals, dates
 from sidecar.wire.fields import (
     HOP_BY_HOP,
+    Fields,
     Headers,
+    body_length,
     cache_directives,
-    content_length,
+    directives,
+    field_lines,
     header,
+    parse_length,
     split_list,
 )
 from sidecar.wire.framing import faulty_framing
@@ -350,19 +354,24 @@ def response_is_cacheable(status: int, headers: Headers, version: str) -> Verdic
     - `Vary` naming at most Accept-Encoding and the CORS request fields; `Vary: *` never
       matches another request (RFC 9111 §4.1).
     """
+    return _cacheable(status, version, Fields.view(headers))
+
+
+def _cacheable(status: int, version: str, fields: Fields) -> Verdict:
     if status != 200:
         return Verdict(False, Reason.STATUS)
-    if faulty_framing(version, header(headers, "Transfer-Encoding")):
+    if faulty_framing(version, fields.get("transfer-encoding")):
         return Verdict(False, Reason.FAULTY_FRAMING)
-    if header(headers, "Content-Length") is not None and content_length(headers) is None:
+    length = fields.get("content-length")
+    if length is not None and parse_length(length) is None:
         return Verdict(False, Reason.BAD_LENGTH)
-    if "no-store" in cache_directives(headers):
+    if "no-store" in directives(fields.get("cache-control") or ""):
         return Verdict(False, Reason.RESPONSE_NO_STORE)
     # Each list read only when present: most responses have neither.
-    codings = header(headers, "Content-Encoding")
+    codings = fields.get("content-encoding")
     if codings is not None and {c.lower() for c in split_list(codings)} - {"identity"}:
         return Verdict(False, Reason.CONTENT_ENCODING)
-    varies = header(headers, "Vary")
+    varies = fields.get("vary")
     vary = {member.lower() for member in split_list(varies)} if varies is not None else set()
     if "*" in vary:
         return Verdict(False, Reason.VARY_STAR)
@@ -397,15 +406,19 @@ def relayed_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
     fields and those `Connection` names, and minus the framing that each answer sets for
     itself. `Alt-Svc` is dropped too: it would send the client around the proxy.
     """
+    return _relayed(field_lines(headers), _named_by_connection(Fields.view(headers)))
+
+
+def _relayed(lines: Iterable[tuple[str, str]], named: list[str]) -> list[tuple[str, str]]:
     dropped = set(HOP_BY_HOP | _FRAMING)
     dropped.add("alt-svc")
-    dropped.update(_named_by_connection(headers))
-    return [(name, value) for name, value in headers.items() if name.lower() not in dropped]
+    dropped.update(named)
+    return [(name, value) for name, value in lines if name.lower() not in dropped]
 
 
-def _named_by_connection(headers: Mapping[str, str]) -> list[str]:
+def _named_by_connection(fields: Fields) -> list[str]:
     """The fields a response's `Connection` names (RFC 9110 §7.6.1), lower-cased."""
-    connection = header(headers, "Connection")
+    connection = fields.get("connection")
     return [name.lower() for name in split_list(connection)] if connection else []
 
 
@@ -423,16 +436,24 @@ def stored_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
     `no-cache="..."`, which "MUST NOT be sent in the response to a subsequent request
     without successful revalidation" (RFC 9111 §5.2.2.4).
     """
+    fields = Fields.view(headers)
+    return _stored(field_lines(headers), fields, _named_by_connection(fields))
+
+
+def _stored(
+    lines: Iterable[tuple[str, str]], fields: Fields, named: list[str]
+) -> list[tuple[str, str]]:
     dropped = set(_NOT_REPLAYED)
-    dropped.update(_named_by_connection(headers))
-    no_cache = cache_directives(headers).get("no-cache")
+    dropped.update(named)
+    no_cache = directives(fields.get("cache-control") or "").get("no-cache")
     if no_cache:
         dropped.update([name.lower() for name in split_list(no_cache)])
-    return [
-        (name, value)
-        for name, value in headers.items()
-        if name.lower() not in dropped and not name.lower().startswith("access-control-")
-    ]
+    kept = []
+    for name, value in lines:
+        lowered = name.lower()
+        if lowered not in dropped and not lowered.startswith("access-control-"):
+            kept.append((name, value))
+    return kept
 
 
 def updated_headers(
@@ -448,6 +469,46 @@ def updated_headers(
     fresh = stored_headers(headers)
     replaced = {name.lower() for name, _ in fresh}
     return [(name, value) for name, value in stored if name.lower() not in replaced] + fresh
+
+
+class Kept(NamedTuple):
+    """What a fill keeps of an origin's storable response (`judge_response`)."""
+
+    size: int | None  # the body's length as its head says (`body_length`); None: its end tells
+    stored: tuple[tuple[str, str], ...]  # `stored_headers`
+    relayed: tuple[tuple[str, str], ...]  # `relayed_headers`
+    etag: str | None
+    last_modified: str | None
+    generated_at: float  # `generated_at`
+    lifetime: float  # `freshness_lifetime` of the stored fields
+
+
+def judge_response(
+    status: int, version: str, headers: Headers, requested: float, received: float
+) -> Verdict | Kept:
+    """An origin's response to a cacheable GET, asked for at `requested` and come at
+    `received`: why it is not stored (`response_is_cacheable`), or what the fill keeps.
+
+    The rules are the functions named in `Kept`; this reads each field of the head once
+    for all of them, which every miss does.
+    """
+    lines = field_lines(headers)
+    fields = Fields.of(lines)
+    verdict = _cacheable(status, version, fields)
+    if not verdict.cacheable:
+        return verdict
+    named = _named_by_connection(fields)
+    stored = _stored(lines, fields, named)
+    date = fields.get("date")
+    return Kept(
+        body_length(fields),
+        tuple(stored),
+        tuple(_relayed(lines, named)),
+        fields.get("etag"),
+        fields.get("last-modified"),
+        generated_at(requested, received, date, fields.get("age")),
+        _lifetime(Fields.of(stored), date, received),
+    )
 
 
 def answers_preconditions(request_headers: Headers, etag: str | None) -> Verdict:
@@ -603,16 +664,20 @@ def freshness_lifetime(headers: Headers, date: str | None, received: float) -> f
     typical setting of this fraction might be 10%"); else 0. `date` is the response's
     `Date` (not stored), `received` when it came, standing in for a missing one.
     """
-    directives = cache_directives(headers)
-    if "max-age" in directives:
-        return float(_delta_seconds(directives["max-age"]))
+    return _lifetime(Fields.view(headers), date, received)
+
+
+def _lifetime(fields: Fields, date: str | None, received: float) -> float:
+    response = directives(fields.get("cache-control") or "")
+    if "max-age" in response:
+        return float(_delta_seconds(response["max-age"]))
     moment = dates.parse_http_date(date) if date is not None else None
     date_value = moment.timestamp() if moment is not None else received
-    expires = header(headers, "Expires")
+    expires = fields.get("expires")
     if expires is not None:
         until = dates.parse_http_date(expires)
         return max(0.0, until.timestamp() - date_value) if until is not None else 0.0
-    modified_value = header(headers, "Last-Modified")
+    modified_value = fields.get("last-modified")
     modified = dates.parse_http_date(modified_value) if modified_value is not None else None
     if modified is not None:
         return max(0.0, (date_value - modified.timestamp()) / 10)

@@ -35,12 +35,25 @@ class Fields(dict[str, str]):
     §5.3): built once per request, so that each lookup is one dictionary access."""
 
     @classmethod
-    def of(cls, lines: Sequence[tuple[str, str]]) -> Fields:
+    def of(cls, lines: Iterable[tuple[str, str]]) -> Fields:
         fields = cls()
         for name, value in lines:
             key = name.lower()
             fields[key] = f"{fields[key]}, {value}" if key in fields else value
         return fields
+
+    @classmethod
+    def view(cls, headers: Headers) -> Fields:
+        """`headers` by lower-case name (itself when it is one already): what reads
+        several fields of the same headers builds once, rather than scan them each time."""
+        return headers if isinstance(headers, Fields) else cls.of(field_lines(headers))
+
+
+def field_lines(headers: Headers) -> Iterable[tuple[str, str]]:
+    """The (name, value) lines of any headers, in their order: a mapping's items (for a
+    multidict, one per line), or the pairs themselves."""
+    # Asked by attribute: Mapping's isinstance check is an ABC's, a Python call.
+    return headers.items() if hasattr(headers, "items") else headers
 
 
 def header(headers: Headers, name: str) -> str | None:
@@ -104,18 +117,19 @@ def unquote(value: str) -> str:
 
 def cache_directives(headers: Headers) -> Mapping[str, str | None]:
     """The Cache-Control directives (RFC 9111 §5.2): lower-cased name -> argument or None."""
-    return _directives(header(headers, "Cache-Control") or "")
+    return directives(header(headers, "Cache-Control") or "")
 
 
 @functools.lru_cache(maxsize=256)
-def _directives(value: str) -> Mapping[str, str | None]:
+def directives(value: str) -> Mapping[str, str | None]:
+    """The directives of a Cache-Control value, as `cache_directives` reads them."""
     # Remembered by value: an origin sends the same Cache-Control with every object, and
     # a miss asks for it several times. Read-only, as it is shared.
-    directives: dict[str, str | None] = {}
+    parsed: dict[str, str | None] = {}
     for member in split_list(value):
         name, sep, argument = member.partition("=")
-        directives.setdefault(name.strip().lower(), unquote(argument.strip()) if sep else None)
-    return types.MappingProxyType(directives)
+        parsed.setdefault(name.strip().lower(), unquote(argument.strip()) if sep else None)
+    return types.MappingProxyType(parsed)
 
 
 def content_length(headers: Headers) -> int | None:
@@ -125,8 +139,11 @@ def content_length(headers: Headers) -> int | None:
     field value with a single instance of the decimal value", RFC 9110 §8.6).
     """
     value = header(headers, "Content-Length")
-    if value is None:
-        return None
+    return None if value is None else parse_length(value)
+
+
+def parse_length(value: str) -> int | None:
+    """A Content-Length value as a number, as `content_length` reads it; None if invalid."""
     members = {member.strip() for member in value.split(",")}
     if len(members) != 1:
         return None

@@ -406,6 +406,61 @@ def test_stored_headers_replays_end_to_end_fields_in_order() -> None:
     ]
 
 
+_JUDGED_HEADS = [
+    [("Content-Length", "10"), ("ETag", '"e"'), ("Date", "Sun, 06 Nov 1994 08:49:37 GMT")],
+    [
+        ("Transfer-Encoding", "chunked"),
+        ("Connection", "keep-alive, X-Hop"),
+        ("X-Hop", "1"),
+        ("Cache-Control", 'max-age=60, no-cache="X-Secret"'),
+        ("X-Secret", "s"),
+        ("Set-Cookie", "a=1"),
+        ("Age", "30, 2"),
+        ("Last-Modified", "Sun, 06 Nov 1994 06:49:37 GMT"),
+        ("last-modified", "Sun, 06 Nov 1994 06:49:38 GMT"),
+    ],
+    [("Content-Length", "3"), ("Expires", "Sun, 06 Nov 1994 09:49:37 GMT"), ("Alt-Svc", "x")],
+    [
+        ("Content-Length", "3"),
+        ("Connection", "Expires"),
+        ("Expires", "Sun, 06 Nov 1994 09:49:37 GMT"),
+    ],
+    [("Content-Length", "3"), ("Cache-Control", "no-store")],
+    [("Content-Length", "1e3")],
+    [("Vary", "Accept-Encoding"), ("Vary", "Cookie")],
+]
+
+
+@pytest.mark.parametrize("lines", _JUDGED_HEADS)
+@pytest.mark.parametrize("make", [aiohttp_headers, mitmproxy_headers])
+def test_a_fills_judgement_of_a_head_is_each_rules_own(make, lines) -> None:
+    headers = make(*lines)
+    date = parsedate_to_datetime("Sun, 06 Nov 1994 08:49:37 GMT").timestamp()
+    judged = policy.judge_response(200, "1.1", headers, date + 1, date + 2)
+    verdict = policy.response_is_cacheable(200, headers, "1.1")
+    if not verdict.cacheable:
+        assert judged == verdict
+        return
+    stored = policy.stored_headers(headers)
+    assert judged == policy.Kept(
+        fields.body_length(headers),
+        tuple(stored),
+        tuple(policy.relayed_headers(headers)),
+        fields.header(headers, "ETag"),
+        fields.header(headers, "Last-Modified"),
+        policy.generated_at(
+            date + 1, date + 2, fields.header(headers, "Date"), fields.header(headers, "Age")
+        ),
+        policy.freshness_lifetime(stored, fields.header(headers, "Date"), date + 2),
+    )
+    assert judged.size in (10, 3, None)
+
+
+def test_a_fills_judgement_of_a_status_other_than_200_is_the_rules_own() -> None:
+    headers = aiohttp_headers(("Content-Length", "3"))
+    assert policy.judge_response(206, "1.1", headers, 0, 0) == (False, Reason.STATUS)
+
+
 def test_stored_headers_from_mitmproxy_headers() -> None:
     upstream = mitmproxy_headers(("content-type", "text/plain"), ("SET-COOKIE", "a=1"))
     assert policy.stored_headers(upstream) == [("content-type", "text/plain")]
