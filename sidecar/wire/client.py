@@ -199,6 +199,7 @@ class Response:
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives; UpstreamError if it stops short or stalls."""
         connection = self._connection
+        connection.watch(lambda: connection.arrived)
         while True:
             chunk = connection.next_chunk()
             if chunk is not None:
@@ -218,9 +219,10 @@ class Response:
         assert stream is not None
         before, forwarding = stream.forwarded, not connection.complete
         sent = connection.forward_to(to, chunked, head)
+        connection.watch(lambda: stream.forwarded)
         while not connection.complete:
             connection.raise_failure()
-            await connection.wait_body(lambda: stream.forwarded, lambda: not stream.is_reading())
+            await connection.wait_body()
         if forwarding and connection.until_close:
             # The core ends what it forwards where the framing says; this body ended
             # with the connection, which only this side hears of.
@@ -242,9 +244,10 @@ class Response:
         through Python), until it ends; UpstreamError if it stops short or stalls."""
         connection = self._connection
         connection.body_into(tee)
+        connection.watch(lambda: tee.received)
         while not connection.complete:
             connection.raise_failure()
-            await connection.wait_body(lambda: tee.received)
+            await connection.wait_body()
 
     @property
     def complete(self) -> bool:
@@ -324,13 +327,13 @@ class _Connection(asyncio.Protocol):
         self._idle_timer: asyncio.TimerHandle | None = None
         self.gone = asyncio.Event()  # set once the connection is closed
         self.used = False  # it carried an exchange before the current one
-        self._stall: asyncio.TimerHandle | None = None
+        self._watch: asyncio.TimerHandle | None = None
         self._clear()
 
     def _clear(self) -> None:
         """No exchange in progress."""
-        if self._stall is not None:
-            self._stall.cancel()
+        if self._watch is not None:
+            self._watch.cancel()
         self._asked = False  # a request was sent and its response is read
         self._method = ""
         self._interim: Interim | None = None
@@ -340,13 +343,13 @@ class _Connection(asyncio.Protocol):
         self._version = ""
         self._transfer_encoding: str | None = None
         self._chunks: collections.deque[bytes] = collections.deque()
+        self.arrived = 0  # body bytes that came through `body_received`
         self._buffered = 0
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
-        # A body going into a tee with no task waiting (`feed`): whom to tell of its
-        # end, and the timer that finds it stalled.
+        # A body going into a tee with no task waiting (`feed`): whom to tell of its end.
         self._fed: Callable[[], None] | None = None
-        self._stall = None
+        self._watch = None  # the timer that finds the body stalled (`watch`)
         self._error: BaseException | None = None
         self._received = False  # any part of the response arrived
         self.complete = False  # the final response has ended
@@ -423,6 +426,7 @@ class _Connection(asyncio.Protocol):
 
     def body_received(self, body: bytes) -> None:
         self._chunks.append(body)
+        self.arrived += len(body)
         self._buffered += len(body)
         if self._buffered >= BODY_BUFFER and not self._paused and self.transport is not None:
             self._paused = True
@@ -531,17 +535,28 @@ class _Connection(asyncio.Protocol):
         """See `Response.feed`."""
         self.body_into(tee)
         self._fed = ended
-        self._stall = self._loop.call_later(self._read_timeout, self._stalled, tee, tee.received)
+        self.watch(lambda: tee.received)
         self._tell_fed()
 
-    def _stalled(self, tee: native.Tee, received: int) -> None:
-        """The read timeout passed since a fed body had `received` bytes."""
-        if tee.received != received:
-            self._stall = self._loop.call_later(
-                self._read_timeout, self._stalled, tee, tee.received
-            )
+    def watch(self, received: Callable[[], int]) -> None:
+        """Fail the response if its body stalls: no byte for the read timeout
+        (`received()`: how much of it has arrived, wherever it went) while its reading
+        is not paused (for where it goes, which is no stall of the origin's). One timer
+        per body, moved on only when it fires: waits for the body need none."""
+        if self._watch is not None:
+            self._watch.cancel()
+        self._watch = self._loop.call_later(self._read_timeout, self._stalled, received, received())
+
+    def _stalled(self, received: Callable[[], int], before: int) -> None:
+        """The read timeout passed since the body had `before` bytes."""
+        self._watch = None
+        if self.complete or self._error is not None:
             return
-        self._stall = None
+        now = received()
+        paused = self.transport is not None and not self.transport.is_reading()
+        if now != before or paused:
+            self._watch = self._loop.call_later(self._read_timeout, self._stalled, received, now)
+            return
         self._fail(UpstreamError(f"the origin sent nothing for {self._read_timeout:g}s"))
         self._close()
 
@@ -551,9 +566,9 @@ class _Connection(asyncio.Protocol):
         if ended is None or not (self.complete or self._error is not None):
             return
         self._fed = None
-        if self._stall is not None:
-            self._stall.cancel()
-            self._stall = None
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         after_turns(SETTLE_TURNS, ended)
 
     @property
@@ -606,22 +621,11 @@ class _Connection(asyncio.Protocol):
             self._paused = False
             self.transport.resume_reading()
 
-    async def wait_body(
-        self, received: Callable[[], int] | None = None, held: Callable[[], bool] | None = None
-    ) -> None:
-        """Wait for more body, its end, or a failure; a stall is a failure. `received`:
-        how much of the body arrived where this connection is not told of it (a tee, a
-        forward), which shows that the origin did not stall; `held`: whether reading is
-        paused for where the body goes, which is no stall of the origin's."""
-        before = received() if received is not None else 0
+    async def wait_body(self) -> None:
+        """Wait for more body, its end, or a failure (a stall is one, `watch`)."""
         self._waiter = self._loop.create_future()
         try:
-            async with asyncio.timeout(self._read_timeout):
-                await self._waiter
-        except TimeoutError:
-            if (received is None or received() == before) and not (held is not None and held()):
-                self._fail(UpstreamError(f"the origin sent nothing for {self._read_timeout:g}s"))
-                self._close()
+            await self._waiter
         finally:
             self._waiter = None
 

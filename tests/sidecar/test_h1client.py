@@ -19,6 +19,7 @@ import trustme
 
 from sidecar.core import native
 from sidecar.wire.client import (
+    BODY_BUFFER,
     Pool,
     Response,
     Route,
@@ -433,7 +434,19 @@ def test_a_broken_response_is_a_clear_upstream_error(
     run(ca, script, test)
 
 
-def test_an_origin_that_stalls_fails_after_the_read_timeout(ca: trustme.CA) -> None:
+async def into_tee(response: Response) -> bytes | None:
+    tee = native.Tee(10)
+    try:
+        await response.into(tee)
+        return tee.body()
+    finally:
+        response.release()
+
+
+@pytest.mark.parametrize("read", [body, into_tee], ids=["chunks", "tee"])
+def test_an_origin_that_stalls_fails_after_the_read_timeout(
+    ca: trustme.CA, read: Callable[[Response], Awaitable[object]]
+) -> None:
     async def silent_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await request_head(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello")
@@ -441,8 +454,10 @@ def test_an_origin_that_stalls_fails_after_the_read_timeout(ca: trustme.CA) -> N
 
     async def test(origin: Origin, pool: Pool, route: Route) -> None:
         response = await pool.request(route, "GET", origin.url(), [])
+        started = time.monotonic()
         with pytest.raises(UpstreamError, match="sent nothing for 2s"):
-            await body(response)
+            await read(response)
+        assert 1.9 < time.monotonic() - started < 4
 
     run(ca, silent_body, test)
 
@@ -454,6 +469,30 @@ def test_an_origin_that_stalls_fails_after_the_read_timeout(ca: trustme.CA) -> N
             await pool.request(route, "GET", origin.url(), [])
 
     run(ca, silent, no_head)
+
+
+def test_a_reader_that_pauses_longer_than_the_read_timeout_is_no_stall(ca: trustme.CA) -> None:
+    """The origin's reading pauses while the reader is behind (BODY_BUFFER): a wait the
+    origin did not make."""
+    size = 3 * BODY_BUFFER
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await request_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size + b"x" * size)
+        await writer.drain()
+        await reader.read()
+
+    async def test(origin: Origin, pool: Pool, route: Route) -> None:
+        response = await pool.request(route, "GET", origin.url(), [])
+        received = 0
+        async for chunk in response.chunks():
+            if not received:
+                await asyncio.sleep(4.5)  # two read timeouts (2 s) and more
+            received += len(chunk)
+        response.release()
+        assert received == size
+
+    run(ca, script, test)
 
 
 def test_a_request_body_of_unknown_length_is_sent_chunked(ca: trustme.CA) -> None:
