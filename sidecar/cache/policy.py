@@ -332,7 +332,7 @@ _HARMLESS_VARY = frozenset(
 )
 
 
-def response_is_cacheable(status: int, headers: Headers, version: str) -> Verdict:
+def _cacheable(status: int, version: str, fields: Fields) -> Verdict:
     """May this upstream response to a cacheable GET be stored? `version` is its status
     line's (`1.1`, `1.0`).
 
@@ -354,10 +354,6 @@ def response_is_cacheable(status: int, headers: Headers, version: str) -> Verdic
     - `Vary` naming at most Accept-Encoding and the CORS request fields; `Vary: *` never
       matches another request (RFC 9111 §4.1).
     """
-    return _cacheable(status, version, Fields.view(headers))
-
-
-def _cacheable(status: int, version: str, fields: Fields) -> Verdict:
     if status != 200:
         return Verdict(False, Reason.STATUS)
     if faulty_framing(version, fields.get("transfer-encoding")):
@@ -398,18 +394,15 @@ _NOT_REPLAYED = HOP_BY_HOP | frozenset(
 _FRAMING = frozenset(("content-length",))
 
 
-def relayed_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
-    """The response fields sent to the client whose request started a fill, in order.
+def _relayed(lines: Iterable[tuple[str, str]], named: list[str]) -> list[tuple[str, str]]:
+    """The response fields sent to the client whose request started a fill, in order
+    (`named`: those `Connection` names).
 
     That client gets what the origin sent (RFC 9110 §7.6.1: a proxy forwards every
     end-to-end field), `Date`, `Age` and `Set-Cookie` included, minus the hop-by-hop
     fields and those `Connection` names, and minus the framing that each answer sets for
     itself. `Alt-Svc` is dropped too: it would send the client around the proxy.
     """
-    return _relayed(field_lines(headers), _named_by_connection(Fields.view(headers)))
-
-
-def _relayed(lines: Iterable[tuple[str, str]], named: list[str]) -> list[tuple[str, str]]:
     dropped = set(HOP_BY_HOP | _FRAMING)
     dropped.add("alt-svc")
     dropped.update(named)
@@ -476,7 +469,7 @@ class Kept(NamedTuple):
 
     size: int | None  # the body's length as its head says (`body_length`); None: its end tells
     stored: tuple[tuple[str, str], ...]  # `stored_headers`
-    relayed: tuple[tuple[str, str], ...]  # `relayed_headers`
+    relayed: tuple[tuple[str, str], ...]  # `_relayed`
     etag: str | None
     last_modified: str | None
     generated_at: float  # `generated_at`
@@ -487,7 +480,8 @@ def judge_response(
     status: int, version: str, headers: Headers, requested: float, received: float
 ) -> Verdict | Kept:
     """An origin's response to a cacheable GET, asked for at `requested` and come at
-    `received`: why it is not stored (`response_is_cacheable`), or what the fill keeps.
+    `received` (`version`: its status line's, `1.1` or `1.0`): why it is not stored
+    (`_cacheable`), or what the fill keeps.
 
     The rules are the functions named in `Kept`; this reads each field of the head once
     for all of them, which every miss does.

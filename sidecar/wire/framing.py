@@ -76,7 +76,7 @@ def faulty_framing(version: str, transfer_encoding: str | None) -> bool:
 
     The message is still read (its chunks decoded) and relayed; the connection closes
     after it, whatever it asks, and a cache does not keep it
-    (`sidecar.cache.policy.response_is_cacheable`): a body framed by rules its sender's
+    (`sidecar.cache.policy.judge_response`): a body framed by rules its sender's
     version does not have may not be the body its sender meant.
     """
     return transfer_encoding is not None and version == "1.0"

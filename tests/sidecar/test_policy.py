@@ -15,6 +15,12 @@ from sidecar.wire.ranges import FULL, UNSATISFIABLE, ByteRange, parse_range
 # --- headers ---------------------------------------------------------------------------
 
 
+def storable(status: int, headers: fields.Headers, version: str) -> policy.Verdict:
+    """Whether a fill stores the response (`judge_response`), as a verdict."""
+    judged = policy.judge_response(status, version, headers, 0.0, 0.0)
+    return judged if isinstance(judged, policy.Verdict) else policy.Verdict(True, Reason.OK)
+
+
 def mitmproxy_headers(*fields: tuple[str, str]) -> Headers:
     return Headers([(k.encode(), v.encode()) for k, v in fields])
 
@@ -36,7 +42,7 @@ def test_header_joins_repeated_lines(make) -> None:
     headers = make(("Vary", "Origin"), ("vary", "Accept-Encoding"))
     assert fields.header(headers, "Vary") == "Origin, Accept-Encoding"
     headers = make(("Content-Length", "1"), *headers.items())
-    assert policy.response_is_cacheable(200, headers, "1.1")[0]
+    assert storable(200, headers, "1.1").cacheable
 
 
 # --- cache keys ------------------------------------------------------------------------
@@ -319,7 +325,7 @@ OK_RESPONSE = {"Content-Length": "10", "Content-Type": "application/octet-stream
 )
 def test_response_cacheability(status: int, extra: dict, reason: Reason) -> None:
     headers = {k: v for k, v in {**OK_RESPONSE, **extra}.items() if v is not None}
-    cacheable, why = policy.response_is_cacheable(status, headers, "1.1")
+    cacheable, why = storable(status, headers, "1.1")
     assert (cacheable, why) == (reason == Reason.OK, reason)
     assert why.sentence
 
@@ -341,7 +347,7 @@ def test_an_http_1_0_response_with_transfer_encoding_is_never_stored(
     version: str, extra: dict, reason: Reason
 ) -> None:
     headers = {k: v for k, v in {**OK_RESPONSE, **extra}.items() if v is not None}
-    assert policy.response_is_cacheable(200, headers, version) == (reason == Reason.OK, reason)
+    assert storable(200, headers, version) == (reason == Reason.OK, reason)
 
 
 def test_every_reason_has_a_sentence() -> None:
@@ -437,15 +443,14 @@ def test_a_fills_judgement_of_a_head_is_each_rules_own(make, lines) -> None:
     headers = make(*lines)
     date = parsedate_to_datetime("Sun, 06 Nov 1994 08:49:37 GMT").timestamp()
     judged = policy.judge_response(200, "1.1", headers, date + 1, date + 2)
-    verdict = policy.response_is_cacheable(200, headers, "1.1")
-    if not verdict.cacheable:
-        assert judged == verdict
+    if isinstance(judged, policy.Verdict):
+        assert judged.reason in (Reason.RESPONSE_NO_STORE, Reason.BAD_LENGTH, Reason.VARY)
         return
     stored = policy.stored_headers(headers)
     assert judged == policy.Kept(
         fields.body_length(headers),
         tuple(stored),
-        tuple(policy.relayed_headers(headers)),
+        judged.relayed,  # its own test: the relayed fields' below
         fields.header(headers, "ETag"),
         fields.header(headers, "Last-Modified"),
         policy.generated_at(
@@ -720,8 +725,10 @@ def test_a_stored_response_without_a_valid_date_gets_the_time_it_came() -> None:
         assert len([name for name, _ in policy.dated(stored, at) if name.lower() == "date"]) == 1
 
 
-def test_relayed_headers_keep_end_to_end_fields_and_drop_hop_by_hop_and_framing() -> None:
-    relayed = policy.relayed_headers(
+def test_relayed_fields_keep_end_to_end_fields_and_drop_hop_by_hop_and_framing() -> None:
+    relayed = policy.judge_response(
+        200,
+        "1.1",
         aiohttp_headers(
             ("Date", "x"),
             ("Age", "5"),
@@ -733,15 +740,18 @@ def test_relayed_headers_keep_end_to_end_fields_and_drop_hop_by_hop_and_framing(
             ("Content-Length", "3"),
             ("Alt-Svc", 'h3=":443"'),
             ("ETag", '"e"'),
-        )
+        ),
+        0.0,
+        0.0,
     )
-    assert relayed == [
+    assert isinstance(relayed, policy.Kept)
+    assert relayed.relayed == (
         ("Date", "x"),
         ("Age", "5"),
         ("Set-Cookie", "a=b"),
         ("Set-Cookie", "c=d"),
         ("ETag", '"e"'),
-    ]
+    )
 
 
 # --- invalidation ----------------------------------------------------------------------
