@@ -236,8 +236,7 @@ class Response:
 
     def resume(self) -> None:
         """Read the body again."""
-        if self._connection.transport is not None:
-            self._connection.transport.resume_reading()
+        self._connection.resume()
 
     async def into(self, tee: native.Tee) -> None:
         """The body into `tee` (the core keeps it and sends it on: no piece of it comes
@@ -349,7 +348,9 @@ class _Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         # A body going into a tee with no task waiting (`feed`): whom to tell of its end.
         self._fed: Callable[[], None] | None = None
-        self._watch = None  # the timer that finds the body stalled (`watch`)
+        # The timer that finds the body stalled, and how much of it arrived (`watch`).
+        self._watch = None
+        self._watched: Callable[[], int] | None = None
         self._error: BaseException | None = None
         self._received = False  # any part of the response arrived
         self.complete = False  # the final response has ended
@@ -541,24 +542,37 @@ class _Connection(asyncio.Protocol):
     def watch(self, received: Callable[[], int]) -> None:
         """Fail the response if its body stalls: no byte for the read timeout
         (`received()`: how much of it has arrived, wherever it went) while its reading
-        is not paused (for where it goes, which is no stall of the origin's). One timer
-        per body, moved on only when it fires: waits for the body need none."""
+        is not paused (for where it goes, which is no stall of the origin's; the
+        timeout starts over when reading resumes). One timer per body, moved on only
+        when it fires: waits for the body need none."""
+        self._watched = received
+        self._arm()
+
+    def _arm(self) -> None:
+        assert self._watched is not None
         if self._watch is not None:
             self._watch.cancel()
-        self._watch = self._loop.call_later(self._read_timeout, self._stalled, received, received())
+        self._watch = self._loop.call_later(self._read_timeout, self._stalled, self._watched())
 
-    def _stalled(self, received: Callable[[], int], before: int) -> None:
+    def _stalled(self, before: int) -> None:
         """The read timeout passed since the body had `before` bytes."""
         self._watch = None
-        if self.complete or self._error is not None:
+        if self.complete or self._error is not None or self._watched is None:
             return
-        now = received()
-        paused = self.transport is not None and not self.transport.is_reading()
-        if now != before or paused:
-            self._watch = self._loop.call_later(self._read_timeout, self._stalled, received, now)
+        now = self._watched()
+        if now != before or (self.transport is not None and not self.transport.is_reading()):
+            self._watch = self._loop.call_later(self._read_timeout, self._stalled, now)
             return
         self._fail(UpstreamError(f"the origin sent nothing for {self._read_timeout:g}s"))
         self._close()
+
+    def resume(self) -> None:
+        """Read the body again, after a pause for where it goes: the read timeout starts
+        over (`watch`), since the origin may have waited for us."""
+        if self.transport is not None:
+            self.transport.resume_reading()
+            if self._watch is not None:
+                self._arm()
 
     def _tell_fed(self) -> None:
         """A fed body that ended, whole or not, is told so once it has settled."""
@@ -619,7 +633,7 @@ class _Connection(asyncio.Protocol):
         half of BODY_BUFFER of it waits to be read now."""
         if self._paused and self._buffered < BODY_BUFFER // 2 and self.transport is not None:
             self._paused = False
-            self.transport.resume_reading()
+            self.resume()
 
     async def wait_body(self) -> None:
         """Wait for more body, its end, or a failure (a stall is one, `watch`)."""

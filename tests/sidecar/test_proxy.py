@@ -25,6 +25,7 @@ from tests.sidecar.conftest import (
     FILES,
     Download,
     curl,
+    pod_env,
     requests_get,
     urllib_get,
     wget,
@@ -553,6 +554,27 @@ def test_a_pass_to_a_slow_client_holds_little_of_its_body_in_a_worker(
     assert stats["bytes_from_upstream"] >= FILES["big.bin"], stats
     grown = during.max_mb - before.max_mb
     assert grown < FILES["big.bin"] / 1e6 / 3, f"a worker grew by {grown:.1f} MB"
+
+
+def test_a_pass_to_a_client_that_pauses_past_the_upstream_timeout_is_whole(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    """While the client takes nothing, the core stops reading the origin: that wait is
+    the client's, not a stall of the origin's, however long it lasts."""
+    sidecar = start_sidecar("--upstream-timeout", "1")
+    script = (
+        "import sys, time, urllib.request\n"
+        "with urllib.request.urlopen(sys.argv[1], timeout=30) as r:\n"
+        "    first = r.read(65536)\n"
+        "    time.sleep(3)\n"
+        "    sys.stdout.buffer.write(first + r.read())\n"
+    )
+    url = origin.url("big.bin", case="paused-pass", nostore=1)
+    argv = ["python3", "-I", "-c", script, url]
+    done = subprocess.run(argv, env=pod_env(sidecar), capture_output=True, timeout=60, cwd="/")
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert done.stdout == body_of(dataset, "big.bin")
+    assert sidecar.stats()["pass_reasons"] == {"response-no-store": 1}
 
 
 def test_a_client_that_leaves_a_pass_ends_it_at_once(
