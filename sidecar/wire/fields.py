@@ -31,8 +31,9 @@ MAX_DIGITS = 19
 
 
 class Fields(dict[str, str]):
-    """A request's fields by lower-case name, several lines joined with ", " (RFC 9110
-    §5.3): built once per request, so that each lookup is one dictionary access."""
+    """A head's fields by lower-case name, several lines joined with ", " (RFC 9110
+    §5.3): built once per request, or per origin's response that a fill judges, so that
+    each lookup is one dictionary access."""
 
     @classmethod
     def of(cls, lines: Iterable[tuple[str, str]]) -> Fields:
