@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ import pytest
 from bench import bench_momenta, bench_parallel_cold, plot
 from bench.__main__ import BENCHMARKS
 from bench.cachedir import cache_dir
-from bench.harness import PYTHON, ROOT, clean_env
+from bench.harness import PYTHON, ROOT, clean_env, cpu_seconds, process_tree
 from bench.lab import FULL
 from bench.report import (
     Requirement,
@@ -149,3 +151,49 @@ def test_plot_refuses_a_renamed_row(tmp_path: Path) -> None:
     nezha.rows.pop()
     with pytest.raises(LookupError, match="warm"):
         plot.seeds([momenta, nezha], FULL, "about", tmp_path / "seeds.png")
+
+
+# A process that spins in a thread that then ends, in a child of its own, and then a
+# little at each line it reads: CPU time by its own clocks, which `cpu_seconds` must add up.
+SPINNER = """
+import os, sys, threading, time
+
+def spin(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+thread = threading.Thread(target=spin, args=(0.2,))
+thread.start()
+thread.join()
+if os.fork() == 0:
+    spin(0.1)
+    time.sleep(60)
+    os._exit(0)
+print("ready", flush=True)
+for line in sys.stdin:
+    spin(float(line))
+    print("done", flush=True)
+"""
+
+
+def test_cpu_seconds_adds_a_trees_time_to_less_than_a_tick() -> None:
+    with subprocess.Popen(
+        [PYTHON, "-c", SPINNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as spinner:
+        assert spinner.stdin is not None and spinner.stdout is not None
+        try:
+            assert spinner.stdout.readline() == "ready\n"
+            time.sleep(0.3)  # the child's spin ends
+            # The thread that ended and the child both count.
+            before = cpu_seconds(spinner.pid)
+            assert before >= 0.3
+            spinner.stdin.write("0.003\n")
+            spinner.stdin.flush()
+            assert spinner.stdout.readline() == "done\n"
+            # 3 ms of work, and the little it took to read and answer: not 0 or 10 ms, as
+            # a count of clock ticks would say.
+            assert 0.003 <= cpu_seconds(spinner.pid) - before < 0.008
+        finally:
+            for member in reversed(process_tree(spinner.pid)):
+                os.kill(member, signal.SIGKILL)
