@@ -7,7 +7,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -154,7 +153,7 @@ def test_plot_refuses_a_renamed_row(tmp_path: Path) -> None:
 
 
 # A process that spins in a thread that then ends, in a child of its own, and then a
-# little at each line it reads: CPU time by its own clocks, which `cpu_seconds` must add up.
+# little at each line it reads: CPU time by their own clocks, which `cpu_seconds` adds up.
 SPINNER = """
 import os, sys, threading, time
 
@@ -168,6 +167,7 @@ thread.start()
 thread.join()
 if os.fork() == 0:
     spin(0.1)
+    print("spun", flush=True)
     time.sleep(60)
     os._exit(0)
 print("ready", flush=True)
@@ -183,8 +183,11 @@ def test_cpu_seconds_adds_a_trees_time_to_less_than_a_tick() -> None:
     ) as spinner:
         assert spinner.stdin is not None and spinner.stdout is not None
         try:
-            assert spinner.stdout.readline() == "ready\n"
-            time.sleep(0.3)  # the child's spin ends
+            # The child says when it has spun, its parent when its thread has.
+            assert sorted([spinner.stdout.readline(), spinner.stdout.readline()]) == [
+                "ready\n",
+                "spun\n",
+            ]
             # The thread that ended and the child both count.
             before = cpu_seconds(spinner.pid)
             assert before >= 0.3
