@@ -265,6 +265,6 @@ def run(profile: Profile, lab: Lab) -> Result:
         f"and curl; every cache started empty before each epoch (the sidecar with its "
         f"defaults: {cores} workers, a tmpfs buffer; Squid and nginx as in "
         "shared/notes/peers.md, their caches on tmpfs); the origin nginx with "
-        f"{cores} workers; CPU from /proc for each server's whole process tree"
+        f"{cores} workers; CPU of each server's whole process tree, to the nanosecond"
     )
     return result

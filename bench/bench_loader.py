@@ -184,7 +184,7 @@ def run(profile: Profile, lab: Lab) -> Result:
         f"medians of {profile.runs} epochs (min–max); clients: bench.loader_client "
         "(http.client keep-alive, or urllib per file), epoch sharded over the workers, all "
         f"started behind a barrier; sidecar with {cores} workers (its default here); "
-        "CPU from /proc for each server's whole process tree; every body's size and every "
+        "CPU of each server's whole process tree, to the nanosecond; every body's size and every "
         "16th body's SHA-256 checked"
     )
     return result

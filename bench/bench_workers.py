@@ -93,7 +93,7 @@ def run(profile: Profile, lab: Lab) -> Result:
         f"medians of {profile.runs} warm epochs (min–max) per worker count, the three "
         f"sidecars measured in turn; clients: bench.loader_client ({clients} http.client "
         "connections kept alive, each landing on whichever worker the kernel gives it); "
-        "CPU from /proc for each sidecar's whole process tree; every request a hit "
+        "CPU of each sidecar's whole process tree, to the nanosecond; every request a hit "
         f"(checked in /stats); the machine has {len(os.sched_getaffinity(0))} cores"
     )
     return result
