@@ -248,6 +248,57 @@ def start_origin(
     return OriginServer(port, process, ca_pem)
 
 
+# The Hugging Face hosts `bench.hub` answers as (all under `*.hf.co`, so the sidecar's
+# default intercept list and its Hub rules apply to them).
+HUB_HOSTS = ("hub.hf.co", "cas-server.xethub.hf.co", "cas-bridge.xethub.hf.co", "cdn-lfs.hf.co")
+
+
+@dataclass
+class HubServer:
+    """A `bench.hub` process: the Hub, its CAS and its CDNs on one port."""
+
+    port: int
+    process: Process
+    ca_pem: Path
+
+    @property
+    def endpoint(self) -> str:
+        """What `HF_ENDPOINT` is set to."""
+        return f"https://{HUB_HOSTS[0]}:{self.port}"
+
+    def requests(self) -> dict[str, Any]:
+        """Counts by kind (`resolve`, `api`, `token`, `reconstruction`, `xorb`, `bridge`,
+        `lfs`), `statuses` by `"<kind> <status>"`, `xorbs` by `"<xorb> <range>"`."""
+        _, body = http_get(f"https://127.0.0.1:{self.port}/__requests", cafile=self.ca_pem)
+        return json.loads(body)
+
+
+def start_hub(
+    directory: Path, ca: trustme.CA, tmp: Path, *args: str, port: int | None = None
+) -> HubServer:
+    """Start `bench.hub` over the repositories of `directory` (`models/<owner>/<name>`,
+    `datasets/...`) with a certificate from `ca` for every Hub host; `args` are its
+    other flags (`--expiry 3`, `--xorb-size ...`). Waits until it has cut its files into
+    xorbs and listens."""
+    cert = ca.issue_cert(*HUB_HOSTS, "127.0.0.1")
+    cert_pem, key_pem, ca_pem = tmp / "hub.pem", tmp / "hub.key", tmp / "hub-ca.pem"
+    cert.private_key_and_cert_chain_pem.write_to_path(str(key_pem))
+    cert.cert_chain_pems[0].write_to_path(str(cert_pem))
+    ca.cert_pem.write_to_path(str(ca_pem))
+    port = port or free_port()
+    argv = [PYTHON, "-m", "bench.hub", "--dir", str(directory), "--port", str(port)]
+    argv += ["--cert", str(cert_pem), "--key", str(key_pem), "--xorb-dir", str(tmp / "xorbs")]
+    process = start_process([*argv, *args], tmp / "hub.log")
+
+    def up() -> bool:
+        if process.popen.poll() is not None:
+            raise RuntimeError(f"bench.hub exited:\n{process.output()}")
+        return port_open(port)
+
+    wait_until(up, f"bench.hub on port {port}", timeout=120)
+    return HubServer(port, process, ca_pem)
+
+
 @dataclass
 class Sidecar:
     directory: Path
