@@ -63,7 +63,7 @@ from sidecar.buffer.keeper import BUFFER_UNAVAILABLE, SMALL, UNSIZED, Buffer
 from sidecar.buffer.progress import Progress, State
 from sidecar.buffer.segments import SegmentedCopy, SegmentFailed, Target, may_split, pwrite_all
 from sidecar.buffer.store import StoredObject, StoreError
-from sidecar.cache import policy
+from sidecar.cache import endpoints, policy
 from sidecar.core import native
 from sidecar.ipc import Message
 from sidecar.metrics import Metrics
@@ -680,11 +680,20 @@ class Fills:
         self, fill: Fill, request_headers: list[tuple[str, str]], fetched: Fetched | None
     ) -> Acquired:
         headers = forwarded_headers(request_headers, for_fill=True)
+        signed = endpoints.rules(fill.key).signed
+        if signed is not None:
+            # The origin answers that range of the URL only: never an unranged fill.
+            headers.append(("Range", signed.field))
         if fetched is None:
             fetched = await self.fetch(fill.url, headers)
         response = fetched.response
         kept = policy.judge_response(
-            response.status, response.version, response.headers, fetched.requested, fetched.received
+            response.status,
+            response.version,
+            response.headers,
+            fetched.requested,
+            fetched.received,
+            signed,
         )
         if isinstance(kept, policy.Verdict):
             return self._decline(fill, response, kept.reason)
@@ -942,10 +951,21 @@ class Fills:
                 response.release()
                 fill.hand_over(body)
                 return digest, overlong, body
+        # A signed range is fetched in one piece, never resumed: its URL is good for
+        # that one range, and the origin refuses any other.
+        resumable = endpoints.rules(fill.key).signed is None
         accept_ranges = response.headers.get("Accept-Ranges")
-        splittable = may_split(self._connections, head.size, accept_ranges, head.validators)
+        splittable = resumable and may_split(
+            self._connections, head.size, accept_ranges, head.validators
+        )
         target = Target(
-            fill.url, head.request_headers, head.validators, head.size, fill._fd, fill.tee
+            fill.url,
+            head.request_headers,
+            head.validators,
+            head.size,
+            fill._fd,
+            fill.tee,
+            resumable,
         )
         copy = SegmentedCopy(
             self._upstream,

@@ -94,6 +94,9 @@ class Target:
     # what became contiguous); None: into `tee`, in memory, one segment.
     fd: int | None
     tee: native.Tee | None = None
+    # False: a body that broke off fails its fill rather than being asked for again from
+    # the byte it had (a URL signed for one range is good for that range only).
+    resumable: bool = True
 
 
 class SegmentedCopy:
@@ -255,6 +258,8 @@ class SegmentedCopy:
                 self._upstream.broke_off(broke)
             attempt += 1
             self._metrics.counters.upstream_errors += 1
+            if not self._target.resumable:
+                raise SegmentFailed(f"segment {index}: cannot be resumed: {error}")
             if attempt > SEGMENT_ATTEMPTS:
                 raise SegmentFailed(f"segment {index}: gave up after {SEGMENT_ATTEMPTS}: {error}")
             logger.warning(

@@ -75,8 +75,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 from urllib.parse import unquote_plus, urljoin, urlsplit
 
+from sidecar.cache import endpoints
 from sidecar.settings import host_matches
-from sidecar.wire import conditionals, dates
+from sidecar.wire import conditionals, dates, ranges
 from sidecar.wire.fields import (
     HOP_BY_HOP,
     Fields,
@@ -233,6 +234,10 @@ class Reason(enum.StrEnum):
     CONTENT_ENCODING = "content-encoding"
     VARY = "vary"
     VARY_STAR = "vary-star"
+    NOT_THE_SIGNED_RANGE = "not-the-signed-range"
+    EXPIRING = "expiring"
+    SIGNED_RANGES = "signed-ranges"
+    OUTSIDE_SIGNED_RANGE = "outside-signed-range"
 
     @property
     def sentence(self) -> str:
@@ -257,6 +262,14 @@ _SENTENCES = {
     Reason.CONTENT_ENCODING: "the response is content-encoded although identity was asked for",
     Reason.VARY: "the response varies on request fields other than Accept-Encoding and CORS",
     Reason.VARY_STAR: "the response says Vary: *",
+    Reason.NOT_THE_SIGNED_RANGE: (
+        "the URL is signed for one range, and the response is not the 206 of exactly it"
+    ),
+    Reason.EXPIRING: "the response carries an access token or URLs that expire",
+    Reason.SIGNED_RANGES: "the URL is signed for a range that is not one closed range",
+    Reason.OUTSIDE_SIGNED_RANGE: (
+        "the URL is signed for one range, and the request does not ask for a part of it"
+    ),
 }
 
 
@@ -332,11 +345,16 @@ _HARMLESS_VARY = frozenset(
 )
 
 
-def _cacheable(status: int, version: str, fields: Fields) -> Verdict:
+def _cacheable(
+    status: int, version: str, fields: Fields, signed: endpoints.SignedRange | None
+) -> Verdict:
     """May this upstream response to a cacheable GET be stored? `version` is its status
-    line's (`1.1`, `1.0`).
+    line's (`1.1`, `1.0`); `signed`: the range its URL is signed for, which the fill
+    asked for (`endpoints`).
 
-    - 200 only: a 206 is a piece, redirects and errors are the origin's to repeat.
+    - 200 only: a 206 is a piece, redirects and errors are the origin's to repeat. But
+      of a URL signed for one range, the 206 of exactly that range, with a
+      `Content-Length` of its length: the URL names that part and no other.
     - Framing that is not faulty: an HTTP/1.0 response with `Transfer-Encoding` is
       decoded and relayed, but RFC 9112 §6.1 says to "treat the message as if the
       framing is faulty" (`wire.framing.faulty_framing`), and a body that may not be
@@ -354,8 +372,16 @@ def _cacheable(status: int, version: str, fields: Fields) -> Verdict:
     - `Vary` naming at most Accept-Encoding and the CORS request fields; `Vary: *` never
       matches another request (RFC 9111 §4.1).
     """
-    if status != 200:
+    if signed is None:
+        if status != 200:
+            return Verdict(False, Reason.STATUS)
+    elif status != 206:
         return Verdict(False, Reason.STATUS)
+    else:
+        part = ranges.parse_content_range(fields.get("content-range"))
+        announced = parse_length(fields.get("content-length") or "")
+        if part is None or (part.first, part.last) != signed or announced != signed.length:
+            return Verdict(False, Reason.NOT_THE_SIGNED_RANGE)
     if faulty_framing(version, fields.get("transfer-encoding")):
         return Verdict(False, Reason.FAULTY_FRAMING)
     length = fields.get("content-length")
@@ -477,18 +503,25 @@ class Kept(NamedTuple):
 
 
 def judge_response(
-    status: int, version: str, headers: Headers, requested: float, received: float
+    status: int,
+    version: str,
+    headers: Headers,
+    requested: float,
+    received: float,
+    signed: endpoints.SignedRange | None = None,
 ) -> Verdict | Kept:
     """An origin's response to a cacheable GET, asked for at `requested` and come at
-    `received` (`version`: its status line's, `1.1` or `1.0`): why it is not stored
-    (`_cacheable`), or what the fill keeps.
+    `received` (`version`: its status line's, `1.1` or `1.0`; `signed`: the range the
+    URL is signed for, `endpoints.rules`): why it is not stored (`_cacheable`), or what
+    the fill keeps. A signed range's `Content-Range` is kept with it: it says which part
+    of the xorb the object is.
 
     The rules are the functions named in `Kept`; this reads each field of the head once
     for all of them, which every miss does.
     """
     lines = field_lines(headers)
     fields = Fields.of(lines)
-    verdict = _cacheable(status, version, fields)
+    verdict = _cacheable(status, version, fields, signed)
     if not verdict.cacheable:
         return verdict
     named = _named_by_connection(fields)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import re
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from urllib.parse import urlsplit
 
 from sidecar.core import native
 from sidecar.origins.parent import Parents
-from sidecar.wire import tls
+from sidecar.wire import ranges, tls
 from sidecar.wire.client import (
     Interim,
     Pool,
@@ -32,7 +31,7 @@ from sidecar.wire.client import (
     direct_route,
     proxied_route,
 )
-from sidecar.wire.fields import HOP_BY_HOP, MAX_DIGITS
+from sidecar.wire.fields import HOP_BY_HOP
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +42,6 @@ ROUTES = 4096
 _PARTIAL_OR_CONDITIONAL = frozenset(
     {"range", "if-range", "if-match", "if-none-match", "if-modified-since", "if-unmodified-since"}
 )
-# Longer numbers are absurd for an offset, and int() of thousands of digits raises.
-_NUMBER = rf"\d{{1,{MAX_DIGITS}}}"
-_CONTENT_RANGE_RE = re.compile(rf"^bytes ({_NUMBER})-({_NUMBER})/({_NUMBER}|\*)$")
 
 
 # Where the interim (1xx) responses an origin sends before its answer to the request
@@ -113,12 +109,12 @@ def check_resumed(status: int, headers: Mapping[str, str], start: int, end: int,
     """
     if status != 206:
         raise CannotResume(f"origin answered {status} to a resume request")
-    content_range = headers.get("Content-Range", "")
-    match = _CONTENT_RANGE_RE.match(content_range)
+    content_range = headers.get("Content-Range")
+    part = ranges.parse_content_range(content_range)
     if (
-        not match
-        or (int(match.group(1)), int(match.group(2)) + 1) != (start, end)
-        or match.group(3) not in (str(size), "*")
+        part is None
+        or (part.first, part.last + 1) != (start, end)
+        or part.complete not in (size, None)
     ):
         raise CannotResume(f"origin sent Content-Range {content_range!r}, not {start}-{end - 1}")
 

@@ -36,7 +36,7 @@ from sidecar.buffer.fill import (
 )
 from sidecar.buffer.keeper import BUFFER_UNAVAILABLE, UNSIZED, Buffer
 from sidecar.buffer.store import StoredObject, StoreError
-from sidecar.cache import policy
+from sidecar.cache import endpoints, policy
 from sidecar.core import native
 from sidecar.metrics import Metrics
 from sidecar.origins.upstream import (
@@ -67,7 +67,9 @@ REPRESENTATIONS = 4096
 
 
 class Representation:
-    """A complete 200 response that can be served in whole or in part.
+    """A complete 200 response that can be served in whole or in part; or the one part
+    of it that a URL signed for a range names (`part`), which answers the ranges within
+    it and nothing else.
 
     `generated_at` (see `policy.generated_at`) for a stored response, which is answered
     with its stored `Date` and the `Age` it has; None for the origin's response to the
@@ -85,20 +87,33 @@ class Representation:
         "etag",
         "last_modified",
         "modified",
+        "part",
         "replayed",
         "_stamp",
         "_lines",
     )
 
     def __init__(
-        self, size: int, headers: tuple[tuple[str, str], ...], generated_at: float | None
+        self,
+        size: int,
+        headers: tuple[tuple[str, str], ...],
+        generated_at: float | None,
+        signed: endpoints.SignedRange | None = None,
     ) -> None:
+        """`signed`: the range the object's URL is signed for (`endpoints.rules`); its
+        body is that part, as the stored `Content-Range` says (`policy.judge_response`
+        kept only the 206 of exactly that range)."""
         self.size = size
         self.headers = headers
         self.generated_at = generated_at
         fields = Fields.of(headers)
         self.etag = fields.get("etag")
         self.last_modified = fields.get("last-modified")
+        self.part: ranges.Part | None = None
+        if signed is not None:
+            stored = ranges.parse_content_range(fields.get("content-range"))
+            complete = stored.complete if stored is not None else None
+            self.part = ranges.Part(signed.first, signed.last, complete)
         # The stored fields as sent with every answer (ranges always accepted), dated
         # (`policy.dated`) when stored.
         kept = [(k, v) for k, v in headers if k.lower() != "accept-ranges"]
@@ -156,10 +171,12 @@ def records_answers(settings: Settings) -> bool:
     return not (settings.access_log or settings.revalidate)
 
 
-def answer(request: Request, representation: Representation, now: float) -> Answer:
+def answer(request: Request, representation: Representation, now: float) -> Answer | None:
     """The response to `request` from a complete representation at time `now`: 412 for a
     failed precondition, 304 for a matching conditional (RFC 9110 §13.2.2), 416 for an
-    unsatisfiable range, 206 for a range that If-Range allows (§14.2, §13.1.5), else 200."""
+    unsatisfiable range, 206 for a range that If-Range allows (§14.2, §13.1.5), else 200.
+    None when the representation is a signed range's part and the request asks for
+    anything but a range within it: only the origin can answer that."""
     size = representation.size
     if representation.generated_at is None:
         base = representation.replayed
@@ -172,6 +189,18 @@ def answer(request: Request, representation: Representation, now: float) -> Answ
         asked = _asked(request, representation, base)
         if isinstance(asked, Answer):
             return asked
+    part = representation.part
+    if part is not None:
+        if asked is None:
+            return None
+        # The part's own bytes: those of the whole representation from its first.
+        content_range = ranges.content_range(asked.start, asked.end, part.complete)
+        start, end = asked.start - part.first, asked.end - part.first + 1
+        fields = [(k, v) for k, v in base if k.lower() != "content-range"]
+        headers = [*fields, ("Content-Range", content_range), ("Content-Length", str(end - start))]
+        if request.method == "HEAD":
+            return Answer(206, headers)
+        return Answer(206, headers, start, end)
     if asked is None:
         start, end = 0, size
         headers = [*base, ("Content-Length", str(size))]
@@ -199,6 +228,10 @@ def _asked(
         return Answer(412, [("Content-Length", "0")])
     if conditionals.not_modified(request.fields, etag, representation.modified):
         return Answer(304, [(k, v) for k, v in base if k.lower() not in _NOT_IN_304])
+    if representation.part is not None:
+        if not conditionals.if_range_allows(request.header("If-Range"), etag, last_modified):
+            return None
+        return ranges.range_within(request.header("Range"), representation.part)
     wanted = ranges.parse_range(request.header("Range"), representation.size)
     if wanted is ranges.FULL or not conditionals.if_range_allows(
         request.header("If-Range"), etag, last_modified
@@ -280,6 +313,14 @@ class Router:
         """`joined`: the object was stored by a fill that ran when this request came
         (`fill.StoredMeanwhile`): served from the buffer, counted as coalesced."""
         key = policy.cache_key(request.url)
+        rules = endpoints.rules(key)
+        if rules.kind in _NEVER_STORED:
+            await self._pass(request, channel, rules.kind.value)
+            return
+        if rules.signed is not None and not _asks_within(request, rules.signed):
+            # Nothing stored could answer it, and a fill may ask for the signed range only.
+            await self._pass(request, channel, policy.Reason.OUTSIDE_SIGNED_RANGE)
+            return
         entry = self._lookup(key)
         if entry is not None and self.buffer.unchecked(key):
             entry = await self.buffer.check(key, entry)  # found at start: hashed first
@@ -298,7 +339,7 @@ class Router:
                 )
                 return
         if entry is not None:
-            etag = self._representation(entry).etag
+            etag = self._representation(key, entry).etag
             verdict = policy.answers_preconditions(request.fields, etag)
             if verdict.cacheable:
                 await self._serve_stored(request, channel, key, entry, joined)
@@ -327,8 +368,15 @@ class Router:
             return
         if acquired.fill is None:
             assert acquired.response is not None
-            # The unconditional full response answers neither a Range nor a precondition.
-            if request.header("Range") is not None or conditionals.has_precondition(request.fields):
+            # The unconditional full response answers neither a Range nor a precondition;
+            # but a signed range's fill asked what its client asks, if nothing more.
+            asked_the_same = rules.signed is not None and (
+                request.header("Range") == rules.signed.field
+                and not conditionals.has_precondition(request.fields)
+            )
+            if not asked_the_same and (
+                request.header("Range") is not None or conditionals.has_precondition(request.fields)
+            ):
                 acquired.release()
                 await self._pass(request, channel, acquired.reason or UNSIZED)
             else:
@@ -353,16 +401,16 @@ class Router:
         except (FillFailed, UpstreamError) as e:
             await self._error(channel, 502, f"burstbuffer: upstream request failed: {e}")
             return
+        signed = endpoints.rules(fill.key).signed
         if kind == "miss":
-            representation = Representation(head.size, acquired.relayed, None)
+            representation = Representation(head.size, acquired.relayed, None, signed)
         else:
-            representation = Representation(head.size, head.headers, head.generated_at)
+            representation = Representation(head.size, head.headers, head.generated_at, signed)
         verdict = policy.answers_preconditions(request.fields, representation.etag)
         if not verdict.cacheable:
             await self._pass(request, channel, verdict.reason)
             return
-        wanted = ranges.parse_range(request.header("Range"), head.size)
-        if isinstance(wanted, ranges.ByteRange) and wanted.start > fill.written + RANGE_WAIT_WINDOW:
+        if _body_start(request, representation) > fill.written + RANGE_WAIT_WINDOW:
             await self._pass(request, channel, "range-ahead-of-fill")
             return
         if kind == "miss":
@@ -397,6 +445,10 @@ class Router:
         validators is asked for with a plain GET, whose answer serves the same way.
         """
         headers = forwarded_headers(request.headers, for_fill=True)
+        signed = endpoints.rules(key).signed
+        if signed is not None:
+            # Of a URL signed for a range, the origin answers that range only.
+            headers.append(("Range", signed.field))
         headers += list(
             policy.conditional_headers(
                 header(entry.headers, "ETag"), header(entry.headers, "Last-Modified")
@@ -441,7 +493,10 @@ class Router:
         )
 
     def _by_freshness(self, key: str) -> bool:
-        """Do objects of this key's host follow RFC 9111 freshness (--http-freshness)?"""
+        """Do objects of this key follow RFC 9111 freshness: an API page whose answers
+        move (`endpoints`), or any object of a `--http-freshness` host?"""
+        if endpoints.rules(key).kind is endpoints.Kind.FRESHNESS:
+            return True
         if not self.settings.http_freshness:
             return False
         netloc = key.split("/", 3)[2]
@@ -496,7 +551,7 @@ class Router:
             await self._send(
                 request,
                 channel,
-                self._representation(entry),
+                self._representation(key, entry),
                 "coalesced" if joined else "hit",
                 from_file,
             )
@@ -516,6 +571,11 @@ class Router:
         `write_body(start, end)` writes those bytes of its body to `channel`."""
         started = time.monotonic()
         plan = answer(request, representation, time.time())
+        if plan is None:
+            # A signed range's part, asked for what it does not hold (an If-Range that
+            # failed): the origin's question.
+            await self._pass(request, channel, policy.Reason.OUTSIDE_SIGNED_RANGE)
+            return
         await channel.start(plan.status, plan.headers)
         if plan.end > plan.start:
             await write_body(plan.start, plan.end)
@@ -543,6 +603,8 @@ class Router:
             return None
         try:
             key = policy.cache_key(request.url)
+            if endpoints.rules(key).kind in _NEVER_STORED:
+                return None
             entry = self.buffer.lookup(key)
         except (ValueError, StoreError):
             return None
@@ -551,12 +613,14 @@ class Router:
             return None
         if self.buffer.unchecked(key):  # found at start: `handle()` checks it first
             return None
-        if self.settings.http_freshness and self._must_validate(request, key, entry):
+        if self._must_validate(request, key, entry):
             return None
-        representation = self._representation(entry)
+        representation = self._representation(key, entry)
         if not policy.answers_preconditions(request.fields, representation.etag).cacheable:
             return None
         plan = answer(request, representation, time.time())
+        if plan is None:
+            return None
         body = None
         if plan.end > plan.start:
             try:
@@ -595,8 +659,10 @@ class Router:
         the first request after a miss is the table's."""
         if self.answers is None or self._by_freshness(key):
             return
+        if endpoints.rules(key).signed is not None:
+            return  # its part answers ranges only, never the whole 200 the table sends
         if representation is None:
-            representation = self._representation(entry)
+            representation = self._representation(key, entry)
         self.answers.record(
             url.encode(),
             representation.head_lines,
@@ -606,14 +672,15 @@ class Router:
             generation,
         )
 
-    def _representation(self, entry: StoredObject) -> Representation:
+    def _representation(self, key: str, entry: StoredObject) -> Representation:
+        """The representation of `entry`, stored under `key`."""
         known = self._representations.get(entry.file)
         if known is None or (known.headers, known.generated_at) != (entry.headers, entry.born):
             # new, or updated by a 304
             if len(self._representations) >= REPRESENTATIONS:
                 self._representations.clear()
             known = self._representations[entry.file] = Representation(
-                entry.size, entry.headers, entry.born
+                entry.size, entry.headers, entry.born, endpoints.rules(key).signed
             )
         return known
 
@@ -740,6 +807,30 @@ class Router:
         await channel.write(body)
         channel.finish()
         logger.warning("%d: %s", status, message)
+
+
+# The kinds of URL never answered from the buffer nor stored (`endpoints`).
+_NEVER_STORED = frozenset((endpoints.Kind.EXPIRING, endpoints.Kind.SIGNED_RANGES))
+
+
+def _asks_within(request: Request, signed: endpoints.SignedRange) -> bool:
+    """Does `request` ask for a range within the one its URL is signed for (of a
+    representation whose length is not known yet)? If-Range is left to the origin: the
+    stored part's validators are not known either."""
+    if request.header("If-Range") is not None:
+        return False
+    part = ranges.Part(signed.first, signed.last, None)
+    return ranges.range_within(request.header("Range"), part) is not None
+
+
+def _body_start(request: Request, representation: Representation) -> int:
+    """Where in its representation's body the answer to `request` starts."""
+    part = representation.part
+    if part is None:
+        wanted = ranges.parse_range(request.header("Range"), representation.size)
+        return wanted.start if isinstance(wanted, ranges.ByteRange) else 0
+    within = ranges.range_within(request.header("Range"), part)
+    return within.start - part.first if within is not None else 0
 
 
 def _interim_forwarder(request: Request, channel: Channel) -> Interim | None:

@@ -41,6 +41,9 @@ MAX_RANGE_SPECS = 100
 # What longer numbers in a Range become: more than any object's size.
 _SATURATED = 10**MAX_DIGITS
 _INT_RANGE = re.compile(r"([0-9]+)-([0-9]*)")
+# Longer numbers are absurd for an offset, and int() of thousands of digits raises.
+_NUMBER = rf"[0-9]{{1,{MAX_DIGITS}}}"
+_CONTENT_RANGE = re.compile(rf"bytes ({_NUMBER})-({_NUMBER})/({_NUMBER}|\*)")
 _SUFFIX_RANGE = re.compile(r"-([0-9]+)")
 
 
@@ -115,9 +118,46 @@ def parse_range(value: str | None, size: int) -> ByteRange | Full | Unsatisfiabl
     return merged[0] if len(merged) == 1 else FULL
 
 
-def content_range(start: int, end: int, size: int) -> str:
-    """The Content-Range of a 206 (RFC 9110 §14.4): `bytes 0-499/1234`."""
-    return f"bytes {start}-{end}/{size}"
+class Part(NamedTuple):
+    """What a 206's `Content-Range` says (RFC 9110 §14.4): bytes `first` to `last`
+    (inclusive) of a representation of `complete` bytes (None: `*`, unknown)."""
+
+    first: int
+    last: int
+    complete: int | None
+
+
+def parse_content_range(value: str | None) -> Part | None:
+    """The part a 206's `Content-Range` names, or None for any other value (another
+    unit, a `last-pos` before its `first-pos`, past the complete length, or `*` as the
+    range, which only a 416 sends)."""
+    match = _CONTENT_RANGE.fullmatch(value.strip()) if value else None
+    if match is None:
+        return None
+    first, last = int(match[1]), int(match[2])
+    complete = None if match[3] == "*" else int(match[3])
+    if last < first or (complete is not None and last >= complete):
+        return None
+    return Part(first, last, complete)
+
+
+def range_within(value: str | None, part: Part) -> ByteRange | None:
+    """The one range a GET's `Range` asks for when only `part` of the representation is
+    at hand: a `ByteRange` (of the whole representation) that lies within the part, or
+    None when the part cannot answer it (no Range, a range reaching outside it, several
+    ranges, an invalid field). Of a representation of unknown length, a range open at its
+    end or a suffix range is never within a part: where it ends is unknown."""
+    complete = part.complete if part.complete is not None else _SATURATED
+    wanted = parse_range(value, complete)
+    if isinstance(wanted, ByteRange) and part.first <= wanted.start and wanted.end <= part.last:
+        return wanted
+    return None
+
+
+def content_range(start: int, end: int, size: int | None) -> str:
+    """The Content-Range of a 206 (RFC 9110 §14.4): `bytes 0-499/1234`, or `bytes
+    0-499/*` when the complete length is not known (None)."""
+    return f"bytes {start}-{end}/{'*' if size is None else size}"
 
 
 def unsatisfied_range(size: int) -> str:
