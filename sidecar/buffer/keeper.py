@@ -87,6 +87,7 @@ from sidecar.buffer.store import (
     check_body,
     worker_partial,
 )
+from sidecar.cache import endpoints
 from sidecar.ipc import Message
 from sidecar.metrics import Metrics
 from sidecar.shared import Shared
@@ -469,6 +470,14 @@ class Buffer:
             self._touched.move_to_end(key)
             self._report_touches()
         return entry
+
+    def container(self, key: str) -> str | None:
+        """The key of a stored part of the same whole that holds the signed range of
+        `key` (`endpoints.rules`), or None; StoreError if the index fails."""
+        rules = endpoints.rules(key)
+        if rules.signed is None or rules.whole is None:
+            return None
+        return self._index.container(rules.whole, rules.signed.first, rules.signed.last)
 
     def unchecked(self, key: str) -> bool:
         """Must the object `lookup` just found for `key` pass `check` before a hit?"""

@@ -83,6 +83,7 @@ from typing import NamedTuple
 import diskcache
 
 from sidecar.buffer import progress
+from sidecar.cache import endpoints
 from sidecar.core import native
 from sidecar.settings import Eviction
 
@@ -109,8 +110,8 @@ BACKGROUND_NICE = 10
 # it touched would hold it again. Lookups are one indexed query; the OS caches pages.
 SQLITE_CACHE_KIB = 4096
 # The index's format (`Buffer.format`): an index of another one is emptied at start
-# (3: bodies' digests are BLAKE3, where 2's were SHA-256).
-FORMAT = 3
+# (3: bodies' digests are BLAKE3, where 2's were SHA-256; 4: the `Parts` table).
+FORMAT = 4
 # Bytes of the key digest that names an object in the index: 128 bits, so that a
 # collision among a million keys is about as likely as 10^-26.
 _KEY_BYTES = 16
@@ -496,6 +497,7 @@ class Store:
             if not insert_row(self._inserter, slot, value, reservation.charged):
                 self._drop(slot)  # a concurrent fill of the same key committed first
                 self._require_index().set(slot, value, tag=reservation.charged)
+            insert_part(self._inserter, key, slot)
         except (OSError, ValueError, sqlite3.Error, diskcache.Timeout) as e:
             for path in (body, reservation.path):
                 with contextlib.suppress(FileNotFoundError):
@@ -663,11 +665,30 @@ class Index:
         try:
             if self._writer is None:
                 self._writer = _connect(self._directory, write=True)
-            inserted = insert_row(self._writer, key_digest(key), encode(entry), charged)
+            slot = key_digest(key)
+            inserted = insert_row(self._writer, slot, encode(entry), charged)
+            if inserted:
+                insert_part(self._writer, key, slot)
         except (OSError, ValueError, sqlite3.Error) as e:
             raise StoreError(f"cannot index an object: {_describe(e)}") from e
         if not inserted:
             raise StoreError("the object was stored meanwhile")
+
+    def container(self, whole: str, first: int, last: int) -> str | None:
+        """The key of a stored part of `whole` (`Parts`) that holds bytes `first` to
+        `last`, the smallest if several do, or None; StoreError if the index fails."""
+        if self._reader is None:
+            raise StoreError("the buffer is not open")
+        try:
+            found = self._reader.execute(
+                "SELECT Parts.part FROM Parts JOIN Cache ON Cache.key = Parts.slot"
+                " AND Cache.raw = 1 WHERE Parts.whole = ? AND Parts.first <= ?"
+                " AND Parts.last >= ? ORDER BY Parts.last - Parts.first LIMIT 1",
+                (key_digest(whole), first, last),
+            ).fetchone()
+        except (OSError, sqlite3.Error) as e:
+            raise StoreError(f"cannot read the index: {_describe(e)}") from e
+        return None if found is None else str(found[0])
 
     def body_path(self, entry: StoredObject) -> str:
         return f"{self._objects_dir}/{entry.file}"
@@ -720,6 +741,19 @@ def insert_row(writer: sqlite3.Connection, slot: bytes, value: bytes, charged: i
     except sqlite3.IntegrityError:
         return False
     return True
+
+
+def insert_part(writer: sqlite3.Connection, key: str, slot: bytes) -> None:
+    """Record the object just indexed under `key` (its row `slot`) in `Parts` when it is
+    a signed range's part of a whole (`endpoints.rules`), so that a range of the whole
+    inside it is found by `Index.container`; nothing for any other key."""
+    rules = endpoints.rules(key)
+    if rules.signed is None or rules.whole is None:
+        return
+    writer.execute(
+        "INSERT OR REPLACE INTO Parts(whole, first, last, part, slot) VALUES (?, ?, ?, ?, ?)",
+        (key_digest(rules.whole), rules.signed.first, rules.signed.last, key, slot),
+    )
 
 
 def encode(entry: StoredObject) -> bytes:
@@ -814,6 +848,7 @@ def _adopt(connection: sqlite3.Connection) -> bool:
         connection.execute("DROP TABLE IF EXISTS Buffer")
         if other:
             connection.execute("DROP TABLE Cache")  # its indexes and triggers with it
+            connection.execute("DROP TABLE IF EXISTS Parts")
             connection.execute("UPDATE Settings SET value = 0 WHERE key IN ('count', 'size')")
         else:
             for statement in _TOTALS:
@@ -836,6 +871,16 @@ _TOTALS = (
     " UPDATE Buffer SET used = used - IFNULL(OLD.tag, 0); END",
     "CREATE TRIGGER IF NOT EXISTS Buffer_used_update AFTER UPDATE OF tag ON Cache BEGIN"
     " UPDATE Buffer SET used = used + IFNULL(NEW.tag, 0) - IFNULL(OLD.tag, 0); END",
+    # The parts of wholes that signed ranges name (`insert_part`), by the digest of the
+    # whole's key; a row goes with its object's. A row a crash left without its object
+    # (or with another object of the same key) finds nothing that is not indexed: the
+    # lookup joins the index, and the part's own key names its range.
+    "CREATE TABLE IF NOT EXISTS Parts (whole BLOB NOT NULL, first INTEGER NOT NULL,"
+    " last INTEGER NOT NULL, part TEXT NOT NULL, slot BLOB NOT NULL,"
+    " PRIMARY KEY (whole, first, last)) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS Parts_slot ON Parts(slot)",
+    "CREATE TRIGGER IF NOT EXISTS Parts_gone AFTER DELETE ON Cache BEGIN"
+    " DELETE FROM Parts WHERE slot = OLD.key; END",
 )
 
 

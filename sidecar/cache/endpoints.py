@@ -70,6 +70,9 @@ class Rules(NamedTuple):
 
     kind: Kind
     signed: SignedRange | None = None  # the range an object of this key holds
+    # Of a signed range: the key without it, which names the whole xorb (content-
+    # addressed: every signed range of it holds the same bytes at the same offsets).
+    whole: str | None = None
 
 
 _STORED = Rules(Kind.STORED)
@@ -101,7 +104,10 @@ def rules(key: str) -> Rules:
         one = _ONE_RANGE.fullmatch(unquote(signed[1]).strip())
         if one is None or int(one[2]) < int(one[1]):
             return Rules(Kind.SIGNED_RANGES)
-        return Rules(Kind.STORED, SignedRange(int(one[1]), int(one[2])))
+        kept = "&".join(item for item in query.split("&") if not _SIGNED_RANGE.fullmatch(item))
+        base = key[: len(key) - len(query) - 1]  # without the `?`
+        whole = f"{base}?{kept}" if kept else base
+        return Rules(Kind.STORED, SignedRange(int(one[1]), int(one[2])), whole)
     if path.startswith("/api/"):
         return Rules(Kind.FRESHNESS)
     return _STORED

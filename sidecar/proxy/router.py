@@ -322,6 +322,8 @@ class Router:
             await self._pass(request, channel, policy.Reason.OUTSIDE_SIGNED_RANGE)
             return
         entry = self._lookup(key)
+        if entry is None and rules.signed is not None:
+            key, entry = self._container(request, key)
         if entry is not None and self.buffer.unchecked(key):
             entry = await self.buffer.check(key, entry)  # found at start: hashed first
         fetched: Fetched | None = None
@@ -424,6 +426,20 @@ class Router:
     def _forget(self, key: str) -> None:
         """Drop an object whose body is gone, so that the next request fills it again."""
         self.buffer.remove(key)
+
+    def _container(self, request: Request, key: str) -> tuple[str, StoredObject | None]:
+        """A stored part of the same whole that holds the signed range of `key` (which is
+        not stored), and its key, to answer `request` from; else `key` and None. Not one
+        that must be validated first: its own signed URL is not at hand."""
+        try:
+            found = self.buffer.container(key)
+        except StoreError as e:
+            self.metrics.buffer_trouble("looking up an object", e)
+            return key, None
+        entry = None if found is None else self._lookup(found)
+        if found is None or entry is None or self._must_validate(request, found, entry):
+            return key, None
+        return found, entry
 
     def _lookup(self, key: str) -> StoredObject | None:
         if key == self._just_missed:

@@ -41,7 +41,11 @@ def signed_url(first: int, last: int, signing: str = SIGNING) -> str:
         ("https://huggingface.co/org/m/resolve/main/config.json", Rules(Kind.STORED)),
         ("https://cdn-lfs.hf.co/repos/aa/bb/cc?Expires=1&Signature=x", Rules(Kind.STORED)),
         # A signed range: its own object.
-        (signed_url(0, 57388423), Rules(Kind.STORED, SignedRange(0, 57388423))),
+        (signed_url(0, 57388423), Rules(Kind.STORED, SignedRange(0, 57388423), XORB)),
+        (
+            f"{XORB}?a=1&X-Xet-Signed-Range=bytes%3D0-9&Signature=s",
+            Rules(Kind.STORED, SignedRange(0, 9), f"{XORB}?a=1"),
+        ),
         # Several ranges, an open one, an inverted one, or an unreadable one: never stored.
         (f"{XORB}?X-Xet-Signed-Range=bytes%3D0-9%2C20-29", Rules(Kind.SIGNED_RANGES)),
         (f"{XORB}?X-Xet-Signed-Range=bytes%3D10-", Rules(Kind.SIGNED_RANGES)),

@@ -94,6 +94,35 @@ def test_the_check_runs_batches_side_by_side_below_the_workers_priority(
     again.close()
 
 
+def test_a_worker_finds_the_stored_part_that_holds_a_signed_range(tmp_path: Path) -> None:
+    """Parts of one xorb stored under their signed ranges: a range inside one of them
+    finds the smallest that holds it, one that straddles two finds none, and a part gone
+    from the index (evicted, removed) is found no more."""
+    xorb = "https://cas-bridge.xethub.hf.co/xorbs/default/" + "ab" * 32
+    other = "https://cas-bridge.xethub.hf.co/xorbs/default/" + "cd" * 32
+
+    def part(url: str, first: int, last: int) -> str:
+        return f"{url}?X-Xet-Signed-Range=bytes%3D{first}-{last}"
+
+    store = reopened(tmp_path)
+    commit(store, part(xorb, 0, 999), bytes(1000))
+    commit(store, part(xorb, 100, 299), bytes(200))
+    commit(store, part(other, 0, 4999), bytes(5000))
+    commit(store, "https://origin.test/plain", b"body")
+    index = Index(tmp_path)
+    index.open()
+    assert index.container(xorb, 150, 199) == part(xorb, 100, 299)
+    assert index.container(xorb, 250, 400) == part(xorb, 0, 999)
+    assert index.container(xorb, 900, 1000) is None
+    assert index.container(other, 0, 4999) == part(other, 0, 4999)
+    store.remove(part(xorb, 100, 299))
+    assert index.container(xorb, 150, 199) == part(xorb, 0, 999)
+    store.remove(part(xorb, 0, 999))
+    assert index.container(xorb, 150, 199) is None
+    index.close()
+    store.close()
+
+
 def test_an_index_of_another_format_starts_empty(tmp_path: Path) -> None:
     store = reopened(tmp_path)
     entry = commit(store, "new", b"x" * 10)
