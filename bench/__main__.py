@@ -34,6 +34,7 @@ from bench import (
     bench_coalescing,
     bench_cold_miss,
     bench_first_epoch,
+    bench_huggingface,
     bench_large_hit,
     bench_loader,
     bench_momenta,
@@ -75,6 +76,7 @@ BENCHMARKS: dict[str, ModuleType] = {
         bench_soak,
         bench_parent,
         bench_scale,
+        bench_huggingface,
     )
 }
 RESULTS = ROOT / "bench" / "results"

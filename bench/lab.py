@@ -22,7 +22,7 @@ from typing import TypeVar
 import trustme
 
 from bench.clients import Route, wget
-from bench.harness import OriginServer, Sidecar, start_origin
+from bench.harness import HUB_HOSTS, HubServer, OriginServer, Sidecar, start_hub, start_origin
 from bench.mitmdump import Mitmdump, start_mitmdump
 from bench.nginx import Nginx, start_nginx
 from bench.squid import Squid, start_squid
@@ -70,6 +70,7 @@ class Profile:
     scale_counts: tuple[int, ...]  # stored objects a sidecar is restarted on
     scale_reference: int  # stored objects of the hit rate's reference
     scale_hits: int  # distinct stored objects read after each restart (at most)
+    hub_bytes: int  # the Hugging Face repository downloaded whole (in HUB_SHARDS files)
 
 
 FULL = Profile(
@@ -99,6 +100,7 @@ FULL = Profile(
     scale_counts=(10_000, 100_000, 1_000_000),
     scale_reference=1_000,
     scale_hits=200_000,
+    hub_bytes=1024 * MiB,
 )
 QUICK = Profile(
     quick=True,
@@ -127,6 +129,7 @@ QUICK = Profile(
     scale_counts=(300, 3_000),
     scale_reference=100,
     scale_hits=1_000,
+    hub_bytes=4 * MiB,
 )
 
 
@@ -200,9 +203,11 @@ class Lab:
     ) -> None:
         self._stack.close()
 
-    def make_file(self, name: str, size: int) -> Path:
-        """A dataset file of `size` random (incompressible) bytes."""
-        path = self.data / name
+    def make_file(self, name: str, size: int, directory: Path | None = None) -> Path:
+        """A dataset file of `size` random (incompressible) bytes, in `directory` (the
+        lab's data directory unless given)."""
+        path = (directory or self.data) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as f:
             for offset in range(0, size, WRITE_CHUNK):
                 f.write(os.urandom(min(WRITE_CHUNK, size - offset)))
@@ -229,6 +234,15 @@ class Lab:
         """The Python origin, throttled to `rate` bytes/s per response (if given)."""
         workdir = self.scratch("origin")
         server = start_origin(self.data, self.ca, [HOST, TUNNEL_HOST], workdir, rate=rate)
+        self._stack.callback(server.process.stop)
+        return server
+
+    def hub(self, repositories: Path, *args: str) -> HubServer:
+        """A Hugging Face Hub of our own (`bench.hub`) over `repositories`, its hosts
+        named in the lab's /etc/hosts."""
+        with open(self.hosts, "a") as hosts:
+            hosts.write("127.0.0.1 " + " ".join(HUB_HOSTS) + "\n")
+        server = start_hub(repositories, self.ca, self.scratch("hub"), *args)
         self._stack.callback(server.process.stop)
         return server
 

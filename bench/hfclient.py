@@ -1,0 +1,48 @@
+"""The real Hugging Face client as a job runs it, in a process of its own:
+
+    python -m bench.hfclient '{"repo": "acme/m", "names": ["a.bin"], "type": "model"}'
+
+`hf_hub_download` of each of `names`, or `snapshot_download` of the whole repository
+without them, with whatever the environment says (`HF_ENDPOINT`, `HF_HOME`,
+`HTTPS_PROXY`, `SSL_CERT_FILE`, `HF_HUB_DISABLE_XET`); its last line of output is a
+JSON object of each downloaded file's SHA-256 by its path in the repository.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def main(ask: dict[str, object]) -> dict[str, str]:
+    # Imported here: the module is named by tools that never run a download.
+    from huggingface_hub import hf_hub_download, snapshot_download
+
+    repo, repo_type = str(ask["repo"]), str(ask.get("type") or "model")
+    names = ask.get("names")
+    if isinstance(names, list):
+        paths = {
+            name: Path(hf_hub_download(repo, name, repo_type=repo_type)) for name in names
+        }
+    else:
+        root = Path(snapshot_download(repo, repo_type=repo_type))
+        paths = {
+            str(path.relative_to(root)): path
+            for path in sorted(root.rglob("*"))
+            if path.is_file() and ".cache" not in path.relative_to(root).parts
+        }
+    return {name: sha256(path) for name, path in paths.items()}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))))
