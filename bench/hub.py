@@ -26,21 +26,27 @@ the CAS (`--cas-host`, `cas-server.xethub.hf.co`)
     <token>` (401 without a valid, unexpired one) and an optional `Range` of the file:
     the terms (xorb, chunk range, length) and, per xorb, the chunk ranges to fetch, each
     with its own URL on the CDN signed for exactly its byte range and `--expiry` seconds
-    (v1 `fetch_info`, v2 `xorbs`, as xet-core's `cas_types` has them). 416 past the end.
+    (v1 `fetch_info`, v2 `xorbs`, as xet-core's `cas_types` has them); with
+    `--multirange`, v2 has one URL per xorb signed for all its ranges of the file
+    (`bytes=A-B,C-D`). 416 past the end.
 the Xet CDN (`--cdn-host`, `cas-bridge.xethub.hf.co`)
     `GET /xorbs/default/<xorb>?X-Xet-Signed-Range=bytes%3DA-B&Expires=..&Policy=..
     &Signature=..&Key-Pair-Id=..`: 206 with those bytes, only when the signature (HMAC
     over the path, the signed range and the expiry) holds, the URL has not expired and
     the request's `Range` is exactly the signed range; anything else is 403, an
-    unranged GET included. `/xet-bridge-us/<repo>/<sha256>?...`: a Xet file whole (what
-    clients without Xet get), signed without a range.
+    unranged GET included. A URL signed for several ranges answers exactly those
+    (multipart/byteranges) or any one of them alone (what `hf_xet` asks for unless
+    `HF_XET_CLIENT_ENABLE_MULTIRANGE_FETCHING` is set).
+    `/xet-bridge-us/<repo>/<sha256>?...`: a Xet file whole (what clients without Xet
+    get), signed without a range.
 the LFS CDN (`--lfs-host`, `cdn-lfs.hf.co`)
     `GET /repos/<a>/<b>/<repo>/<sha256>?...`: an LFS file whole, signed without a range.
 
 Whole-file URLs answer HEAD, GET and single `Range`s (206). `GET /__requests` (any host)
 returns JSON counts of the requests seen by kind (`resolve`, `api`, `token`,
 `reconstruction`, `xorb`, `bridge`, `lfs`), `statuses` by `"<kind> <status>"`, `xorbs`
-by `"<xorb> <range>"` for the CDN's xorb requests, and `bytes` sent by kind;
+by `"<xorb> <range>"` for the CDN's xorb requests (`multiranges`: those for several
+at once), and `bytes` sent by kind;
 `--access-log` prints a JSON line per request (never its query nor its credentials).
 """
 
@@ -264,8 +270,10 @@ class Hub:
         hosts: Hosts,
         signer: Signer,
         access_log: bool = False,
+        multirange: bool = False,
     ) -> None:
         self.access_log = access_log
+        self.multirange = multirange
         self.repos = repos
         self.store = store
         self.hosts = hosts
@@ -277,6 +285,7 @@ class Hub:
         self.statuses: collections.Counter[str] = collections.Counter()
         self.xorb_ranges: collections.Counter[str] = collections.Counter()
         self.bytes_sent: collections.Counter[str] = collections.Counter()
+        self.multiranges = 0  # xorb requests for several ranges at once
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._count])
@@ -307,6 +316,7 @@ class Hub:
                     "statuses": self.statuses,
                     "xorbs": self.xorb_ranges,
                     "bytes": self.bytes_sent,
+                    "multiranges": self.multiranges,
                 }
             )
         host = (request.host or "").rsplit(":", 1)[0].lower()
@@ -490,22 +500,25 @@ class Hub:
                 ]
                 for xorb, fetches in plan.fetches.items()
             }
-        else:  # one URL per range, each signed for its range (as the default client fetches)
+        elif not self.multirange:  # one URL per range, signed for that range
             body["xorbs"] = {
                 xorb: [
-                    {
-                        "url": urls[(xorb, bs)],
-                        "ranges": [
-                            {
-                                "chunks": {"start": a, "end": b},
-                                "bytes": {"start": bs, "end": be - 1},
-                            }
-                        ],
-                    }
+                    {"url": urls[(xorb, bs)], "ranges": [_descriptor(a, b, bs, be)]}
                     for a, b, bs, be in fetches
                 ]
                 for xorb, fetches in plan.fetches.items()
             }
+        else:  # one URL per xorb, signed for all its ranges
+            body["xorbs"] = {}
+            for xorb, fetches in plan.fetches.items():
+                signed_range = "bytes=" + ",".join(f"{bs}-{be - 1}" for _, _, bs, be in fetches)
+                url = self.hosts.url(self.hosts.cdn, f"/xorbs/default/{xorb}")
+                body["xorbs"][xorb] = [
+                    {
+                        "url": self.signer.sign(url, signed_range),
+                        "ranges": [_descriptor(*fetch) for fetch in fetches],
+                    }
+                ]
         return web.json_response(body)
 
     # -- the CDNs --------------------------------------------------------------------
@@ -519,36 +532,62 @@ class Hub:
             return _error(404, None, "Not found")
         request["kind"] = "xorb"
         refusal = self.signer.check(request.path, request.query)
-        signed = request.query.get("X-Xet-Signed-Range")
-        if refusal is None and signed is None:
+        signed = request.query.get("X-Xet-Signed-Range", "")
+        xorb = self.store.xorbs.get(match.group(1))
+        spans = _spans(signed)
+        asked = request.headers.get("Range")
+        # The signed value itself; where it signs several ranges, also any one of them
+        # alone (what a client that does not send multi-range requests asks for).
+        allowed = {signed} | ({f"bytes={a}-{b}" for a, b in spans} if len(spans) > 1 else set())
+        if refusal is None and not spans:
             refusal = "no signed range"
         if refusal is None and request.method != "GET":
             refusal = f"{request.method} not allowed"
-        if refusal is None and request.headers.get("Range") != signed:
-            refusal = f"Range {request.headers.get('Range')!r} is not the signed {signed!r}"
-        xorb = self.store.xorbs.get(match.group(1))
-        wanted = _RANGE_RE.match(signed or "")
-        if refusal is None and (xorb is None or wanted is None or not wanted.group(2)):
+        if refusal is None and asked not in allowed:
+            refusal = f"Range {asked!r} is not the signed {signed!r}"
+        if refusal is None and (xorb is None or any(b >= xorb.size for _, b in spans)):
             refusal = "no such xorb range"
         if refusal is not None:
             return _forbidden(refusal)
-        assert xorb is not None and wanted is not None
-        first, last = int(wanted.group(1)), int(wanted.group(2))
-        if last >= xorb.size or first > last:
-            return web.Response(status=416, headers={"Content-Range": f"bytes */{xorb.size}"})
-        self.xorb_ranges[f"{xorb.hash} {first}-{last}"] += 1
-        headers = {
-            "Content-Type": "application/octet-stream",
-            "Content-Range": f"bytes {first}-{last}/{xorb.size}",
-            "Content-Length": str(last - first + 1),
-            "ETag": f'"{xorb.hash}"',
-            "Accept-Ranges": "bytes",
-        }
+        assert xorb is not None and asked is not None
+        wanted = _spans(asked)
+        for first, last in wanted:
+            self.xorb_ranges[f"{xorb.hash} {first}-{last}"] += 1
+        self.multiranges += len(wanted) > 1
+        headers = {"ETag": f'"{xorb.hash}"', "Accept-Ranges": "bytes"}
+        if len(wanted) == 1:
+            [(first, last)] = wanted
+            headers["Content-Type"] = "application/octet-stream"
+            headers["Content-Range"] = f"bytes {first}-{last}/{xorb.size}"
+            headers["Content-Length"] = str(last - first + 1)
+            parts = [(b"", first, last)]
+            tail = b""
+        else:  # RFC 9110 14.6: multipart/byteranges, a part per range
+            boundary = hashlib.sha1(signed.encode()).hexdigest()
+            parts = [
+                (
+                    f"--{boundary}\r\nContent-Type: application/octet-stream\r\n"
+                    f"Content-Range: bytes {a}-{b}/{xorb.size}\r\n\r\n".encode(),
+                    a,
+                    b,
+                )
+                for a, b in wanted
+            ]
+            tail = f"\r\n--{boundary}--\r\n".encode()
+            parts = [
+                (head if i == 0 else b"\r\n" + head, a, b) for i, (head, a, b) in enumerate(parts)
+            ]
+            headers["Content-Type"] = f"multipart/byteranges; boundary={boundary}"
+            length = sum(len(h) + b - a + 1 for h, a, b in parts) + len(tail)
+            headers["Content-Length"] = str(length)
         response = web.StreamResponse(status=206, headers=headers)
         await response.prepare(request)
-        for piece in self.store.read(xorb.hash, first, last):
-            await response.write(piece)
-            self.bytes_sent["xorb"] += len(piece)
+        for head, first, last in parts:
+            await response.write(head)
+            for piece in self.store.read(xorb.hash, first, last):
+                await response.write(piece)
+                self.bytes_sent["xorb"] += len(piece)
+        await response.write(tail)
         await response.write_eof()
         return response
 
@@ -572,6 +611,25 @@ class Hub:
             "Content-Disposition": f'inline; filename="{f.path.rsplit("/", 1)[-1]}"',
         }
         return await _send_file(request, f.disk, f.size, headers, self.bytes_sent, request["kind"])
+
+
+def _spans(field: str) -> list[tuple[int, int]]:
+    """The ranges of a `bytes=A-B,C-D` value (both ends given), or none if it is not one."""
+    if not field.startswith("bytes="):
+        return []
+    spans = []
+    for part in field.removeprefix("bytes=").split(","):
+        first, _, last = part.partition("-")
+        if not (first.isdigit() and last.isdigit()) or int(first) > int(last):
+            return []
+        spans.append((int(first), int(last)))
+    return spans
+
+
+def _descriptor(chunk_start: int, chunk_end: int, byte_start: int, byte_end: int) -> Any:
+    """A v2 range descriptor: chunks end-exclusive, bytes end-inclusive."""
+    chunks = {"start": chunk_start, "end": chunk_end}
+    return {"chunks": chunks, "bytes": {"start": byte_start, "end": byte_end - 1}}
 
 
 def _error(status: int, code: str | None, message: str) -> web.Response:
@@ -660,6 +718,9 @@ def main() -> None:
         "--xorb-dir", type=Path, help="where xorbs are written (default: a temporary directory)"
     )
     parser.add_argument("--access-log", action="store_true", help="a JSON line per request")
+    parser.add_argument(
+        "--multirange", action="store_true", help="v2: one URL per xorb, signed for all its ranges"
+    )
     args = parser.parse_args()
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(args.cert, args.key)
@@ -670,7 +731,7 @@ def main() -> None:
     hosts = Hosts(
         args.hub_host, args.cas_host, args.cdn_host, args.lfs_host, args.public_port or args.port
     )
-    hub = Hub(repos, store, hosts, Signer(args.expiry), args.access_log)
+    hub = Hub(repos, store, hosts, Signer(args.expiry), args.access_log, args.multirange)
     print(
         json.dumps({"listening": f"{args.host}:{args.port}", "xorbs": len(store.xorbs)}), flush=True
     )

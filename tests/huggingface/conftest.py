@@ -60,10 +60,15 @@ def _text(lines: int) -> bytes:
 
 def _repositories(rng: random.Random) -> dict[str, dict[str, bytes]]:
     """The files of each repository: a model whose v2 weights share their first three
-    xorbs with v1's, a compressible file (LZ4 chunks), a plain LFS file (not in Xet:
-    `*.bin`), plain git files; and a dataset."""
+    xorbs with v1's, an adapter made of two disjoint pieces of the weights' first xorb
+    (a reconstruction of two ranges of one xorb), a compressible file (LZ4 chunks), a
+    plain LFS file (not in Xet: `*.bin`), plain git files; and a dataset."""
     weights = rng.randbytes(4 * XORB_BYTES + 12_345)
     v2 = weights[: 3 * XORB_BYTES] + rng.randbytes(XORB_BYTES + 777)
+    tokenizer = rng.randbytes(300_000)
+    frames = rng.randbytes(700_000), rng.randbytes(500_000)
+    # Two disjoint chunk ranges of the weights' first xorb, around a chunk of its own.
+    adapter = weights[: 2 * CHUNK] + rng.randbytes(CHUNK) + weights[5 * CHUNK : 7 * CHUNK]
     return {
         f"models/{MODEL}": {
             "config.json": b'{"architectures": ["Tiny"], "hidden_size": 64}\n',
@@ -71,12 +76,13 @@ def _repositories(rng: random.Random) -> dict[str, dict[str, bytes]]:
             "model.safetensors": weights,
             "model-v2.safetensors": v2,
             "vocab.txt": _text(12_000),
-            "tokenizer.bin": rng.randbytes(300_000),
+            "tokenizer.bin": tokenizer,
+            "peft/adapter.safetensors": adapter,
         },
         f"datasets/{DATASET}": {
             "README.md": b"# tiny-frames\n",
-            "data/train-00000-of-00002.parquet": rng.randbytes(700_000),
-            "data/train-00001-of-00002.parquet": rng.randbytes(500_000),
+            "data/train-00000-of-00002.parquet": frames[0],
+            "data/train-00001-of-00002.parquet": frames[1],
         },
     }
 
@@ -107,8 +113,8 @@ def hub_hosts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _start(repos: Path, ca: trustme.CA, tmp: Path, expiry: float) -> HubServer:
-    args = ["--expiry", str(expiry), "--xorb-size", str(XORB_SIZE), "--no-xet", "*.bin"]
+def _start(repos: Path, ca: trustme.CA, tmp: Path, expiry: float, *args: str) -> HubServer:
+    args += ("--expiry", str(expiry), "--xorb-size", str(XORB_SIZE), "--no-xet", "*.bin")
     return start_hub(repos, ca, tmp, *args, "--access-log")
 
 
@@ -128,6 +134,18 @@ def short_hub(
 ) -> Iterator[HubServer]:
     """The Hub, signing tokens and URLs for `SHORT_EXPIRY` seconds."""
     server = _start(repos, origin_ca, tmp_path_factory.mktemp("short-hub"), SHORT_EXPIRY)
+    yield server
+    server.process.stop()
+
+
+@pytest.fixture(scope="session")
+def multirange_hub(
+    needs_root: None, repos: Path, origin_ca: trustme.CA, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[HubServer]:
+    """The Hub, its v2 reconstructions signing one URL per xorb for all its ranges."""
+    server = _start(
+        repos, origin_ca, tmp_path_factory.mktemp("multirange-hub"), 3600, "--multirange"
+    )
     yield server
     server.process.stop()
 
@@ -228,11 +246,15 @@ def _client_env(hub: HubServer, **extra: str) -> dict[str, str]:
     )
 
 
-@pytest.fixture
-def direct(hub: HubServer, hub_hosts: Path, tmp_path: Path) -> Clients:
+def direct_clients(hub: HubServer, hosts: Path, home: Path) -> Clients:
     """The clients straight to the Hub: its CA trusted, its names in a private /etc/hosts."""
     env = _client_env(hub, SSL_CERT_FILE=str(hub.ca_pem))
-    return Clients(hub, tmp_path, env, lambda argv: private_mounts({"/etc/hosts": hub_hosts}, argv))
+    return Clients(hub, home, env, lambda argv: private_mounts({"/etc/hosts": hosts}, argv))
+
+
+@pytest.fixture
+def direct(hub: HubServer, hub_hosts: Path, tmp_path: Path) -> Clients:
+    return direct_clients(hub, hub_hosts, tmp_path)
 
 
 def through(sidecar: Sidecar, hub: HubServer, home: Path) -> Clients:

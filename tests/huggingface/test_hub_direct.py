@@ -20,9 +20,11 @@ from tests.huggingface.conftest import (
     Counter,
     cas_get,
     digests,
+    direct_clients,
     first_fetch,
     get,
     read_token,
+    reconstruction,
     resolve_headers,
     wait_past,
     xorb_ranges,
@@ -163,3 +165,53 @@ def test_cas_answers_a_range_of_the_file(hub: HubServer) -> None:
     assert fetch["url_range"] == {"start": step, "end": 4 * step - 1}
     too_far = cas_get(hub, f"/v1/reconstructions/{file_hash}", token, Range="bytes=99999999-")
     assert too_far[0] == 416
+
+
+# -- a xorb named twice by one file: multi-range URLs ---------------------------------
+
+MULTIRANGE = "HF_XET_CLIENT_ENABLE_MULTIRANGE_FETCHING"
+
+
+def test_adapter_names_two_ranges_of_one_xorb(hub: HubServer) -> None:
+    answer = reconstruction(hub, MODEL, "peft/adapter.safetensors")
+    weights = reconstruction(hub, MODEL, "model.safetensors")
+    first_xorb = weights["terms"][0]["hash"]
+    assert [t["range"] for t in answer["terms"] if t["hash"] == first_xorb] == [
+        {"start": 0, "end": 2},
+        {"start": 5, "end": 7},
+    ]
+    assert len(answer["xorbs"][first_xorb]) == 2  # a URL for each range
+
+
+@pytest.mark.parametrize("multirange", [False, True], ids=["single-ranges", "multi-range"])
+def test_multirange_urls(
+    multirange_hub: HubServer, hub_hosts: Path, tmp_path: Path, repos: Path, multirange: bool
+) -> None:
+    """One URL signed for both ranges: `hf_xet` asks for both at once when told to
+    (multipart/byteranges), else for each alone; both get the file."""
+    clients = direct_clients(multirange_hub, hub_hosts, tmp_path)
+    before = multirange_hub.requests()["multiranges"]
+    env = {MULTIRANGE: "true"} if multirange else {}
+    run = clients.download(MODEL, ["peft/adapter.safetensors"], **env)
+    assert run.returncode == 0, run.stderr
+    assert (
+        run.files["peft/adapter.safetensors"] == digests(repos, MODEL)["peft/adapter.safetensors"]
+    )
+    assert multirange_hub.requests()["multiranges"] - before == int(multirange)
+
+
+def test_cdn_multirange_url_answers_its_ranges_only(multirange_hub: HubServer) -> None:
+    answer = reconstruction(multirange_hub, MODEL, "peft/adapter.safetensors")
+    first_xorb = answer["terms"][0]["hash"]
+    [fetch] = answer["xorbs"][first_xorb]
+    spans = [(r["bytes"]["start"], r["bytes"]["end"]) for r in fetch["ranges"]]
+    signed = "bytes=" + ",".join(f"{a}-{b}" for a, b in spans)
+    status, body, headers = get(multirange_hub, fetch["url"], Range=signed)
+    assert status == 206
+    assert headers["Content-Type"].startswith("multipart/byteranges; boundary=")
+    assert body.count(b"Content-Range: bytes ") == 2
+    (a, b), (c, d) = spans
+    assert get(multirange_hub, fetch["url"], Range=f"bytes={c}-{d}")[0] == 206
+    assert get(multirange_hub, fetch["url"], Range=f"bytes={a}-{d}")[0] == 403
+    assert get(multirange_hub, fetch["url"], Range=f"bytes={c}-{d},{a}-{b}")[0] == 403
+    assert get(multirange_hub, fetch["url"])[0] == 403

@@ -183,3 +183,45 @@ def test_restarted_sidecar_serves_hits(
     assert run.files == digests(repos, MODEL)
     assert cdn_requests(again.value) == {}, again.value.xorbs
     assert again.value["reconstruction"] >= 1
+
+
+def test_single_ranges_of_a_multirange_url_twice(
+    start_sidecar: Callable[..., Sidecar], multirange_hub: HubServer, repos: Path, tmp_path: Path
+) -> None:
+    """A URL signed for two ranges of one xorb (the real Hub's v2 has "typically one
+    entry per xorb"), asked for each range alone (`hf_xet`'s default): the file is right,
+    no request the CDN must refuse is sent, and the repeat, the same ranged requests
+    signed again, is all hits."""
+    clients = through(start_sidecar(multirange_hub), multirange_hub, tmp_path)
+    name = "peft/adapter.safetensors"
+    with Counter(multirange_hub) as first:
+        run = clients.download(MODEL, [name])
+    assert run.returncode == 0, run.stderr
+    check(run.files, repos, MODEL)
+    assert first.value.status("xorb", 403) == 0, "a request the CDN must refuse was sent"
+
+    with Counter(multirange_hub) as second:
+        run = clients.download(MODEL, [name])
+    assert run.returncode == 0, run.stderr
+    check(run.files, repos, MODEL)
+    assert cdn_requests(second.value) == {}, second.value.xorbs
+
+
+def test_multirange_requests_twice(
+    start_sidecar: Callable[..., Sidecar], multirange_hub: HubServer, repos: Path, tmp_path: Path
+) -> None:
+    """`HF_XET_CLIENT_ENABLE_MULTIRANGE_FETCHING`: both ranges in one request, answered
+    multipart/byteranges. Through the sidecar it is answered or passed, correctly: the
+    file is right, nothing the CDN must refuse is sent, and only the multi-range request
+    may reach the CDN again."""
+    clients = through(start_sidecar(multirange_hub), multirange_hub, tmp_path)
+    env = {"HF_XET_CLIENT_ENABLE_MULTIRANGE_FETCHING": "true"}
+    name = "peft/adapter.safetensors"
+    for _ in range(2):
+        multiranges = multirange_hub.requests()["multiranges"]
+        with Counter(multirange_hub) as seen:
+            run = clients.download(MODEL, [name], **env)
+        assert run.returncode == 0, run.stderr
+        check(run.files, repos, MODEL)
+        assert seen.value.status("xorb", 403) == 0, "a request the CDN must refuse was sent"
+    assert multirange_hub.requests()["multiranges"] - multiranges == seen.value["xorb"] <= 1
