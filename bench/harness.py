@@ -272,6 +272,16 @@ class HubServer:
         _, body = http_get(f"https://127.0.0.1:{self.port}/__requests", cafile=self.ca_pem)
         return json.loads(body)
 
+    def refuse_xorbs(self, count: int) -> None:
+        """Refuse the next `count` xorb requests with 403, as expired URLs are."""
+        url = f"https://127.0.0.1:{self.port}/__refuse?xorbs={count}"
+        context = ssl.create_default_context(cafile=str(self.ca_pem))
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+        )
+        with opener.open(urllib.request.Request(url, method="POST"), timeout=5) as response:
+            assert response.status == 204
+
 
 def start_hub(
     directory: Path, ca: trustme.CA, tmp: Path, *args: str, port: int | None = None

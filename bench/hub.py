@@ -47,7 +47,9 @@ returns JSON counts of the requests seen by kind (`resolve`, `api`, `token`,
 `reconstruction`, `xorb`, `bridge`, `lfs`), `statuses` by `"<kind> <status>"`, `xorbs`
 by `"<xorb> <range>"` for the CDN's xorb requests (`multiranges`: those for several
 at once), and `bytes` sent by kind;
-`--access-log` prints a JSON line per request (never its query nor its credentials).
+`POST /__refuse?xorbs=N` makes the next N xorb requests that would be served 403s,
+as URLs that expired during a download are. `--access-log` prints a JSON line per
+request (never its query nor its credentials).
 """
 
 from __future__ import annotations
@@ -286,6 +288,7 @@ class Hub:
         self.xorb_ranges: collections.Counter[str] = collections.Counter()
         self.bytes_sent: collections.Counter[str] = collections.Counter()
         self.multiranges = 0  # xorb requests for several ranges at once
+        self.refuse_xorbs = 0  # xorb requests still to refuse (`POST /__refuse?xorbs=N`)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._count])
@@ -309,6 +312,11 @@ class Hub:
         return response
 
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
+        if request.path == "/__refuse" and request.method == "POST":
+            # The next N xorb requests are refused as expired URLs are: a 403, which
+            # `hf_xet` answers by asking the CAS for the reconstruction again.
+            self.refuse_xorbs = int(request.query.get("xorbs", "1"))
+            return web.Response(status=204)
         if request.path == "/__requests":
             return web.json_response(
                 {
@@ -547,6 +555,9 @@ class Hub:
             refusal = f"Range {asked!r} is not the signed {signed!r}"
         if refusal is None and (xorb is None or any(b >= xorb.size for _, b in spans)):
             refusal = "no such xorb range"
+        if refusal is None and self.refuse_xorbs > 0:
+            self.refuse_xorbs -= 1
+            refusal = "expired (refused on request: POST /__refuse)"
         if refusal is not None:
             return _forbidden(refusal)
         assert xorb is not None and asked is not None

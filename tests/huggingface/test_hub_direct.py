@@ -215,3 +215,18 @@ def test_cdn_multirange_url_answers_its_ranges_only(multirange_hub: HubServer) -
     assert get(multirange_hub, fetch["url"], Range=f"bytes={a}-{d}")[0] == 403
     assert get(multirange_hub, fetch["url"], Range=f"bytes={c}-{d},{a}-{b}")[0] == 403
     assert get(multirange_hub, fetch["url"])[0] == 403
+
+
+def test_a_refused_xorb_request_refreshes_the_reconstruction(direct: Clients, repos: Path) -> None:
+    """What `hf_xet` does with a 403 from the CDN (an expired URL): it asks the CAS for
+    the reconstruction again, and fetches with the new URLs."""
+    direct.hub.refuse_xorbs(1)
+    try:
+        with Counter(direct.hub) as seen:
+            run = direct.download(MODEL, ["model.safetensors"])
+    finally:
+        direct.hub.refuse_xorbs(0)
+    assert run.returncode == 0, run.stderr
+    assert run.files["model.safetensors"] == digests(repos, MODEL)["model.safetensors"]
+    assert seen.value.status("xorb", 403) == 1
+    assert seen.value.status("reconstruction", 200) == 2

@@ -225,3 +225,28 @@ def test_multirange_requests_twice(
         check(run.files, repos, MODEL)
         assert seen.value.status("xorb", 403) == 0, "a request the CDN must refuse was sent"
     assert multirange_hub.requests()["multiranges"] - multiranges == seen.value["xorb"] <= 1
+
+
+def test_a_refused_xorb_request_is_refreshed_through_the_sidecar(
+    pod: tuple[Sidecar, Clients], hub: HubServer, repos: Path
+) -> None:
+    """A 403 from the CDN mid-download (an expired URL): the client's second ask for the
+    reconstruction reaches the CAS and gets new URLs, the refusal is not stored, and the
+    repeat is all hits."""
+    _, clients = pod
+    hub.refuse_xorbs(1)
+    try:
+        with Counter(hub) as first:
+            run = clients.download(MODEL, [WEIGHTS])
+    finally:
+        hub.refuse_xorbs(0)
+    assert run.returncode == 0, run.stderr
+    check(run.files, repos, MODEL)
+    assert first.value.status("xorb", 403) == 1
+    assert first.value.status("reconstruction", 200) == 2
+
+    with Counter(hub) as second:
+        run = clients.download(MODEL, [WEIGHTS])
+    assert run.returncode == 0, run.stderr
+    check(run.files, repos, MODEL)
+    assert cdn_requests(second.value) == {}, second.value.statuses
