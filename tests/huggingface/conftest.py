@@ -1,8 +1,9 @@
 """Real processes for the Hugging Face tests: a Hub of our own, the sidecar, the real clients.
 
 - the Hub: a `bench.hub` process (the Hub, its Xet CAS and CDN, the LFS CDN) over the
-  repositories of `REPOS`, with a trustme certificate for every Hub host; `hub` signs
-  for an hour, `short_hub` for `SHORT_EXPIRY` seconds, so a test can outlive its URLs;
+  repositories of `_repositories`, with a trustme certificate for every Hub host; `hub`
+  signs for an hour, `short_hub` for `SHORT_EXPIRY` seconds (a test can outlive its
+  URLs), `multirange_hub` one v2 URL per xorb for all its ranges;
 - the sidecar: `python -m sidecar` with its default intercept list (every Hub host is
   under `*.hf.co`) in its own mount namespace whose /etc/hosts maps those names to
   loopback, as in tests/sidecar;
