@@ -305,7 +305,7 @@ def start_hub(
             raise RuntimeError(f"bench.hub exited:\n{process.output()}")
         return port_open(port)
 
-    wait_until(up, f"bench.hub on port {port}", timeout=120)
+    wait_until(up, f"bench.hub on port {port}", timeout=300)  # ~20 MiB/s cut into xorbs
     return HubServer(port, process, ca_pem)
 
 

@@ -23,7 +23,7 @@ Chunks are cut at fixed offsets (`chunk_size`, 64 KiB like the spec's target) ra
 than by the spec's content-defined gear hash: a per-byte rolling hash in Python costs
 seconds per file, and files that share a prefix still share every whole chunk of it.
 A chunk is LZ4-compressed when that makes it smaller (as xet-core does), and only tried
-when zlib finds it compressible at all: random bytes are sent uncompressed.
+when zlib finds its first 4 KiB compressible at all: random bytes are sent uncompressed.
 """
 
 from __future__ import annotations
@@ -162,7 +162,8 @@ def serialize_chunk(data: bytes) -> bytes:
     """A chunk as it sits in a xorb: header, then its bytes, LZ4 where that is smaller."""
     assert len(data) <= MAX_CHUNK_SIZE
     scheme, body = SCHEME_NONE, data
-    if len(zlib.compress(data, 1)) < len(data) * 0.9:
+    sample = data[:4096]  # a probe of the chunk's head: zlib on all of it costs more
+    if len(zlib.compress(sample, 1)) < len(sample) * 0.9:
         compressed = lz4_frame(data)
         if len(compressed) < len(data):
             scheme, body = SCHEME_LZ4, compressed

@@ -230,3 +230,19 @@ def test_a_refused_xorb_request_refreshes_the_reconstruction(direct: Clients, re
     assert run.files["model.safetensors"] == digests(repos, MODEL)["model.safetensors"]
     assert seen.value.status("xorb", 403) == 1
     assert seen.value.status("reconstruction", 200) == 2
+
+
+def test_compressible_chunks_are_lz4(hub: HubServer) -> None:
+    """vocab.txt's chunks go out LZ4-compressed (and the client got its bytes right,
+    above): the chunk headers of its first fetch say scheme 1, smaller than the chunk."""
+    fetch = first_fetch(hub, MODEL, "vocab.txt")
+    status, body, _ = get(hub, fetch["url"], Range=fetch["signed"])
+    assert status == 206
+    schemes, position = [], 0
+    while position < len(body):
+        header = body[position : position + xet.HEADER_LENGTH]
+        compressed = int.from_bytes(header[1:4], "little")
+        schemes.append((header[4], compressed < int.from_bytes(header[5:8], "little")))
+        position += xet.HEADER_LENGTH + compressed
+    assert position == len(body)
+    assert schemes and all(s == (xet.SCHEME_LZ4, True) for s in schemes)
