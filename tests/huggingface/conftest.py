@@ -175,7 +175,19 @@ from huggingface_hub import hf_hub_download, snapshot_download
 
 ask = json.loads(sys.argv[1])
 got = {}
-if ask["names"] is None:
+if ask.get("fs"):
+    # What `datasets` reads a Hub dataset's Parquet files with: HfFileSystem, its
+    # listing, then a Parquet reader's ranged reads (the footer first), then all.
+    from huggingface_hub import HfFileSystem
+    fs = HfFileSystem()
+    base = f"{ask['type']}s/{ask['repo']}"
+    for path in sorted(fs.glob(f"{base}/**/*.parquet")):
+        with fs.open(path, "rb", block_size=64 * 1024) as f:
+            f.seek(-8, 2)
+            f.read(8)
+            f.seek(0)
+            got[path[len(base) + 1 :]] = hashlib.sha256(f.read()).hexdigest()
+elif ask["names"] is None:
     folder = snapshot_download(ask["repo"], repo_type=ask["type"])
     for root, _, files in os.walk(folder):
         for name in files:
@@ -212,15 +224,17 @@ class Clients:
         names: list[str] | None = None,
         repo_type: str = "model",
         xet: bool = True,
+        fs: bool = False,
         **env: str,
     ) -> Run:
-        """`hf_hub_download` of each of `names`, or `snapshot_download` without them."""
+        """`hf_hub_download` of each of `names`, or `snapshot_download` without them, or
+        with `fs` each Parquet file read through `HfFileSystem` (as `datasets` does)."""
         self.runs += 1
         hf_home = self.home / f"hf-home-{self.runs}"
         full_env = {**self.env, "HF_HOME": str(hf_home), **env}
         if not xet:
             full_env["HF_HUB_DISABLE_XET"] = "1"
-        ask = json.dumps({"repo": repo, "names": names, "type": repo_type})
+        ask = json.dumps({"repo": repo, "names": names, "type": repo_type, "fs": fs})
         done = subprocess.run(
             self.argv([PYTHON, "-c", _CLIENT, ask]),
             env=full_env,

@@ -246,3 +246,14 @@ def test_compressible_chunks_are_lz4(hub: HubServer) -> None:
         position += xet.HEADER_LENGTH + compressed
     assert position == len(body)
     assert schemes and all(s == (xet.SCHEME_LZ4, True) for s in schemes)
+
+
+def test_hf_file_system_reads_parquet(direct: Clients, repos: Path) -> None:
+    """HfFileSystem (how `datasets.load_dataset` reads a Hub dataset): the tree API, then
+    ranged reads of each Parquet file through its resolve redirect."""
+    with Counter(direct.hub) as seen:
+        run = direct.download(DATASET, repo_type="dataset", fs=True)
+    assert run.returncode == 0, run.stderr
+    expected = digests(repos, DATASET, "dataset")
+    assert run.files == {k: v for k, v in expected.items() if k.endswith(".parquet")}
+    assert seen.value.status("bridge", 206) >= 2  # ranged reads of the Xet-backed files

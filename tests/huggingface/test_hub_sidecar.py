@@ -250,3 +250,20 @@ def test_a_refused_xorb_request_is_refreshed_through_the_sidecar(
     assert run.returncode == 0, run.stderr
     check(run.files, repos, MODEL)
     assert cdn_requests(second.value) == {}, second.value.statuses
+
+
+def test_hf_file_system_twice_is_all_hits(pod: tuple[Sidecar, Clients], repos: Path) -> None:
+    """HfFileSystem's ranged reads of Parquet files (how `datasets` reads the Hub), twice:
+    the right bytes, and the repeat reaches no CDN."""
+    _, clients = pod
+    expected = digests(repos, DATASET, "dataset")
+    parquet = {k: v for k, v in expected.items() if k.endswith(".parquet")}
+    run = clients.download(DATASET, repo_type="dataset", fs=True)
+    assert run.returncode == 0, run.stderr
+    assert run.files == parquet
+
+    with Counter(clients.hub) as second:
+        run = clients.download(DATASET, repo_type="dataset", fs=True)
+    assert run.returncode == 0, run.stderr
+    assert run.files == parquet
+    assert cdn_requests(second.value) == {}, second.value.statuses
