@@ -680,7 +680,7 @@ class Fills:
         self, fill: Fill, request_headers: list[tuple[str, str]], fetched: Fetched | None
     ) -> Acquired:
         headers = forwarded_headers(request_headers, for_fill=True)
-        signed = endpoints.rules(fill.key).signed
+        signed = endpoints.rules(fill.key).part
         if signed is not None:
             # The origin answers that range of the URL only: never an unranged fill.
             headers.append(("Range", signed.field))
@@ -953,7 +953,7 @@ class Fills:
                 return digest, overlong, body
         # A signed range is fetched in one piece, never resumed: its URL is good for
         # that one range, and the origin refuses any other.
-        resumable = endpoints.rules(fill.key).signed is None
+        resumable = endpoints.rules(fill.key).part is None
         accept_ranges = response.headers.get("Accept-Ranges")
         splittable = resumable and may_split(
             self._connections, head.size, accept_ranges, head.validators

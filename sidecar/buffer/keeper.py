@@ -472,12 +472,12 @@ class Buffer:
         return entry
 
     def container(self, key: str) -> str | None:
-        """The key of a stored part of the same whole that holds the signed range of
-        `key` (`endpoints.rules`), or None; StoreError if the index fails."""
+        """The key of a stored part of the same whole that holds the range of the part
+        `key` (`endpoints.part_key`), or None; StoreError if the index fails."""
         rules = endpoints.rules(key)
-        if rules.signed is None or rules.whole is None:
+        if rules.part is None or rules.whole is None:
             return None
-        return self._index.container(rules.whole, rules.signed.first, rules.signed.last)
+        return self._index.container(rules.whole, rules.part.first, rules.part.last)
 
     def unchecked(self, key: str) -> bool:
         """Must the object `lookup` just found for `key` pass `check` before a hit?"""

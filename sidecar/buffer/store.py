@@ -745,14 +745,14 @@ def insert_row(writer: sqlite3.Connection, slot: bytes, value: bytes, charged: i
 
 def insert_part(writer: sqlite3.Connection, key: str, slot: bytes) -> None:
     """Record the object just indexed under `key` (its row `slot`) in `Parts` when it is
-    a signed range's part of a whole (`endpoints.rules`), so that a range of the whole
+    a signed range's part of a whole (`endpoints.part_key`), so that a range of the whole
     inside it is found by `Index.container`; nothing for any other key."""
     rules = endpoints.rules(key)
-    if rules.signed is None or rules.whole is None:
+    if rules.part is None or rules.whole is None:
         return
     writer.execute(
         "INSERT OR REPLACE INTO Parts(whole, first, last, part, slot) VALUES (?, ?, ?, ?, ?)",
-        (key_digest(rules.whole), rules.signed.first, rules.signed.last, key, slot),
+        (key_digest(rules.whole), rules.part.first, rules.part.last, key, slot),
     )
 
 

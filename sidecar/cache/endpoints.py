@@ -1,5 +1,5 @@
 """What a cache key says about its responses before any is seen: those never stored,
-those kept by RFC 9111 freshness, and those signed for one byte range.
+those kept by RFC 9111 freshness, and those signed for byte ranges.
 
 An intercepted host serves immutable dataset files (`sidecar.cache.policy`), but some of
 its URLs answer with something that is only true for a while. Replaying such an answer
@@ -13,18 +13,22 @@ before the origin is asked:
     presigned xorb URLs with their expiry inside. Once it passes, every URL in a replayed
     answer is refused, and the client's retry (it asks again on a 403) would get the same
     answer back;
-  - a URL signed for a range that is not one closed range (several, or open).
+  - a URL signed for what is not closed ranges (an open range, another unit).
 - Kept by RFC 9111 freshness, revalidated once stale: the Hub's other `/api/...` pages.
   Revisions move: a branch's commit, a repository's list of files.
-- Its own object, the signed range: a URL whose query signs a range
-  (`X-Xet-Signed-Range=bytes%3D0-57388423`, the Xet CDN). The CDN serves that range of
-  the xorb and refuses any other request for the URL, an unranged one included.
+- Its own object, each range a URL's query signs (`X-Xet-Signed-Range=bytes%3D0-57388423`,
+  or several ranges of one xorb, `bytes%3D0-99%2C200-299`: the Xet CDN). The CDN serves
+  those ranges of the xorb (each alone, or all at once) and refuses any other request
+  for the URL, an unranged one included. A request for a range within one of them is
+  answered from the part that range is stored as (`part_key`), filled with exactly that
+  signed range.
 
 The Hub's hosts are `huggingface.co`, `hf.co` and every host under them (the CAS is
-`cas-server.xethub.hf.co`, the Xet CDN `cas-bridge.xethub.hf.co`). A signed range is
-kept in the key (`policy.cache_key` strips only the signature and expiry), so the same
-range of the same xorb, signed again, is the same object, and a xorb shared by two
-files or revisions is stored once.
+`cas-server.xethub.hf.co`, the Xet CDN `cas-bridge.xethub.hf.co`). A part's key is the
+xorb's URL without its signature, expiry and signed ranges, and the range
+(`<url>#bytes=A-B`, a fragment no request's key has): the same range of the same xorb,
+signed again, alone or with others, is the same object, and a xorb shared by two files
+or revisions is stored once.
 """
 
 from __future__ import annotations
@@ -46,11 +50,12 @@ class Kind(enum.Enum):
     STORED = "stored"  # for the pod's lifetime (the default of an intercepted host)
     FRESHNESS = "freshness"  # by RFC 9111 freshness, revalidated once stale
     EXPIRING = "expiring"  # never stored: credentials or expiring URLs
-    SIGNED_RANGES = "signed-ranges"  # never stored: signed for a range that is not one
+    SIGNED = "signed"  # a URL signed for ranges: each is stored as its part (`part_key`)
+    SIGNED_RANGES = "signed-ranges"  # never stored: signed for what is not closed ranges
 
 
 class SignedRange(NamedTuple):
-    """The byte range a URL is signed for: bytes `first` to `last`, inclusive."""
+    """A byte range a URL is signed for: bytes `first` to `last`, inclusive."""
 
     first: int
     last: int
@@ -61,17 +66,21 @@ class SignedRange(NamedTuple):
 
     @property
     def field(self) -> str:
-        """The `Range` that asks for it (the only one the origin accepts)."""
+        """The `Range` that asks for it (what the origin accepts of the URL)."""
         return f"bytes={self.first}-{self.last}"
 
 
 class Rules(NamedTuple):
-    """What a cache key's URL says (`rules`)."""
+    """What a cache key says (`rules`)."""
 
     kind: Kind
-    signed: SignedRange | None = None  # the range an object of this key holds
-    # Of a signed range: the key without it, which names the whole xorb (content-
-    # addressed: every signed range of it holds the same bytes at the same offsets).
+    # Of a URL signed for ranges (SIGNED): those ranges, in the URL's order.
+    signed: tuple[SignedRange, ...] = ()
+    # Of a part's key (`part_key`): the range it holds.
+    part: SignedRange | None = None
+    # Of both: the key of the whole they are ranges of, the URL without its signature,
+    # expiry and signed ranges. Content-addressed (a xorb's hash is its path): every
+    # range of it holds the same bytes at the same offsets, whatever URL named it.
     whole: str | None = None
 
 
@@ -80,15 +89,22 @@ _EXPIRING_PATHS = re.compile(
     r"/api/(?:models|datasets|spaces)/.+/xet-(?:read|write)-token(?:/.*)?"
     r"|/v[0-9]+/reconstructions?/.*"
 )
-# The parameter the Xet CDN signs a range with; its value is percent-encoded in the URL.
+# The parameter the Xet CDN signs ranges with; its value is percent-encoded in the URL.
 _SIGNED_RANGE = re.compile(r"(?:^|&)x-xet-signed-range=([^&]*)", re.IGNORECASE)
-_ONE_RANGE = re.compile(r"bytes=([0-9]{1,18})-([0-9]{1,18})")
+_CLOSED_RANGE = re.compile(r"([0-9]{1,18})-([0-9]{1,18})")
+# What a part's key ends with: a fragment, which no request's key has (`cache_key`
+# drops them), so that it never names what a URL names.
+_PART = "#bytes="
 
 
 @functools.lru_cache(maxsize=65536)
 def rules(key: str) -> Rules:
-    """The rules of a cache key (`policy.cache_key`): the table in the module docstring.
-    Asked on every request that Python decides, hence remembered."""
+    """The rules of a cache key (`policy.cache_key`, or `part_key`): the table in the
+    module docstring. Asked on every request that Python decides, hence remembered."""
+    whole, part_sep, part = key.partition(_PART)
+    if part_sep:
+        first, _, last = part.partition("-")
+        return Rules(Kind.STORED, part=SignedRange(int(first), int(last)), whole=whole)
     scheme_sep = key.find("://")
     rest = key[scheme_sep + 3 :]
     slash = rest.find("/")
@@ -99,15 +115,40 @@ def rules(key: str) -> Rules:
     path, _, query = target.partition("?")
     if _EXPIRING_PATHS.fullmatch(path):
         return Rules(Kind.EXPIRING)
-    signed = _SIGNED_RANGE.search(query)
-    if signed is not None:
-        one = _ONE_RANGE.fullmatch(unquote(signed[1]).strip())
-        if one is None or int(one[2]) < int(one[1]):
+    found = _SIGNED_RANGE.search(query)
+    if found is not None:
+        signed = _signed_ranges(unquote(found[1]))
+        if signed is None:
             return Rules(Kind.SIGNED_RANGES)
         kept = "&".join(item for item in query.split("&") if not _SIGNED_RANGE.fullmatch(item))
         base = key[: len(key) - len(query) - 1]  # without the `?`
-        whole = f"{base}?{kept}" if kept else base
-        return Rules(Kind.STORED, SignedRange(int(one[1]), int(one[2])), whole)
+        return Rules(Kind.SIGNED, signed, whole=f"{base}?{kept}" if kept else base)
     if path.startswith("/api/"):
         return Rules(Kind.FRESHNESS)
     return _STORED
+
+
+def _signed_ranges(value: str) -> tuple[SignedRange, ...] | None:
+    """The ranges of a signed `bytes=A-B[,C-D...]`; None unless every one is closed."""
+    unit, sep, specs = value.strip().partition("=")
+    if not sep or unit != "bytes":
+        return None
+    ranges = []
+    for spec in specs.split(","):
+        closed = _CLOSED_RANGE.fullmatch(spec.strip())
+        if closed is None or int(closed[2]) < int(closed[1]):
+            return None
+        ranges.append(SignedRange(int(closed[1]), int(closed[2])))
+    return tuple(ranges)
+
+
+def part_key(rules: Rules, first: int, last: int) -> str | None:
+    """The key of the part that answers bytes `first` to `last` of a URL signed for
+    ranges (`rules` of its key): the smallest signed range that holds them, as the key
+    of that range of its whole; None when no signed range holds them (the origin would
+    refuse the fill)."""
+    holding = [r for r in rules.signed if r.first <= first and last <= r.last]
+    if not holding or rules.whole is None:
+        return None
+    part = min(holding, key=lambda r: r.length)
+    return f"{rules.whole}{_PART}{part.first}-{part.last}"

@@ -98,11 +98,11 @@ class Representation:
         size: int,
         headers: tuple[tuple[str, str], ...],
         generated_at: float | None,
-        signed: endpoints.SignedRange | None = None,
+        part: endpoints.SignedRange | None = None,
     ) -> None:
-        """`signed`: the range the object's URL is signed for (`endpoints.rules`); its
-        body is that part, as the stored `Content-Range` says (`policy.judge_response`
-        kept only the 206 of exactly that range)."""
+        """`part`: the range a part's key names (`endpoints.part_key`); its body is
+        that part, as the stored `Content-Range` says (`policy.judge_response` kept only
+        the 206 of exactly that range)."""
         self.size = size
         self.headers = headers
         self.generated_at = generated_at
@@ -110,10 +110,10 @@ class Representation:
         self.etag = fields.get("etag")
         self.last_modified = fields.get("last-modified")
         self.part: ranges.Part | None = None
-        if signed is not None:
+        if part is not None:
             stored = ranges.parse_content_range(fields.get("content-range"))
             complete = stored.complete if stored is not None else None
-            self.part = ranges.Part(signed.first, signed.last, complete)
+            self.part = ranges.Part(part.first, part.last, complete)
         # The stored fields as sent with every answer (ranges always accepted), dated
         # (`policy.dated`) when stored.
         kept = [(k, v) for k, v in headers if k.lower() != "accept-ranges"]
@@ -317,12 +317,15 @@ class Router:
         if rules.kind in _NEVER_STORED:
             await self._pass(request, channel, rules.kind.value)
             return
-        if rules.signed is not None and not _asks_within(request, rules.signed):
-            # Nothing stored could answer it, and a fill may ask for the signed range only.
-            await self._pass(request, channel, policy.Reason.OUTSIDE_SIGNED_RANGE)
-            return
+        if rules.kind is endpoints.Kind.SIGNED:
+            part = _part_asked(request, rules)
+            if part is None:
+                # Nothing stored could answer it, and a fill may ask for a signed range only.
+                await self._pass(request, channel, policy.Reason.OUTSIDE_SIGNED_RANGE)
+                return
+            key, rules = part, endpoints.rules(part)
         entry = self._lookup(key)
-        if entry is None and rules.signed is not None:
+        if entry is None and rules.part is not None:
             key, entry = self._container(request, key)
         if entry is not None and self.buffer.unchecked(key):
             entry = await self.buffer.check(key, entry)  # found at start: hashed first
@@ -372,8 +375,8 @@ class Router:
             assert acquired.response is not None
             # The unconditional full response answers neither a Range nor a precondition;
             # but a signed range's fill asked what its client asks, if nothing more.
-            asked_the_same = rules.signed is not None and (
-                request.header("Range") == rules.signed.field
+            asked_the_same = rules.part is not None and (
+                request.header("Range") == rules.part.field
                 and not conditionals.has_precondition(request.fields)
             )
             if not asked_the_same and (
@@ -403,11 +406,11 @@ class Router:
         except (FillFailed, UpstreamError) as e:
             await self._error(channel, 502, f"burstbuffer: upstream request failed: {e}")
             return
-        signed = endpoints.rules(fill.key).signed
+        part = endpoints.rules(fill.key).part
         if kind == "miss":
-            representation = Representation(head.size, acquired.relayed, None, signed)
+            representation = Representation(head.size, acquired.relayed, None, part)
         else:
-            representation = Representation(head.size, head.headers, head.generated_at, signed)
+            representation = Representation(head.size, head.headers, head.generated_at, part)
         verdict = policy.answers_preconditions(request.fields, representation.etag)
         if not verdict.cacheable:
             await self._pass(request, channel, verdict.reason)
@@ -461,10 +464,10 @@ class Router:
         validators is asked for with a plain GET, whose answer serves the same way.
         """
         headers = forwarded_headers(request.headers, for_fill=True)
-        signed = endpoints.rules(key).signed
-        if signed is not None:
-            # Of a URL signed for a range, the origin answers that range only.
-            headers.append(("Range", signed.field))
+        part = endpoints.rules(key).part
+        if part is not None:
+            # Of a URL signed for ranges, the origin answers those ranges only.
+            headers.append(("Range", part.field))
         headers += list(
             policy.conditional_headers(
                 header(entry.headers, "ETag"), header(entry.headers, "Last-Modified")
@@ -619,8 +622,14 @@ class Router:
             return None
         try:
             key = policy.cache_key(request.url)
-            if endpoints.rules(key).kind in _NEVER_STORED:
+            rules = endpoints.rules(key)
+            if rules.kind in _NEVER_STORED:
                 return None
+            if rules.kind is endpoints.Kind.SIGNED:
+                part = _part_asked(request, rules)
+                if part is None:
+                    return None
+                key = part
             entry = self.buffer.lookup(key)
         except (ValueError, StoreError):
             return None
@@ -675,8 +684,8 @@ class Router:
         the first request after a miss is the table's."""
         if self.answers is None or self._by_freshness(key):
             return
-        if endpoints.rules(key).signed is not None:
-            return  # its part answers ranges only, never the whole 200 the table sends
+        if endpoints.rules(key).part is not None:
+            return  # a part answers ranges only, never the whole 200 the table sends
         if representation is None:
             representation = self._representation(key, entry)
         self.answers.record(
@@ -696,7 +705,7 @@ class Router:
             if len(self._representations) >= REPRESENTATIONS:
                 self._representations.clear()
             known = self._representations[entry.file] = Representation(
-                entry.size, entry.headers, entry.born, endpoints.rules(key).signed
+                entry.size, entry.headers, entry.born, endpoints.rules(key).part
             )
         return known
 
@@ -829,14 +838,16 @@ class Router:
 _NEVER_STORED = frozenset((endpoints.Kind.EXPIRING, endpoints.Kind.SIGNED_RANGES))
 
 
-def _asks_within(request: Request, signed: endpoints.SignedRange) -> bool:
-    """Does `request` ask for a range within the one its URL is signed for (of a
-    representation whose length is not known yet)? If-Range is left to the origin: the
-    stored part's validators are not known either."""
+def _part_asked(request: Request, rules: endpoints.Rules) -> str | None:
+    """The key of the part that answers `request` for a URL signed for ranges (`rules`
+    of its key): the signed range that holds the one range it asks for, of a
+    representation whose length is not known yet (`endpoints.part_key`); None for any
+    other request. If-Range is left to the origin: the part's validators are not known
+    before it is looked up."""
     if request.header("If-Range") is not None:
-        return False
-    part = ranges.Part(signed.first, signed.last, None)
-    return ranges.range_within(request.header("Range"), part) is not None
+        return None
+    asked = ranges.closed_range(request.header("Range"))
+    return None if asked is None else endpoints.part_key(rules, asked.start, asked.end)
 
 
 def _body_start(request: Request, representation: Representation) -> int:

@@ -141,6 +141,16 @@ def parse_content_range(value: str | None) -> Part | None:
     return Part(first, last, complete)
 
 
+def closed_range(value: str | None) -> ByteRange | None:
+    """The one closed range (`bytes=A-B`) a GET's `Range` asks for, whatever the
+    representation's length; None for anything else (no Range, several ranges, an open
+    or suffix range, an invalid field)."""
+    wanted = parse_range(value, _SATURATED)
+    if isinstance(wanted, ByteRange) and wanted.end < _SATURATED - 1:
+        return wanted
+    return None
+
+
 def range_within(value: str | None, part: Part) -> ByteRange | None:
     """The one range a GET's `Range` asks for when only `part` of the representation is
     at hand: a `ByteRange` (of the whole representation) that lies within the part, or

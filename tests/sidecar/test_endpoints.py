@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.cache import policy
-from sidecar.cache.endpoints import Kind, Rules, SignedRange, rules
+from sidecar.cache.endpoints import Kind, Rules, SignedRange, part_key, rules
 from sidecar.cache.policy import Reason, cache_key
 from sidecar.proxy.router import Representation, answer
 from sidecar.wire import ranges
@@ -40,15 +40,19 @@ def signed_url(first: int, last: int, signing: str = SIGNING) -> str:
         # Files, and LFS CDN URLs: stored, as every intercepted host's.
         ("https://huggingface.co/org/m/resolve/main/config.json", Rules(Kind.STORED)),
         ("https://cdn-lfs.hf.co/repos/aa/bb/cc?Expires=1&Signature=x", Rules(Kind.STORED)),
-        # A signed range: its own object.
-        (signed_url(0, 57388423), Rules(Kind.STORED, SignedRange(0, 57388423), XORB)),
+        # Signed ranges: each its own object, a part of the xorb.
+        (signed_url(0, 57388423), Rules(Kind.SIGNED, (SignedRange(0, 57388423),), whole=XORB)),
         (
             f"{XORB}?a=1&X-Xet-Signed-Range=bytes%3D0-9&Signature=s",
-            Rules(Kind.STORED, SignedRange(0, 9), f"{XORB}?a=1"),
+            Rules(Kind.SIGNED, (SignedRange(0, 9),), whole=f"{XORB}?a=1"),
         ),
-        # Several ranges, an open one, an inverted one, or an unreadable one: never stored.
-        (f"{XORB}?X-Xet-Signed-Range=bytes%3D0-9%2C20-29", Rules(Kind.SIGNED_RANGES)),
+        (
+            f"{XORB}?X-Xet-Signed-Range=bytes%3D0-9%2C20-29",
+            Rules(Kind.SIGNED, (SignedRange(0, 9), SignedRange(20, 29)), whole=XORB),
+        ),
+        # An open range, an inverted one, or an unreadable one: never stored.
         (f"{XORB}?X-Xet-Signed-Range=bytes%3D10-", Rules(Kind.SIGNED_RANGES)),
+        (f"{XORB}?X-Xet-Signed-Range=bytes%3D0-9%2C20-", Rules(Kind.SIGNED_RANGES)),
         (f"{XORB}?X-Xet-Signed-Range=bytes%3D10-9", Rules(Kind.SIGNED_RANGES)),
         (f"{XORB}?x-xet-signed-range=items%3D0-9", Rules(Kind.SIGNED_RANGES)),
         # Another host's same paths and parameters are its own business.
@@ -62,14 +66,34 @@ def test_rules_of_a_url(url: str, expected: Rules) -> None:
     assert rules(cache_key(url)) == expected
 
 
-def test_a_signed_range_signed_again_is_the_same_object() -> None:
-    """The key keeps the range and drops the signature and expiry: a URL signed an hour
-    later for the same range of the same xorb finds what the first stored."""
-    first = cache_key(signed_url(0, 999))
-    again = cache_key(signed_url(0, 999, "&Expires=1764999999&Policy=b3RoZXI_&Signature=bmV3"))
-    assert first == again
-    assert "Signature" not in first and "Expires" not in first
-    assert cache_key(signed_url(0, 1000)) != first
+def part(url: str, first: int, last: int) -> str | None:
+    """The key of the part that answers bytes `first` to `last` of `url`."""
+    return part_key(rules(cache_key(url)), first, last)
+
+
+def test_a_signed_range_signed_again_alone_or_with_others_is_the_same_part() -> None:
+    """A part's key is its xorb's and its range: a URL signed an hour later for the same
+    range of the same xorb, or one signed for it among other ranges, finds what the
+    first stored."""
+    first = part(signed_url(0, 999), 0, 999)
+    assert first == f"{XORB}#bytes=0-999"
+    again = signed_url(0, 999, "&Expires=1764999999&Policy=b3RoZXI_&Signature=bmV3")
+    assert part(again, 0, 999) == first
+    several = f"{XORB}?X-Xet-Signed-Range=bytes%3D5000-5999%2C0-999{SIGNING}"
+    assert part(several, 0, 999) == first
+    assert part(several, 5000, 5999) == f"{XORB}#bytes=5000-5999"
+    assert part(signed_url(0, 1000), 0, 1000) != first
+    assert rules(first) == Rules(Kind.STORED, part=SignedRange(0, 999), whole=XORB)
+    assert cache_key(first) == XORB  # no URL a client asks for is a part's key
+
+
+def test_a_range_within_a_signed_one_is_answered_by_its_part_and_others_by_none() -> None:
+    several = f"{XORB}?X-Xet-Signed-Range=bytes%3D0-999%2C100-199%2C5000-5999{SIGNING}"
+    assert part(several, 150, 160) == f"{XORB}#bytes=100-199"  # the smallest that holds it
+    assert part(several, 150, 300) == f"{XORB}#bytes=0-999"
+    assert part(several, 900, 5000) is None  # across two: the origin would refuse it
+    assert part(several, 6000, 6000) is None
+    assert part_key(rules(cache_key("https://origin.test/a")), 0, 9) is None
 
 
 def test_a_content_range_is_read_strictly() -> None:

@@ -102,7 +102,7 @@ def test_a_worker_finds_the_stored_part_that_holds_a_signed_range(tmp_path: Path
     other = "https://cas-bridge.xethub.hf.co/xorbs/default/" + "cd" * 32
 
     def part(url: str, first: int, last: int) -> str:
-        return f"{url}?X-Xet-Signed-Range=bytes%3D{first}-{last}"
+        return f"{url}#bytes={first}-{last}"  # a part's key (`endpoints.part_key`)
 
     store = reopened(tmp_path)
     commit(store, part(xorb, 0, 999), bytes(1000))
