@@ -3,9 +3,11 @@
     python -m bench.hfclient '{"repo": "acme/m", "names": ["a.bin"], "type": "model"}'
 
 `hf_hub_download` of each of `names`, or `snapshot_download` of the whole repository
-without them, with whatever the environment says (`HF_ENDPOINT`, `HF_HOME`,
+without them, or with `"fs": true` what `datasets` reads a Hub dataset's Parquet files
+with (`HfFileSystem`: its listing, then a Parquet reader's ranged reads, the footer
+first, then the rest), with whatever the environment says (`HF_ENDPOINT`, `HF_HOME`,
 `HTTPS_PROXY`, `SSL_CERT_FILE`, `HF_HUB_DISABLE_XET`); its last line of output is a
-JSON object of each downloaded file's SHA-256 by its path in the repository.
+JSON object of each file's SHA-256 by its path in the repository.
 """
 
 from __future__ import annotations
@@ -24,12 +26,30 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def parquet_reads(repo: str, repo_type: str) -> dict[str, str]:
+    """Each Parquet file of the repository read as a Parquet reader reads it."""
+    from huggingface_hub import HfFileSystem
+
+    fs = HfFileSystem()
+    base = f"{repo_type}s/{repo}"
+    digests = {}
+    for path in sorted(fs.glob(f"{base}/**/*.parquet")):
+        with fs.open(path, "rb", block_size=64 * 1024) as f:
+            f.seek(-8, 2)
+            f.read(8)
+            f.seek(0)
+            digests[path[len(base) + 1 :]] = hashlib.sha256(f.read()).hexdigest()
+    return digests
+
+
 def main(ask: dict[str, object]) -> dict[str, str]:
     # Imported here: the module is named by tools that never run a download.
     from huggingface_hub import hf_hub_download, snapshot_download
 
     repo, repo_type = str(ask["repo"]), str(ask.get("type") or "model")
     names = ask.get("names")
+    if ask.get("fs"):
+        return parquet_reads(repo, repo_type)
     if isinstance(names, list):
         paths = {
             name: Path(hf_hub_download(repo, name, repo_type=repo_type)) for name in names

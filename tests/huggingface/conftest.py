@@ -38,6 +38,7 @@ import trustme
 from bench.harness import (
     HUB_HOSTS,
     PYTHON,
+    ROOT,
     HubServer,
     Sidecar,
     clean_env,
@@ -169,36 +170,6 @@ def digests(repos: Path, repo: str, repo_type: str = "model") -> dict[str, str]:
 
 # Runs in the client's process: downloads as asked (argv[1], JSON) and prints the SHA-256
 # of every file it got, by path in the repository.
-_CLIENT = """
-import hashlib, json, os, sys
-from huggingface_hub import hf_hub_download, snapshot_download
-
-ask = json.loads(sys.argv[1])
-got = {}
-if ask.get("fs"):
-    # What `datasets` reads a Hub dataset's Parquet files with: HfFileSystem, its
-    # listing, then a Parquet reader's ranged reads (the footer first), then all.
-    from huggingface_hub import HfFileSystem
-    fs = HfFileSystem()
-    base = f"{ask['type']}s/{ask['repo']}"
-    for path in sorted(fs.glob(f"{base}/**/*.parquet")):
-        with fs.open(path, "rb", block_size=64 * 1024) as f:
-            f.seek(-8, 2)
-            f.read(8)
-            f.seek(0)
-            got[path[len(base) + 1 :]] = hashlib.sha256(f.read()).hexdigest()
-elif ask["names"] is None:
-    folder = snapshot_download(ask["repo"], repo_type=ask["type"])
-    for root, _, files in os.walk(folder):
-        for name in files:
-            path = os.path.join(root, name)
-            got[os.path.relpath(path, folder)] = hashlib.sha256(open(path, "rb").read()).hexdigest()
-else:
-    for name in ask["names"]:
-        path = hf_hub_download(ask["repo"], name, repo_type=ask["type"])
-        got[name] = hashlib.sha256(open(path, "rb").read()).hexdigest()
-print(json.dumps(got))
-"""
 
 
 @dataclass
@@ -236,11 +207,11 @@ class Clients:
             full_env["HF_HUB_DISABLE_XET"] = "1"
         ask = json.dumps({"repo": repo, "names": names, "type": repo_type, "fs": fs})
         done = subprocess.run(
-            self.argv([PYTHON, "-c", _CLIENT, ask]),
+            self.argv([PYTHON, "-m", "bench.hfclient", ask]),
             env=full_env,
             capture_output=True,
             timeout=CLIENT_TIMEOUT,
-            cwd="/",
+            cwd=ROOT,
         )
         shutil.rmtree(hf_home, ignore_errors=True)  # the next run is a new worker
         stderr = done.stderr.decode(errors="replace")
