@@ -7,7 +7,9 @@ without them, or with `"fs": true` what `datasets` reads a Hub dataset's Parquet
 with (`HfFileSystem`: its listing, then a Parquet reader's ranged reads, the footer
 first, then the rest), with whatever the environment says (`HF_ENDPOINT`, `HF_HOME`,
 `HTTPS_PROXY`, `SSL_CERT_FILE`, `HF_HUB_DISABLE_XET`); its last line of output is a
-JSON object of each file's SHA-256 by its path in the repository.
+JSON object of each file's SHA-256 by its path in the repository. With `"load": true`,
+`datasets.load_dataset` of the repository's `train` split, and the SHA-256 of its rows
+(`rows_digest`) by the name `train`.
 """
 
 from __future__ import annotations
@@ -42,6 +44,19 @@ def parquet_reads(repo: str, repo_type: str) -> dict[str, str]:
     return digests
 
 
+def rows_digest(columns: dict[str, list[object]]) -> str:
+    """The SHA-256 of a table's rows, column by column (a dataset's, or the Parquet
+    files' it was made from), whatever metadata either carries."""
+    return hashlib.sha256(repr(sorted(columns.items())).encode()).hexdigest()
+
+
+def load_train_split(repo: str) -> dict[str, str]:
+    import datasets
+
+    table = datasets.load_dataset(repo, split="train").data.table
+    return {"train": rows_digest(table.to_pydict())}
+
+
 def main(ask: dict[str, object]) -> dict[str, str]:
     # Imported here: the module is named by tools that never run a download.
     from huggingface_hub import hf_hub_download, snapshot_download
@@ -50,6 +65,8 @@ def main(ask: dict[str, object]) -> dict[str, str]:
     names = ask.get("names")
     if ask.get("fs"):
         return parquet_reads(repo, repo_type)
+    if ask.get("load"):
+        return load_train_split(repo)
     if isinstance(names, list):
         paths = {
             name: Path(hf_hub_download(repo, name, repo_type=repo_type)) for name in names

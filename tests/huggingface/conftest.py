@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow
+import pyarrow.parquet
 import pytest
 import trustme
 
@@ -45,6 +47,7 @@ from bench.harness import (
     private_mounts,
     start_hub,
 )
+from bench.hfclient import rows_digest
 
 CLIENT_TIMEOUT = 120  # seconds for one client run
 SHORT_EXPIRY = 4  # seconds the short Hub's tokens and URLs are valid
@@ -60,6 +63,28 @@ def _text(lines: int) -> bytes:
     return b"".join(b"%d,frame-%08d,label-%d\n" % (i, i * 7, i % 10) for i in range(lines))
 
 
+def _parquet(rng: random.Random, first: int, rows: int) -> bytes:
+    """A real Parquet file (uncompressed: its pages are as large as their bytes) of
+    `rows` frames of 1 KB from id `first`: what `datasets` reads."""
+    table = pyarrow.table(
+        {
+            "id": list(range(first, first + rows)),
+            "frame": [rng.randbytes(1000) for _ in range(rows)],
+        }
+    )
+    out = pyarrow.BufferOutputStream()
+    pyarrow.parquet.write_table(table, out, compression="none")
+    return bytes(out.getvalue())
+
+
+def train_rows_digest(repos: Path, repo: str) -> str:
+    """What `datasets.load_dataset` of a dataset's `train` split must read: its Parquet
+    files' rows in order (`bench.hfclient.rows_digest`)."""
+    files = sorted((repos / "datasets" / repo / "data").glob("train-*.parquet"))
+    table = pyarrow.concat_tables(pyarrow.parquet.read_table(f) for f in files)
+    return rows_digest(table.to_pydict())
+
+
 def _repositories(rng: random.Random) -> dict[str, dict[str, bytes]]:
     """The files of each repository: a model whose v2 weights share their first three
     xorbs with v1's, an adapter made of two disjoint pieces of the weights' first xorb
@@ -68,7 +93,7 @@ def _repositories(rng: random.Random) -> dict[str, dict[str, bytes]]:
     weights = rng.randbytes(4 * XORB_BYTES + 12_345)
     v2 = weights[: 3 * XORB_BYTES] + rng.randbytes(XORB_BYTES + 777)
     tokenizer = rng.randbytes(300_000)
-    frames = rng.randbytes(700_000), rng.randbytes(500_000)
+    frames = _parquet(rng, 0, 700), _parquet(rng, 700, 500)
     # Two disjoint chunk ranges of the weights' first xorb, around a chunk of its own.
     adapter = weights[: 2 * CHUNK] + rng.randbytes(CHUNK) + weights[5 * CHUNK : 7 * CHUNK]
     return {
@@ -196,16 +221,20 @@ class Clients:
         repo_type: str = "model",
         xet: bool = True,
         fs: bool = False,
+        load: bool = False,
         **env: str,
     ) -> Run:
         """`hf_hub_download` of each of `names`, or `snapshot_download` without them, or
-        with `fs` each Parquet file read through `HfFileSystem` (as `datasets` does)."""
+        with `fs` each Parquet file read through `HfFileSystem` (as `datasets` does), or
+        with `load` the `train` split by `datasets.load_dataset` (`bench.hfclient`)."""
         self.runs += 1
         hf_home = self.home / f"hf-home-{self.runs}"
         full_env = {**self.env, "HF_HOME": str(hf_home), **env}
         if not xet:
             full_env["HF_HUB_DISABLE_XET"] = "1"
-        ask = json.dumps({"repo": repo, "names": names, "type": repo_type, "fs": fs})
+        ask = json.dumps(
+            {"repo": repo, "names": names, "type": repo_type, "fs": fs, "load": load}
+        )
         done = subprocess.run(
             self.argv([PYTHON, "-m", "bench.hfclient", ask]),
             env=full_env,

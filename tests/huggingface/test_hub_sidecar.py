@@ -23,6 +23,7 @@ from tests.huggingface.conftest import (
     Seen,
     digests,
     through,
+    train_rows_digest,
     wait_past,
     xorb_ranges,
 )
@@ -266,4 +267,21 @@ def test_hf_file_system_twice_is_all_hits(pod: tuple[Sidecar, Clients], repos: P
         run = clients.download(DATASET, repo_type="dataset", fs=True)
     assert run.returncode == 0, run.stderr
     assert run.files == parquet
+    assert cdn_requests(second.value) == {}, second.value.statuses
+
+
+def test_load_dataset_twice_is_all_hits(pod: tuple[Sidecar, Clients], repos: Path) -> None:
+    """`datasets.load_dataset` of a Hub dataset's Parquet files, by two new workers: both
+    read the rows of the files, and the second reaches no CDN."""
+    _, clients = pod
+    expected = {"train": train_rows_digest(repos, DATASET)}
+    with Counter(clients.hub) as first:
+        run = clients.download(DATASET, repo_type="dataset", load=True)
+    assert run.returncode == 0, run.stderr
+    assert run.files == expected
+    assert cdn_requests(first.value), first.value.statuses
+    with Counter(clients.hub) as second:
+        run = clients.download(DATASET, repo_type="dataset", load=True)
+    assert run.returncode == 0, run.stderr
+    assert run.files == expected
     assert cdn_requests(second.value) == {}, second.value.statuses
