@@ -89,20 +89,26 @@ def test_lfs_download_twice_is_all_hits(pod: tuple[Sidecar, Clients], repos: Pat
     assert cdn_requests(second.value) == {}
 
 
-@pytest.mark.parametrize("repo_type", ["model", "dataset"])
+@pytest.mark.parametrize(
+    ("repo_type", "client_env"),
+    [("model", {}), ("dataset", {}), ("model", {"HF_XET_HIGH_PERFORMANCE": "1"})],
+    ids=["model", "dataset", "model-high-performance"],
+)
 def test_snapshot_twice_is_all_hits(
-    pod: tuple[Sidecar, Clients], repos: Path, repo_type: str
+    pod: tuple[Sidecar, Clients], repos: Path, repo_type: str, client_env: dict[str, str]
 ) -> None:
+    """`HF_XET_HIGH_PERFORMANCE` (what `HF_HUB_ENABLE_HF_TRANSFER` became): more ranges
+    at once, the same ones."""
     _, clients = pod
     repo = MODEL if repo_type == "model" else DATASET
     with Counter(clients.hub) as first:
-        run = clients.download(repo, repo_type=repo_type)
+        run = clients.download(repo, repo_type=repo_type, **client_env)
     assert run.returncode == 0, run.stderr
     assert run.files == digests(repos, repo, repo_type)
     assert first.value.status("xorb", 403) == 0, "a request the CDN must refuse was sent"
 
     with Counter(clients.hub) as second:
-        run = clients.download(repo, repo_type=repo_type)
+        run = clients.download(repo, repo_type=repo_type, **client_env)
     assert run.returncode == 0, run.stderr
     assert run.files == digests(repos, repo, repo_type)
     assert cdn_requests(second.value) == {}, second.value.xorbs
