@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from bench.harness import PYTHON, HubServer, Sidecar, clean_env, cpu_seconds, private_mounts
+from bench.hfclient import sha256
 from bench.lab import Lab, Profile, WrongPath, in_turn, mb_per_s
 from bench.report import Result, Row, Sample
 
@@ -50,7 +51,7 @@ def run(profile: Profile, lab: Lab) -> Result:
     sources = {"config.json": _write(model / "config.json", b'{"model_type": "bench"}\n')}
     for shard in range(HUB_SHARDS):
         name = f"model-{shard + 1:05d}-of-{HUB_SHARDS:05d}.safetensors"
-        sources[name] = _sha256(lab.make_file(name, size // HUB_SHARDS, model))
+        sources[name] = sha256(lab.make_file(name, size // HUB_SHARDS, model))
     hub = lab.hub(repositories)
     env = clean_env(
         HF_ENDPOINT=hub.endpoint, HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1"
@@ -105,14 +106,6 @@ def _write(path: Path, data: bytes) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
     return hashlib.sha256(data).hexdigest()
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _proxied(sidecar: Sidecar) -> dict[str, str]:
