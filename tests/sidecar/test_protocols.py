@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 import trustme
-from conftest import CLIENT_TIMEOUT, curl, pod_env
 
 from bench.harness import PYTHON, Process, Sidecar, free_port, start_process, wait_until
+from tests.sidecar.conftest import CLIENT_TIMEOUT, curl, pod_env
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from protocol_origin import GRPC_CLIENT, REFUSED_BODY, REFUSED_PATH, WS_CLIENT  # noqa: E402

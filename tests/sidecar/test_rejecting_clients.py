@@ -20,11 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import CLIENT_TIMEOUT, pod_env, wget
 
 from bench.harness import OriginServer, Sidecar, wait_until
 from certs.bundle import trust_store
 from tests.buildcache import go_build
+from tests.sidecar.conftest import CLIENT_TIMEOUT, pod_env, wget
 
 pytestmark = pytest.mark.e2e
 
