@@ -4,21 +4,47 @@
 //! The parser frames messages and refuses what cannot be read; what may be served or
 //! relayed is decided in Python (`sidecar.wire.framing`: versions, Host, the transfer
 //! codings of a request; the status of a response), which gets each head with the
-//! fields its rules read. As strict as llhttp, which parsed both before: a field line
-//! with whitespace before its colon, an obsolete line folding, a control character or a
-//! bare CR, a Content-Length that is not one number, both Content-Length and
-//! Transfer-Encoding, a method llhttp does not know, a head over `MAX_HEAD`, a malformed
-//! chunk: refused. Lines may end with a bare LF (RFC 9112 §2.2 allows it), except a
-//! chunked body's. Where llhttp misread a response (a tab after `chunked` made it frame
-//! the body by the connection's end), this one follows the RFC.
+//! fields its rules read. As strict as llhttp in strict mode (the parser before it, and
+//! the reference a differential fuzzer compares it with on every test run:
+//! `tests/sidecar/test_parser_differential.py`), on both edges. Refused, with 400 from
+//! a client (431 for a head over `MAX_HEAD`) and 502 from an origin, the connection then
+//! read no further: a bare CR anywhere in a head or a chunk line, and a line ended by a
+//! bare LF (RFC 9112 §2.2 lets a recipient take a bare LF as a line's end; llhttp does
+//! not, nor does this parser, so that no two readers of one message split it into
+//! different lines); a request line that is not `method SP target SP HTTP/d.d` (one SP
+//! each), with a method llhttp does not know or a target of a form llhttp refuses; a
+//! field line with whitespace before its colon, an obsolete line folding, or a control
+//! character; a Content-Length that is not one number, or given twice; both
+//! Content-Length and Transfer-Encoding (§6.1); chunked applied twice (§6.1: "A sender
+//! MUST NOT apply the chunked transfer coding more than once"); a request whose last
+//! coding is not chunked (§6.3: the server "MUST respond with the 400"); an empty
+//! Transfer-Encoding; a 1xx that announces a body (RFC 9110 §15.2); a chunk size that
+//! is not hex or overflows 64 bits, a chunk extension outside §7.1.1's grammar (no BWS,
+//! as llhttp), data past a chunk's size, a trailer line that is not a field line.
+//!
+//! Where it differs from llhttp, on purpose, the fuzzer lists the difference and its
+//! reason (`KNOWN_DIFFERENCES` there, and `docs/reliability.md`): whitespace after the
+//! last transfer coding is optional whitespace (RFC 9110 §5.6.3), so `chunked` and a tab
+//! is chunked (llhttp refuses the request, and frames such a response by the
+//! connection's end); it refuses what llhttp lets by, where RFC 9112 allows refusing
+//! it: a bare CR or LF before a request line (only CRLF is skipped, §2.2), more than one
+//! SP between a request line's parts (§3), a chunk extension with an empty value
+//! (§7.1.1), a response that is not HTTP/1.x, chunked twice in a response, a 1xx with a
+//! body, and any byte before a status line.
+//!
+//! Written here rather than taken from `httparse` (hyper's and Pingora's head parser,
+//! which `cargo test` uses as a second reference for heads): httparse takes a bare LF
+//! as a line's end, with no switch to refuse it, takes obs-text in a target and any
+//! token as a method, and parses a head but not its framing (Content-Length,
+//! Transfer-Encoding, chunks and trailers are its caller's). Made strict, it would be
+//! wrapped in checks of every line for the LF and of each part again, and the framing
+//! would still be ours: the head's grammar is the small part of this file.
 
 /// Request line and fields together; a larger head is refused with 431 (nginx's default
 /// is 8 KiB a line; 64 KiB fits any signed URL and cookie).
 pub const MAX_HEAD: usize = 64 * 1024;
 /// Bytes of a chunk-size line or of a trailer line.
 const MAX_CHUNK_LINE: usize = 4096;
-/// Hex digits of a chunk size: up to 2**64 - 1.
-const MAX_SIZE_DIGITS: usize = 16;
 
 /// The methods llhttp reads in HTTP (RFC 9110's, WebDAV's, and the rest of its list);
 /// any other is refused, as it was.
@@ -121,7 +147,8 @@ enum State {
     UntilClose,
     /// Responses: no request is waiting for one.
     Idle,
-    /// After an upgrade head, or a message that closes the connection: nothing more.
+    /// After an upgrade head, a CONNECT, a message that closes the connection, or a
+    /// refusal: nothing more.
     Stopped,
     /// The message's end is to be reported next, then `after` is the state.
     Ending {
@@ -173,10 +200,45 @@ fn is_field_char(b: u8) -> bool {
     b == b'\t' || b == b' ' || (0x21..=0x7e).contains(&b) || b >= 0x80
 }
 
+/// Optional whitespace (RFC 9110 §5.6.3) taken off both ends; only SP and HTAB are.
+fn trim_ows(bytes: &[u8]) -> &[u8] {
+    let start = bytes
+        .iter()
+        .take_while(|&&b| b == b' ' || b == b'\t')
+        .count();
+    let end = bytes.len()
+        - bytes
+            .iter()
+            .rev()
+            .take_while(|&&b| b == b' ' || b == b'\t')
+            .count();
+    &bytes[start.min(end)..end]
+}
+
 fn has_token(value: &str, token: &str) -> bool {
     value
         .split(',')
         .any(|t| t.trim_matches([' ', '\t']).eq_ignore_ascii_case(token))
+}
+
+/// Where the first line of `data` ends: the index of its LF, which must follow a CR;
+/// None until the LF has come. A CR anywhere else is refused as soon as the byte after
+/// it shows it bare, and a bare LF at once: RFC 9112 §2.2 lets a recipient read a bare
+/// CR as SP and a bare LF as a line's end, or refuse them; llhttp refuses both, and so
+/// does this parser, so that the two readers of a relayed message never disagree on
+/// where its lines are.
+fn line_end(data: &[u8]) -> Result<Option<usize>, &'static str> {
+    for (at, &b) in data.iter().enumerate() {
+        match b {
+            b'\n' if at > 0 && data[at - 1] == b'\r' => return Ok(Some(at)),
+            b'\n' => return Err("a line ends with a bare LF"),
+            b'\r' if data.get(at + 1).is_some_and(|&next| next != b'\n') => {
+                return Err("a bare CR");
+            }
+            _ => {}
+        }
+    }
+    Ok(None)
 }
 
 impl Parser {
@@ -231,6 +293,11 @@ impl Parser {
         self.state == State::Stopped
     }
 
+    /// How many of the bytes fed are not read yet.
+    pub fn unread(&self) -> usize {
+        self.pending().len()
+    }
+
     /// What was received after an upgrade head: the new protocol's first bytes.
     pub fn take_rest(&mut self) -> Vec<u8> {
         let rest = self.buffer[self.start..].to_vec();
@@ -254,7 +321,8 @@ impl Parser {
         body
     }
 
-    /// The next event the buffered bytes make, or None until more arrive.
+    /// The next event the buffered bytes make, or None until more arrive. After a
+    /// refusal the state stays `Stopped`: nothing past it is read.
     pub fn event(&mut self) -> Option<Event> {
         match std::mem::replace(&mut self.state, State::Stopped) {
             State::Head if self.reads_responses() => self.response_head(),
@@ -327,20 +395,19 @@ impl Parser {
     /// One line of a chunked body (RFC 9112 §7.1), which must end with CRLF.
     fn chunk_line(&mut self, state: State) -> Option<Event> {
         let pending = self.pending();
-        let Some(end) = pending.iter().position(|&b| b == b'\n') else {
-            if pending.len() > MAX_CHUNK_LINE {
+        let window = &pending[..pending.len().min(MAX_CHUNK_LINE + 2)];
+        let end = match line_end(window) {
+            Ok(Some(end)) => end,
+            Ok(None) if pending.len() > MAX_CHUNK_LINE => {
                 return Some(self.refusal("a chunk line is too long"));
             }
-            self.state = state;
-            return None;
+            Ok(None) => {
+                self.state = state;
+                return None;
+            }
+            Err(why) => return Some(self.refusal(why)),
         };
-        if end > MAX_CHUNK_LINE {
-            return Some(self.refusal("a chunk line is too long"));
-        }
-        let Some(line) = pending[..end].strip_suffix(b"\r") else {
-            return Some(self.refusal("a chunk line does not end with CRLF"));
-        };
-        let line = line.to_vec();
+        let line = pending[..end - 1].to_vec();
         self.start += end + 1;
         match state {
             State::ChunkDataEnd if line.is_empty() => {
@@ -348,55 +415,52 @@ impl Parser {
                 self.event()
             }
             State::ChunkDataEnd => Some(self.refusal("data past a chunk's size")),
-            State::ChunkSize => {
-                // chunk = chunk-size [ chunk-ext ] CRLF chunk-data CRLF
-                let digits = line.split(|&b| b == b';').next().unwrap_or_default();
-                let digits = digits.trim_ascii_end();
-                if digits.is_empty()
-                    || digits.len() > MAX_SIZE_DIGITS
-                    || !digits.iter().all(u8::is_ascii_hexdigit)
-                {
-                    return Some(self.refusal("invalid chunk size"));
+            State::ChunkSize => match chunk_size(&line) {
+                Ok(0) => {
+                    self.state = State::Trailer;
+                    self.event()
                 }
-                let size = u64::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok()?;
-                self.state = if size == 0 {
-                    State::Trailer
-                } else {
-                    State::ChunkData(size)
-                };
-                self.event()
-            }
+                Ok(size) => {
+                    self.state = State::ChunkData(size);
+                    self.event()
+                }
+                Err(why) => Some(self.refusal(why)),
+            },
             _ if line.is_empty() => {
                 self.state = self.ending();
                 self.event()
             }
-            _ => {
+            _ => match parse_field(&line) {
                 // A trailer field: read past, never used.
-                self.state = State::Trailer;
-                self.event()
-            }
+                Ok(_) => {
+                    self.state = State::Trailer;
+                    self.event()
+                }
+                Err(why) => Some(self.refusal(why)),
+            },
         }
     }
 
     fn head(&mut self) -> Option<Event> {
-        // RFC 9112 §2.2: empty lines before a request line are ignored.
-        while let Some(skip) = [&b"\r\n"[..], b"\n"]
-            .iter()
-            .find(|eol| self.pending().starts_with(eol))
-        {
-            self.start += skip.len();
+        // RFC 9112 §2.2: "a server that is expecting to receive and parse a request-line
+        // SHOULD ignore at least one empty line (CRLF) received prior to the
+        // request-line"; a bare CR or LF there is refused with the line it starts.
+        while self.pending().starts_with(b"\r\n") {
+            self.start += 2;
         }
         let head = match self.take_head()? {
-            Some(head) => head,
-            None => return Some(refuse(431, "the request head is larger than 64 KiB")),
+            Ok(head) => head,
+            Err(refusal) => return Some(refusal),
         };
         match parse_head(&head) {
             Ok(head) => {
                 self.keep_alive = head.keep_alive;
-                self.state = if head.upgrade {
+                self.state = if head.upgrade || head.method == "CONNECT" {
+                    // The bytes after the head are the new protocol's or the tunnel's
+                    // (RFC 9110 §9.3.6), as llhttp leaves them.
                     State::Stopped
                 } else if head.transfer_encoding.is_some() {
-                    // A request whose last coding is not chunked is refused above it.
+                    // A request whose last coding is not chunked was refused above.
                     State::ChunkSize
                 } else {
                     match content_length(&head.fields) {
@@ -409,59 +473,71 @@ impl Parser {
             Err(event) => Some(event),
         }
     }
-}
 
-impl Parser {
     /// The next head (its empty line included) once it is all there, taken from the
-    /// buffer; `Some(None)` when it is, or will be, over `MAX_HEAD`; None until then.
-    fn take_head(&mut self) -> Option<Option<Vec<u8>>> {
+    /// buffer; the refusal when its lines cannot be read or it is, or will be, over
+    /// `MAX_HEAD` (431 for a request); None until then.
+    fn take_head(&mut self) -> Option<Result<Vec<u8>, Event>> {
         let pending = self.pending();
-        let end = match find_head_end(pending) {
-            Some(end) if end <= MAX_HEAD => end,
-            Some(_) => return Some(None),
-            None if pending.len() > MAX_HEAD => return Some(None),
-            None => {
+        let too_large = || {
+            if self.reads_responses() {
+                self.refusal("the origin's response head is larger than 64 KiB")
+            } else {
+                refuse(431, "the request head is larger than 64 KiB")
+            }
+        };
+        let end = match find_head_end(&pending[..pending.len().min(MAX_HEAD)]) {
+            Ok(Some(end)) => end,
+            Ok(None) if pending.len() >= MAX_HEAD => return Some(Err(too_large())),
+            Ok(None) => {
                 self.state = State::Head;
                 return None;
             }
+            Err(why) => return Some(Err(self.refusal(why))),
         };
         let head = pending[..end].to_vec();
         self.start += end;
-        Some(Some(head))
+        Some(Ok(head))
     }
 
     fn response_head(&mut self) -> Option<Event> {
         let head = match self.take_head()? {
-            Some(head) => head,
-            None => return Some(self.refusal("the origin's response head is larger than 64 KiB")),
-        };
-        let head = match parse_response(&head) {
             Ok(head) => head,
+            Err(refusal) => return Some(refusal),
+        };
+        let (head, framing) = match parse_response(&head) {
+            Ok(parsed) => parsed,
             Err(why) => return Some(self.refusal(why)),
         };
         let asked = self.asked.as_str();
         let status = head.status;
+        let length = content_length(&head.fields);
         self.state = if status == 101 {
             // Switching protocols (RFC 9110 §15.2.2): what follows is the new protocol's.
             State::Stopped
         } else if status < 200 {
-            // Interim: the final response follows (a 1xx has no body, RFC 9110 §15.2).
+            // RFC 9110 §15.2: a 1xx "cannot contain content or trailers"; one that says
+            // it has a body is framed by nobody's rules, and what follows it (another
+            // response, perhaps) cannot be trusted.
+            if head.transfer_encoding.is_some() || length.is_some_and(|n| n > 0) {
+                return Some(self.refusal("a 1xx response announces a body"));
+            }
+            // Interim: the final response follows.
             State::Head
         } else if asked == "HEAD" || status == 204 || status == 304 {
             self.ending()
         } else if asked == "CONNECT" && status < 300 {
             // The tunnel's bytes follow, read once a request is sent inside it.
             self.ending()
-        } else if let Some(codings) = &head.transfer_encoding {
+        } else if head.transfer_encoding.is_some() {
             // RFC 9112 §6.3: chunked last, or the connection's end delimits the body.
-            let last = codings.rsplit(',').next().unwrap_or_default();
-            if last.trim_matches([' ', '\t']).eq_ignore_ascii_case("chunked") {
+            if framing.chunked {
                 State::ChunkSize
             } else {
                 State::UntilClose
             }
         } else {
-            match content_length(&head.fields) {
+            match length {
                 Some(0) => self.ending(),
                 Some(length) => State::Length(length),
                 None => State::UntilClose,
@@ -477,18 +553,95 @@ impl Parser {
     }
 }
 
-/// The length of the head (its empty line included), once it is all there.
-fn find_head_end(data: &[u8]) -> Option<usize> {
+/// The length of the head (its empty line included), once it is all there; or why its
+/// lines cannot be read.
+fn find_head_end(data: &[u8]) -> Result<Option<usize>, &'static str> {
     let mut at = 0;
-    while let Some(newline) = data[at..].iter().position(|&b| b == b'\n') {
-        let line_end = at + newline;
-        let line = &data[at..line_end];
-        if line.is_empty() || line == b"\r" {
-            return Some(line_end + 1);
+    while let Some(end) = line_end(&data[at..])? {
+        if end == 1 {
+            return Ok(Some(at + 2)); // the empty line
         }
-        at = line_end + 1;
+        at += end + 1;
     }
-    None
+    Ok(None)
+}
+
+/// The lines of a head without their CRLF, which `find_head_end` found at the end of
+/// each, and only there; without the empty line.
+fn head_lines(head: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let head = head.strip_suffix(b"\r\n\r\n").unwrap_or_default();
+    head.split(|&b| b == b'\n')
+        .map(|line| line.strip_suffix(b"\r").unwrap_or(line))
+}
+
+/// A chunk-size line's size (RFC 9112 §7.1), its extensions checked and ignored.
+fn chunk_size(line: &[u8]) -> Result<u64, &'static str> {
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 {
+        return Err("invalid chunk size");
+    }
+    // "The chunk-size field is a string of hex digits": leading zeros are allowed, so
+    // the digits are not counted; the value is (§7.1: "prevent parsing errors due to
+    // integer conversion overflows").
+    let mut size = 0u64;
+    for &digit in &line[..digits] {
+        let value = u64::from((digit as char).to_digit(16).unwrap_or_default());
+        size = size
+            .checked_mul(16)
+            .and_then(|size| size.checked_add(value))
+            .ok_or("a chunk size over 64 bits")?;
+    }
+    chunk_extensions(&line[digits..])?;
+    Ok(size)
+}
+
+/// RFC 9112 §7.1.1: `*( BWS ";" BWS chunk-ext-name [ BWS "=" BWS chunk-ext-val ] )`, a
+/// name a token and a value a token or a quoted-string. Without the BWS, as llhttp:
+/// no sender may send it ("A sender MUST NOT generate BWS").
+fn chunk_extensions(mut rest: &[u8]) -> Result<(), &'static str> {
+    const INVALID: &str = "an invalid chunk extension";
+    while let [b';', after @ ..] = rest {
+        let name = after.iter().take_while(|&&b| is_tchar(b)).count();
+        if name == 0 {
+            return Err(INVALID);
+        }
+        rest = &after[name..];
+        if let [b'=', after @ ..] = rest {
+            let value = match after {
+                [b'"', ..] => quoted_string(after).ok_or(INVALID)?,
+                _ => after.iter().take_while(|&&b| is_tchar(b)).count(),
+            };
+            if value == 0 {
+                return Err(INVALID);
+            }
+            rest = &after[value..];
+        }
+    }
+    if rest.is_empty() {
+        Ok(())
+    } else {
+        Err(INVALID)
+    }
+}
+
+/// The length of the quoted-string `data` starts with (RFC 9110 §5.6.4), or None.
+fn quoted_string(data: &[u8]) -> Option<usize> {
+    let mut at = 1;
+    loop {
+        match *data.get(at)? {
+            b'"' => return Some(at + 1),
+            b'\\' => {
+                // quoted-pair = "\" ( HTAB / SP / VCHAR / obs-text )
+                let escaped = *data.get(at + 1)?;
+                if !is_field_char(escaped) {
+                    return None;
+                }
+                at += 2;
+            }
+            b if is_field_char(b) => at += 1,
+            _ => return None,
+        }
+    }
 }
 
 fn content_length(fields: &[(String, String)]) -> Option<u64> {
@@ -499,13 +652,11 @@ fn content_length(fields: &[(String, String)]) -> Option<u64> {
 }
 
 fn parse_head(head: &[u8]) -> Result<Head, Event> {
-    let mut lines = head
-        .split(|&b| b == b'\n')
-        .map(|line| line.strip_suffix(b"\r").unwrap_or(line));
+    let mut lines = head_lines(head);
     let request_line = lines.next().unwrap_or_default();
-    if request_line.contains(&b'\r') {
-        return Err(refuse(400, "a bare CR in the request line"));
-    }
+    // RFC 9112 §3: "request-line = method SP request-target SP HTTP-version", each
+    // separated "by a single SP octet"; a recipient "MAY instead parse on
+    // whitespace-delimited word boundaries", which "can result in request smuggling".
     let mut parts = request_line.split(|&b| b == b' ');
     let method = parts.next().unwrap_or_default();
     let target = parts.next().unwrap_or_default();
@@ -517,7 +668,7 @@ fn parse_head(head: &[u8]) -> Result<Head, Event> {
     if !METHODS.contains(&method) {
         return Err(refuse(400, "an unknown method"));
     }
-    if target.is_empty() || target.iter().any(|&b| b <= b' ' || b == 0x7f) {
+    if !valid_target(method, target) {
         return Err(refuse(400, "an invalid request target"));
     }
     let version = match version {
@@ -529,40 +680,66 @@ fn parse_head(head: &[u8]) -> Result<Head, Event> {
         }
         Some(_) => return Err(refuse(400, "an invalid HTTP version")),
     };
-    let fields = parse_fields(lines).map_err(|why| refuse(400, why))?;
+    let fields = lines
+        .map(parse_field)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|why| refuse(400, why))?;
     frame(method, target.to_vec(), version, fields)
 }
 
-/// The field lines of a head (RFC 9110 §5, RFC 9112 §5), or why they cannot be read.
-fn parse_fields<'a>(
-    lines: impl Iterator<Item = &'a [u8]>,
-) -> Result<Vec<(String, String)>, &'static str> {
-    let mut fields = Vec::new();
-    for line in lines.filter(|line| !line.is_empty()) {
-        if line[0] == b' ' || line[0] == b'\t' {
-            return Err("an obsolete line folding");
-        }
-        let Some(colon) = line.iter().position(|&b| b == b':') else {
-            return Err("a field line without a colon");
-        };
-        let (name, value) = (&line[..colon], &line[colon + 1..]);
-        if name.is_empty() || !name.iter().all(|&b| is_tchar(b)) {
-            return Err("an invalid field name");
-        }
-        let value = value.trim_ascii();
-        if !value.iter().all(|&b| is_field_char(b)) {
-            return Err("an invalid character in a field value");
-        }
-        fields.push((latin1(name), latin1(value)));
+/// A request target of one of RFC 9112 §3.2's forms, in the bytes llhttp takes: visible
+/// ASCII only (no obs-text, no control, no space), an origin-form or asterisk-form
+/// (`/...`, `*`), an absolute-form with a scheme of letters and an authority without
+/// the characters RFC 3986 leaves out of it, or anything for CONNECT's authority-form,
+/// which is refused above the parser.
+fn valid_target(method: &str, target: &[u8]) -> bool {
+    if target.is_empty() || !target.iter().all(|b| (0x21..=0x7e).contains(b)) {
+        return false;
     }
-    Ok(fields)
+    if method == "CONNECT" || target[0] == b'/' || target[0] == b'*' {
+        return true;
+    }
+    let scheme = target
+        .iter()
+        .take_while(|b| b.is_ascii_alphabetic())
+        .count();
+    let Some(rest) = target[scheme..].strip_prefix(b"://") else {
+        return false;
+    };
+    scheme > 0
+        && rest
+            .iter()
+            .take_while(|&&b| b != b'/' && b != b'?')
+            .all(|b| !b"\"#<>\\^`{|}".contains(b))
 }
 
-/// The framing fields of a message: its Transfer-Encoding lines joined, its
-/// Connection's tokens, and whether its Content-Length is one valid number (if any);
-/// or why they cannot frame it.
+/// One field line (RFC 9110 §5, RFC 9112 §5) of a head or a trailer section, or why it
+/// cannot be read.
+fn parse_field(line: &[u8]) -> Result<(String, String), &'static str> {
+    if line.first().is_some_and(|&b| b == b' ' || b == b'\t') {
+        return Err("an obsolete line folding");
+    }
+    let Some(colon) = line.iter().position(|&b| b == b':') else {
+        return Err("a field line without a colon");
+    };
+    let (name, value) = (&line[..colon], &line[colon + 1..]);
+    // §5.1: "No whitespace is allowed between the field name and colon."
+    if name.is_empty() || !name.iter().all(|&b| is_tchar(b)) {
+        return Err("an invalid field name");
+    }
+    let value = trim_ows(value);
+    if !value.iter().all(|&b| is_field_char(b)) {
+        return Err("an invalid character in a field value");
+    }
+    Ok((latin1(name), latin1(value)))
+}
+
+/// The framing fields of a message: its Transfer-Encoding lines joined, whether chunked
+/// is its last coding, its Connection's tokens, its Host lines, and whether it has an
+/// Upgrade; its Content-Length, if any, is one valid number.
 struct Framing {
     transfer_encoding: Option<String>,
+    chunked: bool,
     connection: String,
     hosts: Vec<String>,
     upgrade_field: bool,
@@ -571,11 +748,13 @@ struct Framing {
 fn framing(fields: &[(String, String)]) -> Result<Framing, &'static str> {
     let mut framing = Framing {
         transfer_encoding: None,
+        chunked: false,
         connection: String::new(),
         hosts: Vec::new(),
         upgrade_field: false,
     };
     let mut lengths = 0;
+    let mut codings = Vec::new();
     for (name, value) in fields {
         match name.to_ascii_lowercase().as_str() {
             "host" => framing.hosts.push(value.clone()),
@@ -584,6 +763,7 @@ fn framing(fields: &[(String, String)]) -> Result<Framing, &'static str> {
                     Some(before) => format!("{before}, {value}"),
                     None => value.clone(),
                 });
+                codings.extend(value.split(',').map(|c| c.trim_matches([' ', '\t'])));
             }
             "content-length" => {
                 lengths += 1;
@@ -605,31 +785,53 @@ fn framing(fields: &[(String, String)]) -> Result<Framing, &'static str> {
     if lengths > 1 {
         return Err("more than one Content-Length");
     }
-    // RFC 9112 §6.1: a message with both "ought to be handled as an error".
-    if lengths == 1 && framing.transfer_encoding.is_some() {
-        return Err("both Content-Length and Transfer-Encoding");
+    if framing.transfer_encoding.is_some() {
+        // RFC 9112 §6.1: a message with both "ought to be handled as an error".
+        if lengths == 1 {
+            return Err("both Content-Length and Transfer-Encoding");
+        }
+        if codings.iter().all(|c| c.is_empty()) {
+            return Err("an empty Transfer-Encoding");
+        }
+        let chunked = |c: &&str| c.eq_ignore_ascii_case("chunked");
+        // §6.1: "A sender MUST NOT apply the chunked transfer coding more than once".
+        if codings.iter().filter(|c| chunked(c)).count() > 1 {
+            return Err("chunked is applied more than once");
+        }
+        // The last element as sent: `chunked,` ends with an empty one, so that no
+        // reader takes chunked for the last coding where llhttp does not.
+        framing.chunked = codings.last().is_some_and(chunked);
     }
     Ok(framing)
 }
 
+/// RFC 9112 §9.3: HTTP/1.1 persists unless closed, HTTP/1.0 only with keep-alive; so does
+/// every other version as llhttp reads it (the requests Python refuses).
 fn keeps_alive(version: &str, connection: &str) -> bool {
-    if version == "1.0" {
-        has_token(connection, "keep-alive")
-    } else {
+    if version == "1.1" {
         !has_token(connection, "close")
+    } else {
+        has_token(connection, "keep-alive")
     }
 }
 
-/// A response head: `HTTP/1.x SP 3DIGIT [SP reason-phrase]` and its fields.
-fn parse_response(head: &[u8]) -> Result<ResponseHead, &'static str> {
-    let mut lines = head
-        .split(|&b| b == b'\n')
-        .map(|line| line.strip_suffix(b"\r").unwrap_or(line));
+/// A response head: `HTTP/1.x SP 3DIGIT [SP reason-phrase]` and its fields, and its
+/// framing fields.
+fn parse_response(head: &[u8]) -> Result<(ResponseHead, Framing), &'static str> {
+    let mut lines = head_lines(head);
     let status_line = lines.next().unwrap_or_default();
     let (version, rest) = match status_line {
-        [b'H', b'T', b'T', b'P', b'/', b'1', b'.', minor @ (b'0' | b'1'), rest @ ..] => {
-            (format!("1.{}", *minor as char), rest)
-        }
+        [
+            b'H',
+            b'T',
+            b'T',
+            b'P',
+            b'/',
+            b'1',
+            b'.',
+            minor @ (b'0' | b'1'),
+            rest @ ..,
+        ] => (format!("1.{}", *minor as char), rest),
         _ => return Err("the status line has no HTTP/1.x version"),
     };
     let (digits, reason) = match rest {
@@ -649,17 +851,18 @@ fn parse_response(head: &[u8]) -> Result<ResponseHead, &'static str> {
     let status = digits
         .iter()
         .fold(0u16, |n, &d| n * 10 + u16::from(d - b'0'));
-    let fields = parse_fields(lines)?;
+    let fields = lines.map(parse_field).collect::<Result<Vec<_>, _>>()?;
     let framing = framing(&fields)?;
-    Ok(ResponseHead {
+    let head = ResponseHead {
         keep_alive: keeps_alive(&version, &framing.connection),
         until_close: false, // framed by the parser, which knows the request
         version,
         status,
         reason: latin1(reason),
         fields,
-        transfer_encoding: framing.transfer_encoding,
-    })
+        transfer_encoding: framing.transfer_encoding.clone(),
+    };
+    Ok((head, framing))
 }
 
 fn frame(
@@ -670,10 +873,21 @@ fn frame(
 ) -> Result<Head, Event> {
     let Framing {
         transfer_encoding,
+        chunked,
         connection,
         hosts,
         upgrade_field,
     } = framing(&fields).map_err(|why| refuse(400, why))?;
+    // RFC 9112 §6.3: "If a Transfer-Encoding header field is present in a request and
+    // the chunked transfer coding is not the final encoding, the message body length
+    // cannot be determined reliably; the server MUST respond with the 400 (Bad Request)
+    // status code and then close the connection."
+    if transfer_encoding.is_some() && !chunked {
+        return Err(refuse(
+            400,
+            "chunked is not the request's last transfer coding",
+        ));
+    }
     let keep_alive = keeps_alive(&version, &connection);
     let upgrade = upgrade_field && has_token(&connection, "upgrade") && method != "CONNECT";
     let has_body = transfer_encoding.is_some() || content_length(&fields).is_some_and(|n| n > 0);
@@ -719,8 +933,8 @@ mod tests {
         let got = events(
             b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n\
               POST /b HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello\
-              PUT /c HTTP/1.1\nHost: h\nTransfer-Encoding: chunked\t\n\n\
-              5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nTrailer: x\r\n\r\n\
+              PUT /c HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\t\r\n\r\n\
+              0005;ext=1;e=\"q\\\"\"\r\nhello\r\n6\r\n world\r\n0\r\nTrailer: x\r\n\r\n\
               HEAD /d HTTP/1.0\r\n\r\n",
         );
         assert_eq!(got.len(), 11, "{got:?}");
@@ -801,6 +1015,91 @@ mod tests {
     }
 
     #[test]
+    fn a_bare_cr_or_lf_anywhere_is_refused_at_once() {
+        for data in [
+            &b"GET /x HTTP/1.1\nHost: h\n\n"[..],
+            b"GET /x HTTP/1.1\r\nHost: h\n\r\n",
+            b"GET /x HTTP/1.1\r\nHost: h\r\n\n",
+            b"GET /x\rHTTP/1.1\r\n\r\n",
+            b"\nGET /x HTTP/1.1\r\n\r\n",
+            b"\rGET /x HTTP/1.1\r\n\r\n",
+            // Before the head is whole: what follows cannot make it valid.
+            b"GET /x HTTP/1.1\r\nX: a\rb",
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\nhello\r\n0\r\n\r\n",
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5;a\rb\r\nhello\r\n0\r\n\r\n",
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\n0\r\n\r\n",
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX: y\n\r\n",
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\n",
+        ] {
+            assert_eq!(refused(data), 400, "{}", String::from_utf8_lossy(data));
+        }
+        let got = responses(&["GET"], b"HTTP/1.1 200 OK\nContent-Length: 0\n\n");
+        assert!(matches!(&got[..], [Event::Refused(502, _)]), "{got:?}");
+    }
+
+    #[test]
+    fn every_framing_ambiguity_is_refused() {
+        for data in [
+            // RFC 9112 §6.1: chunked at most once, in one line or two.
+            &b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n"[..],
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            // §6.3: a request's last coding is chunked, or its length is unknowable.
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked,\r\n\r\n",
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked;q=1\r\n\r\n",
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding:\r\n\r\n",
+            b"POST /x HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            b"POST /x HTTP/1.1\r\nContent-Length: +5\r\n\r\nhello",
+            b"POST /x HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n",
+            // §7.1: sizes in hex digits only, below 2**64; extensions by §7.1.1.
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0x5\r\nhello\r\n",
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\nhello\r\n",
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5 \r\nhello\r\n",
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n10000000000000000\r\n",
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5;\r\nhello\r\n",
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5; a=b\r\nhello\r\n",
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5;a=\r\nhello\r\n",
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5;a=\"b\r\nhello\r\n",
+            // Trailers are field lines.
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX : y\r\n\r\n",
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX: y\r\n z\r\n\r\n",
+            // §3: one SP between a request line's parts.
+            b"GET  /x HTTP/1.1\r\n\r\n",
+            b"GET /x\tHTTP/1.1\r\n\r\n",
+            b"GET x HTTP/1.1\r\n\r\n",
+            b"GET /\x80 HTTP/1.1\r\n\r\n",
+            b"GET http://a\"b/ HTTP/1.1\r\n\r\n",
+            b"GET / HTTP/1.1\r\nX: a\x0c\r\n\r\n",
+        ] {
+            assert_eq!(refused(data), 400, "{}", String::from_utf8_lossy(data));
+        }
+        for data in [
+            &b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding:\r\n\r\n",
+            b"HTTP/1.1 199 Hm\r\nContent-Length: 2\r\n\r\nhi",
+            b"HTTP/1.1 103 Early\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;a\rb\r\nhello\r\n",
+        ] {
+            let got = responses(&["GET"], data);
+            assert!(
+                matches!(got.last(), Some(Event::Refused(502, _))),
+                "{}: {got:?}",
+                String::from_utf8_lossy(data)
+            );
+        }
+    }
+
+    #[test]
+    fn a_connect_stops_the_parser_and_leaves_the_tunnel_s_bytes() {
+        let mut parser = Parser::default();
+        parser.feed(b"CONNECT h:443 HTTP/1.1\r\nHost: h:443\r\n\r\n\x16\x03\x01");
+        assert_eq!(head(&parser.event().unwrap()).method, "CONNECT");
+        assert!(parser.stopped() && parser.event().is_none());
+        assert_eq!(parser.take_rest(), b"\x16\x03\x01");
+    }
+
+    #[test]
     fn a_head_over_the_limit_is_refused_with_431_even_unfinished() {
         let mut long = b"GET /x HTTP/1.1\r\nX: ".to_vec();
         long.resize(MAX_HEAD + 10, b'a');
@@ -866,7 +1165,10 @@ mod tests {
         assert_eq!(got.len(), 11, "{got:?}");
         assert_eq!(response(&got[0]).status, 103);
         let ok = response(&got[1]);
-        assert_eq!((ok.status, ok.reason.as_str(), ok.version.as_str()), (200, "OK", "1.1"));
+        assert_eq!(
+            (ok.status, ok.reason.as_str(), ok.version.as_str()),
+            (200, "OK", "1.1")
+        );
         assert!(ok.keep_alive);
         assert_eq!(got[2], Event::Body(b"hello".to_vec()));
         assert_eq!(got[3], Event::End);
@@ -916,8 +1218,14 @@ mod tests {
 
     #[test]
     fn what_an_origin_sends_past_its_response_is_unasked() {
-        let got = responses(&["GET"], b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhiFORGED");
-        assert_eq!(got[1..], [Event::Body(b"hi".to_vec()), Event::End, Event::Unasked]);
+        let got = responses(
+            &["GET"],
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhiFORGED",
+        );
+        assert_eq!(
+            got[1..],
+            [Event::Body(b"hi".to_vec()), Event::End, Event::Unasked]
+        );
         let mut parser = Parser::responses();
         parser.feed(b"HTTP/1.1 200 OK\r\n\r\n");
         assert_eq!(parser.event(), Some(Event::Unasked)); // nothing was asked
@@ -943,6 +1251,7 @@ mod tests {
             b"HTTP/1.1 20 OK\r\n\r\n",
             b"HTTP/1.1 2000 OK\r\n\r\n",
             b"HTTP/1.1 200OK\r\n\r\n",
+            // Stricter than llhttp, which takes any byte but CR and LF: RFC 9112 §4.
             b"HTTP/1.1 200 O\x00K\r\n\r\n",
             b"ICY 200 OK\r\n\r\n",
             b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
