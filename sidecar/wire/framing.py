@@ -57,13 +57,21 @@ def request_head_error(
         named = authority(scheme, rest.split("/", 1)[0].split("?", 1)[0])
         if named != authority(scheme, hosts[0].strip()):
             return HTTPStatus.BAD_REQUEST, "the Host field differs from the target's authority"
-    # §6.1: "If any transfer coding other than chunked is applied to a request's content,
-    # the sender MUST apply chunked as the final transfer coding"; we decode no other
-    # coding, and, as nginx does, refuse them: "A server that receives a request message
-    # with a transfer coding it does not understand SHOULD respond with 501".
     if transfer_encoding is not None:
-        codings = [c.strip().lower() for c in transfer_encoding.split(",") if c.strip()]
-        if codings != ["chunked"]:
+        codings = [c.strip(" \t").lower() for c in transfer_encoding.split(",")]
+        # §6.3: "If a Transfer-Encoding header field is present in a request and the
+        # chunked transfer coding is not the final encoding, the message body length
+        # cannot be determined reliably; the server MUST respond with the 400"; §6.1: "A
+        # sender MUST NOT apply the chunked transfer coding more than once". The core's
+        # parser refuses these itself; mitmproxy's front end asks here.
+        if codings[-1] != "chunked" or codings.count("chunked") > 1:
+            return HTTPStatus.BAD_REQUEST, f"Transfer-Encoding {transfer_encoding!r}"
+        # §6.1: "If any transfer coding other than chunked is applied to a request's
+        # content, the sender MUST apply chunked as the final transfer coding"; we decode
+        # no other coding, and, as nginx does, refuse them: "A server that receives a
+        # request message with a transfer coding it does not understand SHOULD respond
+        # with 501".
+        if [c for c in codings if c] != ["chunked"]:
             return HTTPStatus.NOT_IMPLEMENTED, f"Transfer-Encoding {transfer_encoding!r}"
     return None
 

@@ -27,9 +27,15 @@ HOST = ["origin.test"]
         ("1.1", HOST, "http://origin.test:8080/f", None, HTTPStatus.BAD_REQUEST),
         ("1.1", HOST, "http://origin.test", None, None),
         ("1.1", HOST, "/f", "Chunked", None),
-        ("1.1", HOST, "/f", "chunked, chunked", HTTPStatus.NOT_IMPLEMENTED),
-        ("1.1", HOST, "/f", "gzip", HTTPStatus.NOT_IMPLEMENTED),
-        ("1.1", HOST, "/f", "", HTTPStatus.NOT_IMPLEMENTED),
+        ("1.1", HOST, "/f", ",chunked", None),
+        # §6.1: chunked at most once; §6.3: a request's last coding, or a 400
+        ("1.1", HOST, "/f", "chunked, chunked", HTTPStatus.BAD_REQUEST),
+        ("1.1", HOST, "/f", "chunked, gzip", HTTPStatus.BAD_REQUEST),
+        ("1.1", HOST, "/f", "chunked,", HTTPStatus.BAD_REQUEST),
+        ("1.1", HOST, "/f", "gzip", HTTPStatus.BAD_REQUEST),
+        ("1.1", HOST, "/f", "", HTTPStatus.BAD_REQUEST),
+        # §6.1: a coding we do not decode, chunked last
+        ("1.1", HOST, "/f", "gzip, chunked", HTTPStatus.NOT_IMPLEMENTED),
         ("3.0", HOST, "/f", None, HTTPStatus.HTTP_VERSION_NOT_SUPPORTED),
         ("0.9", [], "/f", None, HTTPStatus.BAD_REQUEST),
     ],
