@@ -222,3 +222,43 @@ class Digest:
     def update(self, data: bytes) -> None: ...
     def hexdigest(self) -> str:
         """The digest of every byte so far, 64 lowercase hex digits."""
+
+class Message:
+    """One HTTP/1.1 message as the core's parser framed it (`frame`)."""
+
+    method: str
+    """A request's; empty for a response."""
+    target: bytes
+    version: str
+    """As the start line gave it: `1.1`, `1.0`, `0.9` for a request line without one."""
+    status: int
+    """A response's; 0 for a request."""
+    reason: str
+    fields: list[tuple[str, str]]
+    """Names as sent, values without surrounding whitespace, both Latin-1."""
+    keep_alive: bool
+    upgrade: bool
+    """A request's upgrade; a response's 101."""
+    until_close: bool
+    """A response whose body the connection's end delimits."""
+    body: bytes
+    end: int | None
+    """The offset, in all the bytes fed, just past the message's last byte; None while
+    it has not ended."""
+
+class Framed:
+    """What the core's parser made of the bytes `frame` fed it."""
+
+    messages: list[Message]
+    refused: tuple[int, str] | None
+    """The status and the reason of the refusal that ended the reading, if one did."""
+    stopped: bool
+    """Nothing more would be read (an upgrade, a CONNECT, a message that closes the
+    connection, a refusal)."""
+    rest: bytes
+    """The bytes not read."""
+
+def frame(pieces: Sequence[bytes], responses: bool = False) -> Framed:
+    """The requests (or, with `responses`, the responses to GETs, each sent as soon as
+    the response before ended) that `pieces`, received one after the other, make: the
+    core's parser for the tests, which nothing of the sidecar calls."""

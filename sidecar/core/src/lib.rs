@@ -10,12 +10,14 @@
 //! the table of answers Python recorded, which any worker's streams send again
 //! (`Answers`); and a small body on its way from an origin into the buffer, which the
 //! origin's stream feeds and the clients' streams send on as it comes (`Tee`); the
-//! digest stored bodies are checked against (`Digest`).
+//! digest stored bodies are checked against (`Digest`); and, for the tests, the
+//! HTTP/1.1 parser framing the bytes it is given (`frame`).
 
 pub mod answers;
 pub mod arrival;
 pub mod clock;
 pub mod digest;
+pub mod framed;
 pub mod http1;
 pub mod outbox;
 pub mod sink;
@@ -35,8 +37,11 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<stream::ClientTls>()?;
     module.add_class::<tee::Tee>()?;
     module.add_class::<digest::Digest>()?;
+    module.add_class::<framed::Framed>()?;
+    module.add_class::<framed::Message>()?;
     module.add_function(wrap_pyfunction!(arrival::accept, module)?)?;
     module.add_function(wrap_pyfunction!(stream::relayed_bytes, module)?)?;
+    module.add_function(wrap_pyfunction!(framed::frame, module)?)?;
     module.add("CertificateRejected", module.py().get_type::<stream::CertificateRejected>())?;
     module.add("Truncated", module.py().get_type::<stream::Truncated>())?;
     module.add("ANSWER_SLOT", answers::SLOT)?;
