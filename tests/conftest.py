@@ -12,9 +12,16 @@ from collections.abc import Iterator
 
 import pytest
 import trustme
+from hypothesis import settings
 
 # A clean environment for client processes: see bench.harness.clean_env.
 from bench.harness import clean_env as client_env  # noqa: F401
+
+# `--hypothesis-profile=deep`: a long run of the property tests that take their number of
+# examples from the profile (the parser's differential fuzzer,
+# tests/sidecar/test_parser_differential.py, runs a few thousand without it); meant for
+# that file, since every test that sets no number of its own takes it too.
+settings.register_profile("deep", max_examples=50_000)
 
 # Variables that change which CAs a client trusts or which proxy it uses.
 CA_AND_PROXY_VARIABLES = (
