@@ -907,6 +907,7 @@ fn frame(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn events(data: &[u8]) -> Vec<Event> {
         let mut parser = Parser::default();
@@ -1273,45 +1274,6 @@ mod tests {
         assert!(matches!(&got[..], [Event::Refused(502, why)] if why.contains("64 KiB")));
     }
 
-    /// A deterministic generator (xorshift64*): every run tries the same cases.
-    struct Cases(u64);
-
-    impl Cases {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-    }
-
-    /// `data` changed a few times: a byte replaced by one that framing turns on,
-    /// inserted or removed, or the whole cut short.
-    fn mutated(cases: &mut Cases, data: &[u8]) -> Vec<u8> {
-        const TURNING: &[u8] = b"\r\n :;\t0123456789abcdefxX,-\x00\x7f\xff";
-        let mut out = data.to_vec();
-        for _ in 0..=cases.below(3) {
-            if out.is_empty() {
-                break;
-            }
-            let at = cases.below(out.len());
-            let byte = TURNING[cases.below(TURNING.len())];
-            match cases.below(7) {
-                0..=2 => out[at] = byte,
-                3 | 4 => out.insert(at, byte),
-                5 => {
-                    out.remove(at);
-                }
-                _ => out.truncate(at),
-            }
-        }
-        out
-    }
-
     /// The events of `data` fed in pieces ending at `cuts` (then the rest), a body's
     /// consecutive pieces joined: how a body is cut depends on how it arrived, nothing
     /// else may. Responses answer GETs, each expected once the one before ended.
@@ -1342,42 +1304,282 @@ mod tests {
         got
     }
 
-    #[test]
-    fn any_bytes_frame_the_same_however_they_arrive_and_never_panic() {
-        let requests: &[&[u8]] = &[
-            b"GET /a?b=c HTTP/1.1\r\nHost: h\r\nRange: bytes=0-9\r\n\r\nGET / HTTP/1.0\n\n",
-            b"POST /b HTTP/1.1\r\nHost: h\r\nContent-Length: 11\r\n\r\nhello world",
-            b"PUT /c HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n\
-              5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nTrailer: x\r\n\r\n",
-            b"GET /chat HTTP/1.1\r\nHost: h\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\nxyz",
-        ];
-        let responses: &[&[u8]] = &[
-            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nETag: \"x\"\r\n\r\nhelloHTTP/1.1 304 OK\r\n\r\n",
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n10\r\n0123456789abcdef\r\n0\r\n\r\n",
-            b"HTTP/1.0 200 OK\r\nContent-Type: x\r\n\r\nuntil the end",
-            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
-        ];
-        let mut cases = Cases(0x9e37_79b9_7f4a_7c15);
-        for round in 0..20_000 {
-            let is_response = round % 2 == 1;
-            let seeds = if is_response { responses } else { requests };
-            let seed = seeds[cases.below(seeds.len())];
-            let data = mutated(&mut cases, seed);
-            let whole = fed(is_response, &data, &[]);
-            let mut cuts: Vec<usize> = if round % 50 == 0 {
-                (1..data.len()).collect() // a byte at a time
+    /// The bytes that turn framing, which mutations put in.
+    const TURNING: &[u8] = b"\r\n :;=\"\t0123456789abcdefxX,-+\x00\x0b\x0c\x7f\x80\xff";
+
+    /// `data` changed by `changes`: at a place (a fraction of its length), a byte of
+    /// `TURNING` put in its place, inserted, or the byte removed, or the whole cut short.
+    fn mutate(data: &[u8], changes: &[(f64, u8, usize)]) -> Vec<u8> {
+        let mut out = data.to_vec();
+        for &(place, kind, byte) in changes {
+            let at = ((out.len() as f64) * place) as usize;
+            let byte = TURNING[byte % TURNING.len()];
+            match kind % 7 {
+                0..=2 if at < out.len() => out[at] = byte,
+                3 | 4 => out.insert(at.min(out.len()), byte),
+                5 if at < out.len() => {
+                    out.remove(at);
+                }
+                6 => out.truncate(at),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    fn changes() -> impl Strategy<Value = Vec<(f64, u8, usize)>> {
+        prop::collection::vec((0.0..1.0f64, any::<u8>(), any::<usize>()), 0..4)
+    }
+
+    /// A message as RFC 9112 builds it, to be encoded (`encode`) and read back.
+    #[derive(Clone, Debug)]
+    struct Built {
+        /// A request line or a status line.
+        start: String,
+        fields: Vec<(String, String)>,
+        body: Vec<u8>,
+        /// The sizes of its chunks (their extensions and a trailer with them), or None
+        /// for a Content-Length.
+        chunks: Option<Vec<usize>>,
+    }
+
+    /// The bytes of `built` (RFC 9112 §2.1): its start line, its fields, the framing
+    /// field, an empty line, and its body by length or in chunks.
+    fn encode(built: &Built) -> Vec<u8> {
+        let mut out = format!("{}\r\n", built.start).into_bytes();
+        for (name, value) in &built.fields {
+            out.extend(format!("{name}: {value}\r\n").bytes());
+        }
+        match &built.chunks {
+            None => out.extend(format!("Content-Length: {}\r\n\r\n", built.body.len()).bytes()),
+            Some(_) => out.extend(b"Transfer-Encoding: chunked\r\n\r\n"),
+        }
+        let Some(sizes) = &built.chunks else {
+            out.extend(&built.body);
+            return out;
+        };
+        let mut at = 0;
+        for &size in sizes {
+            let size = size.min(built.body.len() - at);
+            if size == 0 {
+                continue;
+            }
+            out.extend(format!("{size:X};n=v;q=\"a \\\" b\"\r\n").bytes());
+            out.extend(&built.body[at..at + size]);
+            out.extend(b"\r\n");
+            at += size;
+        }
+        if at < built.body.len() {
+            out.extend(format!("{:x}\r\n", built.body.len() - at).bytes());
+            out.extend(&built.body[at..]);
+            out.extend(b"\r\n");
+        }
+        out.extend(b"0\r\nExpires: 0\r\n\r\n");
+        out
+    }
+
+    fn tokens() -> impl Strategy<Value = String> {
+        "[!#$%&'*+.^_`|~0-9A-Za-z-]{1,10}"
+    }
+
+    /// Field lines other than the framing ones: a token and a value of visible ASCII
+    /// with inner spaces and tabs (RFC 9110 §5.5).
+    fn field_lines() -> impl Strategy<Value = Vec<(String, String)>> {
+        let value = "([!-~]([!-~ \t]{0,10}[!-~])?)?";
+        prop::collection::vec((tokens(), value), 0..5).prop_map(|fields| {
+            fields
+                .into_iter()
+                .filter(|(name, _)| {
+                    let name = name.to_ascii_lowercase();
+                    ![
+                        "content-length",
+                        "transfer-encoding",
+                        "connection",
+                        "upgrade",
+                    ]
+                    .contains(&name.as_str())
+                })
+                .collect()
+        })
+    }
+
+    fn framed_bodies() -> impl Strategy<Value = (Vec<u8>, Option<Vec<usize>>)> {
+        (
+            prop::collection::vec(any::<u8>(), 0..300),
+            prop::option::of(prop::collection::vec(1..100usize, 0..5)),
+        )
+    }
+
+    fn requests() -> impl Strategy<Value = Built> {
+        let methods = prop::sample::select(vec!["GET", "POST", "PUT", "DELETE", "PATCH", "QUERY"]);
+        let targets = "/[!-~]{0,20}|http://[a-z0-9.]{1,10}(:[0-9]{1,5})?/[!-~]{0,10}";
+        let versions = prop::sample::select(vec!["1.1", "1.0"]);
+        (methods, targets, versions, field_lines(), framed_bodies()).prop_map(
+            |(method, target, version, fields, (body, chunks))| Built {
+                start: format!("{method} {target} HTTP/{version}"),
+                fields,
+                body,
+                chunks,
+            },
+        )
+    }
+
+    fn responses_built() -> impl Strategy<Value = Built> {
+        let statuses =
+            (200..600u16).prop_filter("a status with a body", |s| ![204, 304].contains(s));
+        let reasons = "([!-~\t ]{0,12}[!-~])?";
+        (statuses, reasons, field_lines(), framed_bodies()).prop_map(
+            |(status, reason, fields, (body, chunks))| Built {
+                start: format!("HTTP/1.1 {status} {reason}"),
+                fields,
+                body,
+                chunks,
+            },
+        )
+    }
+
+    /// `fed`'s events of a message made of `head`, `body` and an end.
+    fn parsed_as(events: &[Event], fields: &[(String, String)], body: &[u8]) -> bool {
+        let head_fields = match events.first() {
+            Some(Event::Head(head)) => &head.fields,
+            Some(Event::Response(head)) => &head.fields,
+            _ => return false,
+        };
+        let rest: Vec<&Event> = events[1..].iter().collect();
+        let (got, end) = match rest[..] {
+            [Event::End] => (&[][..], true),
+            [Event::Body(got), Event::End] => (&got[..], true),
+            _ => (&[][..], false),
+        };
+        end && got == body && head_fields[..fields.len()] == *fields
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Encoded by RFC 9112's rules, a valid request or response is read back as it
+        /// was built, its body's bytes and its end where they were put, however its
+        /// bytes are cut.
+        #[test]
+        fn an_encoded_message_is_read_back_as_it_was_built(
+            built in prop_oneof![requests().prop_map(|b| (b, false)), responses_built().prop_map(|b| (b, true))],
+            cut in 0.0..1.0f64,
+        ) {
+            let (built, is_response) = built;
+            let data = encode(&built);
+            let cut = ((data.len() as f64) * cut) as usize;
+            for cuts in [&[][..], &[cut]] {
+                let got = fed(is_response, &data, cuts);
+                prop_assert!(parsed_as(&got, &built.fields, &built.body), "{:?}: {got:?}", String::from_utf8_lossy(&data));
+            }
+        }
+
+        /// Any bytes (messages built, then changed a little) make the same events
+        /// however they arrive, cut anywhere or a byte at a time: how a body is cut
+        /// depends on how it arrived, nothing else may; and no bytes make it panic.
+        #[test]
+        fn any_bytes_frame_the_same_however_they_arrive(
+            built in prop_oneof![requests().prop_map(|b| (b, false)), responses_built().prop_map(|b| (b, true))],
+            changes in changes(),
+            cuts in prop::collection::vec(0.0..1.0f64, 0..4),
+            every_byte in prop::bool::weighted(0.05),
+        ) {
+            let (built, is_response) = built;
+            let data = mutate(&encode(&built), &changes);
+            let mut cuts: Vec<usize> = if every_byte {
+                (1..data.len()).collect()
             } else {
-                (0..cases.below(4))
-                    .map(|_| cases.below(data.len() + 1))
-                    .collect()
+                cuts.iter().map(|cut| ((data.len() as f64) * cut) as usize).collect()
             };
             cuts.sort_unstable();
-            assert_eq!(
-                fed(is_response, &data, &cuts),
-                whole,
-                "{:?} cut at {cuts:?}",
-                String::from_utf8_lossy(&data)
-            );
+            prop_assert_eq!(fed(is_response, &data, &cuts), fed(is_response, &data, &[]), "{:?} cut at {:?}", String::from_utf8_lossy(&data), cuts);
         }
+
+        /// httparse (hyper's and Pingora's head parser, its leniencies off: its
+        /// defaults) reads every request head this parser reads, the same; and refuses
+        /// every one it refuses, but where httparse has leniencies it cannot switch
+        /// off (a bare LF, any token as a method, obs-text or any form of target) and
+        /// for the framing fields, which it does not read.
+        #[test]
+        fn request_heads_are_read_as_httparse_reads_them(built in requests(), changes in changes()) {
+            let data = mutate(&encode(&built), &changes);
+            let mut headers = [httparse::EMPTY_HEADER; 64];
+            let mut theirs = httparse::Request::new(&mut headers);
+            let parsed = theirs.parse(&data);
+            match events(&data).first() {
+                Some(Event::Head(head)) if ["1.0", "1.1"].contains(&head.version.as_str()) => {
+                    let length = head_length(&data);
+                    prop_assert_eq!(parsed, Ok(httparse::Status::Complete(length)));
+                    prop_assert_eq!(theirs.method, Some(head.method.as_str()));
+                    prop_assert_eq!(theirs.path.map(str::as_bytes), Some(&head.target[..]));
+                    prop_assert_eq!(theirs.version.map(|v| format!("1.{v}")), Some(head.version.clone()));
+                    prop_assert_eq!(httparse_fields(theirs.headers), head.fields.clone());
+                }
+                Some(Event::Refused(_, why)) if !HTTPARSE_LENIENT.contains(&why.as_str()) && !FRAMING.contains(&why.as_str()) => {
+                    prop_assert!(parsed.is_err(), "{:?}: {why}", String::from_utf8_lossy(&data));
+                }
+                _ => {}
+            }
+        }
+
+        /// The same for response heads.
+        #[test]
+        fn response_heads_are_read_as_httparse_reads_them(built in responses_built(), changes in changes()) {
+            let data = mutate(&encode(&built), &changes);
+            let mut headers = [httparse::EMPTY_HEADER; 64];
+            let mut theirs = httparse::Response::new(&mut headers);
+            let parsed = theirs.parse(&data);
+            match responses(&["GET"], &data).first() {
+                Some(Event::Response(head)) => {
+                    prop_assert_eq!(parsed, Ok(httparse::Status::Complete(head_length(&data))));
+                    prop_assert_eq!(theirs.code, Some(head.status));
+                    // httparse gives a reason with obs-text as empty.
+                    if head.reason.is_ascii() {
+                        prop_assert_eq!(theirs.reason, Some(head.reason.as_str()));
+                    }
+                    prop_assert_eq!(theirs.version.map(|v| format!("1.{v}")), Some(head.version.clone()));
+                    prop_assert_eq!(httparse_fields(theirs.headers), head.fields.clone());
+                }
+                Some(Event::Refused(_, why)) if !HTTPARSE_LENIENT.contains(&why.as_str()) && !FRAMING.contains(&why.as_str()) => {
+                    prop_assert!(parsed.is_err(), "{:?}: {why}", String::from_utf8_lossy(&data));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The refusals of what httparse lets by with no switch to refuse it.
+    const HTTPARSE_LENIENT: &[&str] = &[
+        "a line ends with a bare LF",
+        "an unknown method",
+        "an invalid request target",
+        // httparse reads any byte but CR and LF as the reason's (obs-text read as none).
+        "an invalid character in the reason phrase",
+    ];
+
+    /// The refusals of framing fields, which httparse does not read.
+    const FRAMING: &[&str] = &[
+        "an invalid Content-Length",
+        "a Content-Length too large",
+        "more than one Content-Length",
+        "both Content-Length and Transfer-Encoding",
+        "an empty Transfer-Encoding",
+        "chunked is applied more than once",
+        "chunked is not the request's last transfer coding",
+        "a 1xx response announces a body",
+    ];
+
+    /// Where the head of `data` ends, its empty line included.
+    fn head_length(data: &[u8]) -> usize {
+        data.windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .map_or(0, |at| at + 4)
+    }
+
+    fn httparse_fields(headers: &[httparse::Header<'_>]) -> Vec<(String, String)> {
+        headers
+            .iter()
+            .map(|h| (h.name.to_string(), latin1(trim_ows(h.value))))
+            .collect()
     }
 }
