@@ -280,6 +280,103 @@ REQUESTS = [
         "5\r\nhello\r\n0\r\n\r\n",
         501,
     ),
+    (
+        "§2.2 a bare LF ending a chunk-size line",
+        "POST {target} HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "5\nhello\r\n0\r\n\r\n",
+        400,
+    ),
+    (
+        "§6.1 chunked twice in one field line",
+        "POST {target} HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked, chunked\r\n\r\n"
+        "5\r\nhello\r\n0\r\n\r\n",
+        400,
+    ),
+    (
+        "§6.1 chunked twice in two field lines",
+        "POST {target} HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        400,
+    ),
+    (
+        "§6.3 chunked not the last coding of a request",
+        "POST {target} HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked, gzip\r\n\r\n"
+        "5\r\nhello\r\n0\r\n\r\n",
+        400,
+    ),
+    (
+        "§6.3 a Transfer-Encoding without chunked in a request",
+        "POST {target} HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: gzip\r\n\r\nhello",
+        400,
+    ),
+    (
+        "§6.1 both Content-Length and Transfer-Encoding",
+        "POST {target} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 5\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        400,
+    ),
+    (
+        "§6.3 two Content-Length lines",
+        "POST {target} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 5\r\nContent-Length: 5\r\n"
+        "\r\nhello",
+        400,
+    ),
+    (
+        "§7.1 a chunk size with a sign",
+        "POST {target} HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "+5\r\nhello\r\n0\r\n\r\n",
+        400,
+    ),
+    (
+        "§7.1.2 a trailer line that is no field line",
+        "POST {target} HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "5\r\nhello\r\n0\r\nno colon\r\n\r\n",
+        400,
+    ),
+]
+# Refused by the core's parser (the lean server's), which mitmproxy's reading of an
+# absolute-form request lets by: it takes a bare LF as a line's end, a bare CR inside a
+# line, words split by any whitespace, an obs-fold (joined), and h11's chunk lines (any
+# extension, sizes up to 20 digits). See docs/reliability.md.
+CORE_REQUESTS = [
+    (
+        "§2.2 lines ended by a bare LF",
+        "GET {target} HTTP/1.1\nHost: {host}\n\n",
+        400,
+    ),
+    (
+        "§2.2 a bare CR in a field line",
+        "GET {target} HTTP/1.1\r\nHost: {host}\r\nX: a\rb\r\n\r\n",
+        400,
+    ),
+    (
+        "§2.2 a bare CR in a chunk-size line",
+        "POST {target} HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "5;a\rb\r\nhello\r\n0\r\n\r\n",
+        400,
+    ),
+    (
+        "§3 two spaces in the request line",
+        "GET  {target} HTTP/1.1\r\nHost: {host}\r\n\r\n",
+        400,
+    ),
+    (
+        "§5.2 an obsolete line folding",
+        "GET {target} HTTP/1.1\r\nHost: {host}\r\nX: a\r\n b\r\n\r\n",
+        400,
+    ),
+    (
+        "§7.1 a chunk size over 64 bits",
+        "POST {target} HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "10000000000000005\r\nhello\r\n0\r\n\r\n",
+        400,
+    ),
+    (
+        "§7.1.1 whitespace in a chunk extension",
+        "POST {target} HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "5; a=b\r\nhello\r\n0\r\n\r\n",
+        400,
+    ),
 ]
 
 
@@ -289,12 +386,37 @@ REQUESTS = [
 def test_a_request_the_rfc_refuses_is_refused_and_never_forwarded(
     client: Client, raw_origin: RawOrigin, raw: str, status: int
 ) -> None:
+    _refused_and_nothing_after_it_forwarded(client, raw_origin, raw, status)
+
+
+@pytest.mark.parametrize(
+    ("raw", "status"), [row[1:] for row in CORE_REQUESTS], ids=[row[0] for row in CORE_REQUESTS]
+)
+def test_a_request_the_core_refuses_is_refused_and_nothing_after_it_forwarded(
+    strict_sidecar: Sidecar, raw_origin: RawOrigin, raw: str, status: int
+) -> None:
+    client = Client(strict_sidecar, "lean", raw_origin.port)
+    try:
+        _refused_and_nothing_after_it_forwarded(client, raw_origin, raw, status)
+    finally:
+        client.close()
+
+
+def _refused_and_nothing_after_it_forwarded(
+    client: Client, raw_origin: RawOrigin, raw: str, status: int
+) -> None:
     name = f"refused-{time.monotonic_ns()}"
     path = f"/r/{name}"
-    client.send(raw.format(target=client.target(name), host=client.authority, path=path).encode())
-    reply = client.replies()
+    # A valid request pipelined after it, in the same write: nothing after a refused
+    # message is read, so it never reaches the origin either.
+    after = f"/r/after-{name}"
+    request = raw.format(target=client.target(name), host=client.authority, path=path)
+    request += f"GET {client.target(after[3:])} HTTP/1.1\r\nHost: {client.authority}\r\n\r\n"
+    client.send(request.encode())
+    reply = client.replies(count=2)
     assert reply.statuses == [status] and reply.closed, reply
     assert not any(path.encode() in seen.raw for seen in raw_origin.connections)
+    assert not any(after.encode() in seen.raw for seen in raw_origin.connections)
 
 
 def test_chunked_followed_by_a_tab_frames_a_request_as_chunked(
@@ -444,6 +566,38 @@ RESPONSES = [
         False,
     ),
     (
+        "RFC 9112 §2.2 lines ended by a bare LF",
+        b"HTTP/1.1 200 OK\nContent-Length: 5\n\nhello",
+        502,
+        None,
+        True,
+        False,
+    ),
+    (
+        "RFC 9112 §2.2 a bare CR in a field line",
+        b"HTTP/1.1 200 OK\r\nX: a\rb\r\nContent-Length: 5\r\n\r\nhello",
+        502,
+        None,
+        True,
+        False,
+    ),
+    (
+        "RFC 9112 §6.1 chunked twice",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        502,
+        None,
+        True,
+        False,
+    ),
+    (
+        "RFC 9112 §6.1 an empty Transfer-Encoding",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding:\r\n\r\nhello",
+        502,
+        None,
+        True,
+        False,
+    ),
+    (
         # "... MUST treat the message as if the framing is faulty": decoded and relayed,
         # the connection closed after it, and never kept.
         "RFC 9112 §6.1 Transfer-Encoding in an HTTP/1.0 response",
@@ -492,6 +646,38 @@ def test_a_response_is_framed_by_the_rfc_and_an_invalid_one_is_a_502(
     again = client.replies(count=2, linger=0)
     assert again.statuses == [status, status] and again.bodies[1] == reply.bodies[0], again
     assert raw_origin.count(name) == (1 if stored else 2)
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        b"5;a\rb\r\nhello\r\n0\r\n\r\n",
+        b"5\nhello\r\n0\r\n\r\n",
+        b"5; a=b\r\nhello\r\n0\r\n\r\n",
+        b"10000000000000005\r\nhello\r\n0\r\n\r\n",
+        b"5\r\nhello\r\n0\r\nno colon\r\n\r\n",
+    ],
+    ids=[
+        "§2.2 a bare CR in a chunk-size line",
+        "§2.2 a bare LF ending a chunk-size line",
+        "§7.1.1 whitespace in a chunk extension",
+        "§7.1 a chunk size over 64 bits",
+        "§7.1.2 a trailer line that is no field line",
+    ],
+)
+def test_a_chunked_response_with_a_framing_error_never_reaches_a_client_whole_nor_the_buffer(
+    front: str, strict_sidecar: Sidecar, raw_origin: RawOrigin, broken: bytes
+) -> None:
+    name = f"broken-chunks-{time.monotonic_ns()}"
+    raw_origin.responses[name] = CHUNKED + broken + OK  # and a forged response after it
+    for attempt in (1, 2):
+        reply = _get(strict_sidecar, front, raw_origin, name)
+        # A 502 if the refusal came before the head was relayed; else the relayed 200 cut
+        # off: never a whole 200, nor the forged response.
+        assert reply.statuses == [502] or (reply.complete == 0 and reply.closed), reply
+        assert b"hello" not in b"".join(reply.bodies[1:]), reply
+        assert raw_origin.seen(name).closed.wait(BOUND)
+        assert raw_origin.count(name) == attempt  # never stored
 
 
 # -- malformed requests, generated -----------------------------------------------------------
