@@ -318,6 +318,21 @@ KNOWN_DIFFERENCES = [
         _version_python_refuses,
     ),
     Difference(
+        "an HTTP/0.9 request line ended by a bare CR or LF",
+        "RFC 9112 §2.2: a bare CR or LF is refused (llhttp ends a request line without a "
+        "version at either; sidecar.wire.framing refuses HTTP/0.9 anyway)",
+        lambda case: (
+            _refused_by_us(case, "a line ends with a bare LF", "a bare CR")
+            and any(m.start[2] == "0.9" for m in case.llhttp.messages[len(case.ours.ended()) :])
+        ),
+    ),
+    Difference(
+        "a status code below 100",
+        "RFC 9110 §15: 'Values outside the range 100..599 are invalid', and below 100 no "
+        "rule says whether a body follows (llhttp frames one as a final response's)",
+        lambda case: _refused_by_us(case, "a status code below 100"),
+    ),
+    Difference(
         "a response that is not HTTP/1.x",
         "RFC 9112 §2.3, §4: an HTTP/1.1 connection's responses are HTTP/1.x (llhttp also "
         "reads HTTP/2.0, 0.9, RTSP and ICE)",
@@ -663,10 +678,15 @@ REQUEST_EXAMPLES = [
     # chunked given twice.
     b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n"
     b"0\r\n\r\n",
+    # Deep run of 01:10 (50,000 examples a test): llhttp ends a request line without a
+    # version at a bare LF.
+    b"DELETE /00000000?00000000HTTP/1.1\n\r\n",
 ]
 RESPONSE_EXAMPLES = [
     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;a\rb\r\nhello\r\n0\r\n\r\n",
     b"HTTP/1.1 200 OK\nContent-Length: 0\n\n",
+    # Deep run of 01:10: a status below 100, which the core framed as an interim one.
+    b"HTTP/1.1 000 OK\r\n\r\n",
 ]
 
 
@@ -716,6 +736,8 @@ def test_every_known_difference_is_met_and_is_a_difference() -> None:
         ),
         "more than one SP between a request line's parts": (b"GET  /x HTTP/1.1\r\n\r\n", False),
         "an HTTP version other than 1.x in a request": (b"GET /x HTTP/1.2\r\n\r\n", False),
+        "an HTTP/0.9 request line ended by a bare CR or LF": (b"GET /x\n\r\n", False),
+        "a status code below 100": (b"HTTP/1.1 000 OK\r\n\r\n", True),
         "a response that is not HTTP/1.x": (b"HTTP/2.0 200 OK\r\nContent-Length: 0\r\n\r\n", True),
         "a control character in a reason phrase": (
             b"HTTP/1.1 200 O\x00K\r\nContent-Length: 0\r\n\r\n",

@@ -512,7 +512,12 @@ impl Parser {
         let asked = self.asked.as_str();
         let status = head.status;
         let length = content_length(&head.fields);
-        self.state = if status == 101 {
+        self.state = if status < 100 {
+            // RFC 9110 §15: "Values outside the range 100..599 are invalid"; below 100
+            // no rule says whether a body follows (llhttp frames one as a final
+            // response's), and Python refuses it anyway (`response_head_error`).
+            return Some(self.refusal("a status code below 100"));
+        } else if status == 101 {
             // Switching protocols (RFC 9110 §15.2.2): what follows is the new protocol's.
             State::Stopped
         } else if status < 200 {
@@ -1080,6 +1085,8 @@ mod tests {
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding:\r\n\r\n",
             b"HTTP/1.1 199 Hm\r\nContent-Length: 2\r\n\r\nhi",
             b"HTTP/1.1 103 Early\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            b"HTTP/1.1 000 OK\r\n\r\n",
+            b"HTTP/1.1 099 OK\r\nContent-Length: 0\r\n\r\n",
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;a\rb\r\nhello\r\n",
         ] {
             let got = responses(&["GET"], data);
@@ -1555,6 +1562,8 @@ mod tests {
         "an invalid request target",
         // httparse reads any byte but CR and LF as the reason's (obs-text read as none).
         "an invalid character in the reason phrase",
+        // Any three digits are a status to httparse.
+        "a status code below 100",
     ];
 
     /// The refusals of framing fields, which httparse does not read.
