@@ -4,33 +4,36 @@
 //! The parser frames messages and refuses what cannot be read; what may be served or
 //! relayed is decided in Python (`sidecar.wire.framing`: versions, Host, the transfer
 //! codings of a request; the status of a response), which gets each head with the
-//! fields its rules read. As strict as llhttp in strict mode (the parser before it, and
-//! the reference a differential fuzzer compares it with on every test run:
+//! fields its rules read. As strict as llhttp in its strict default (the parser before
+//! it, and the reference a differential fuzzer holds it to on every test run:
 //! `tests/sidecar/test_parser_differential.py`), on both edges. Refused, with 400 from
-//! a client (431 for a head over `MAX_HEAD`) and 502 from an origin, the connection then
-//! read no further: a bare CR anywhere in a head or a chunk line, and a line ended by a
-//! bare LF (RFC 9112 §2.2 lets a recipient take a bare LF as a line's end; llhttp does
-//! not, nor does this parser, so that no two readers of one message split it into
+//! a client (431 for a head over `MAX_HEAD`) and 502 from an origin, nothing after it
+//! read: a bare CR anywhere in a head, a chunk line or a trailer, and a line ended by a
+//! bare LF (RFC 9112 §2.2 lets a recipient take a bare LF for a line's end; llhttp does
+//! not, nor does this parser, so that no two readers of a relayed message split it into
 //! different lines); a request line that is not `method SP target SP HTTP/d.d` (one SP
 //! each), with a method llhttp does not know or a target of a form llhttp refuses; a
+//! status line that is not `HTTP/1.x SP 3DIGIT [SP reason]`, a status below 100; a
 //! field line with whitespace before its colon, an obsolete line folding, or a control
 //! character; a Content-Length that is not one number, or given twice; both
-//! Content-Length and Transfer-Encoding (§6.1); chunked applied twice (§6.1: "A sender
-//! MUST NOT apply the chunked transfer coding more than once"); a request whose last
-//! coding is not chunked (§6.3: the server "MUST respond with the 400"); an empty
-//! Transfer-Encoding; a 1xx that announces a body (RFC 9110 §15.2); a chunk size that
-//! is not hex or overflows 64 bits, a chunk extension outside §7.1.1's grammar (no BWS,
-//! as llhttp), data past a chunk's size, a trailer line that is not a field line.
+//! Content-Length and Transfer-Encoding; chunked applied twice (§6.1: "A sender MUST NOT
+//! apply the chunked transfer coding more than once"); a request whose last coding is
+//! not chunked (§6.3: the server "MUST respond with the 400"); an empty
+//! Transfer-Encoding; a 1xx that announces a body (RFC 9110 §15.2); a chunk size that is
+//! not hex or overflows 64 bits, a chunk extension outside §7.1.1's grammar (its BWS
+//! too, as llhttp), data past a chunk's size, a trailer line that is no field line.
 //!
-//! Where it differs from llhttp, on purpose, the fuzzer lists the difference and its
-//! reason (`KNOWN_DIFFERENCES` there, and `docs/reliability.md`): whitespace after the
-//! last transfer coding is optional whitespace (RFC 9110 §5.6.3), so `chunked` and a tab
-//! is chunked (llhttp refuses the request, and frames such a response by the
-//! connection's end); it refuses what llhttp lets by, where RFC 9112 allows refusing
-//! it: a bare CR or LF before a request line (only CRLF is skipped, §2.2), more than one
-//! SP between a request line's parts (§3), a chunk extension with an empty value
-//! (§7.1.1), a response that is not HTTP/1.x, chunked twice in a response, a 1xx with a
-//! body, and any byte before a status line.
+//! Where it differs from llhttp, on purpose, the fuzzer lists the difference with its
+//! reason (`KNOWN_DIFFERENCES` there; the table in `docs/reliability.md`): whitespace
+//! after the last transfer coding is optional whitespace (RFC 9110 §5.6.3), so `chunked`
+//! and a tab is chunked (llhttp refuses the request, and reads such a response to the
+//! close); the parser hands every `HTTP/d.d` of a request line over, for Python to
+//! refuse all but 1.x; and it refuses what llhttp lets by, where the RFCs allow it: a
+//! bare CR or LF before a request line (only CRLF is skipped, §2.2) and any byte before
+//! a status line, more than one SP in a request line (§3), a response that is not
+//! HTTP/1.x, a control character in a reason phrase (§4), a status below 100, a 1xx
+//! with a body, chunked twice in a response, a chunk extension with an empty value, the
+//! method PRI (HTTP/2's preface), and a request that upgrades whose framing is invalid.
 //!
 //! Written here rather than taken from `httparse` (hyper's and Pingora's head parser,
 //! which `cargo test` uses as a second reference for heads): httparse takes a bare LF
@@ -791,7 +794,7 @@ fn framing(fields: &[(String, String)]) -> Result<Framing, &'static str> {
         return Err("more than one Content-Length");
     }
     if framing.transfer_encoding.is_some() {
-        // RFC 9112 §6.1: a message with both "ought to be handled as an error".
+        // RFC 9112 §6.3 rule 3: a message with both "ought to be handled as an error".
         if lengths == 1 {
             return Err("both Content-Length and Transfer-Encoding");
         }
