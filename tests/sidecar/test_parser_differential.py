@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httptools
+import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
@@ -33,6 +34,9 @@ FUZZ = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+# pytest-timeout's bound on a test: a tenth of a second an example, ten times what one
+# takes, so that the deep run has its own.
+pytestmark = pytest.mark.timeout(FUZZ.max_examples / 10)
 # What completes a head or a chunk line that one parser left waiting for more, so that
 # a refusal llhttp made byte by byte can be compared with one the core makes once a line
 # or a head is whole: every refusal is of a prefix, which no continuation makes valid.
@@ -681,6 +685,8 @@ REQUEST_EXAMPLES = [
     # Deep run of 01:10 (50,000 examples a test): llhttp ends a request line without a
     # version at a bare LF.
     b"DELETE /00000000?00000000HTTP/1.1\n\r\n",
+    # Deep run of 01:16: a CONNECT's authority with a byte no authority has.
+    b'CONNECT "origin.test:443 HTTP/1.1\r\n\r\n',
 ]
 RESPONSE_EXAMPLES = [
     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;a\rb\r\nhello\r\n0\r\n\r\n",

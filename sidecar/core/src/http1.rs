@@ -697,28 +697,29 @@ fn parse_head(head: &[u8]) -> Result<Head, Event> {
 
 /// A request target of one of RFC 9112 §3.2's forms, in the bytes llhttp takes: visible
 /// ASCII only (no obs-text, no control, no space), an origin-form or asterisk-form
-/// (`/...`, `*`), an absolute-form with a scheme of letters and an authority without
-/// the characters RFC 3986 leaves out of it, or anything for CONNECT's authority-form,
-/// which is refused above the parser.
+/// (`/...`, `*`), an absolute-form with a scheme of letters, or CONNECT's
+/// authority-form (refused above the parser), each authority without the characters RFC
+/// 3986 leaves out of one.
 fn valid_target(method: &str, target: &[u8]) -> bool {
     if target.is_empty() || !target.iter().all(|b| (0x21..=0x7e).contains(b)) {
         return false;
     }
-    if method == "CONNECT" || target[0] == b'/' || target[0] == b'*' {
+    if target[0] == b'/' || target[0] == b'*' {
         return true;
     }
-    let scheme = target
-        .iter()
-        .take_while(|b| b.is_ascii_alphabetic())
-        .count();
-    let Some(rest) = target[scheme..].strip_prefix(b"://") else {
-        return false;
+    let authority = if method == "CONNECT" {
+        target
+    } else {
+        let scheme = target.iter().take_while(|b| b.is_ascii_alphabetic()).count();
+        match target[scheme..].strip_prefix(b"://") {
+            Some(rest) if scheme > 0 => rest,
+            _ => return false,
+        }
     };
-    scheme > 0
-        && rest
-            .iter()
-            .take_while(|&&b| b != b'/' && b != b'?')
-            .all(|b| !b"\"#<>\\^`{|}".contains(b))
+    authority
+        .iter()
+        .take_while(|&&b| b != b'/' && b != b'?')
+        .all(|b| !b"\"#<>\\^`{|}".contains(b))
 }
 
 /// One field line (RFC 9110 §5, RFC 9112 §5) of a head or a trailer section, or why it
@@ -1079,6 +1080,7 @@ mod tests {
             b"GET x HTTP/1.1\r\n\r\n",
             b"GET /\x80 HTTP/1.1\r\n\r\n",
             b"GET http://a\"b/ HTTP/1.1\r\n\r\n",
+            b"CONNECT \"a:443 HTTP/1.1\r\n\r\n",
             b"GET / HTTP/1.1\r\nX: a\x0c\r\n\r\n",
         ] {
             assert_eq!(refused(data), 400, "{}", String::from_utf8_lossy(data));
