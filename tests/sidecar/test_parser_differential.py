@@ -255,8 +255,15 @@ def _llhttp_read_on(case: Case) -> bool:
 
 
 def _te_with_ows(case: Case) -> bool:
-    # A Transfer-Encoding line whose last coding, chunked, is followed by whitespace.
-    return re.search(rb"(?im)^transfer-encoding:[^\r\n]*chunked[ \t]+\r\n", case.data) is not None
+    """The head where they part has a Transfer-Encoding line whose last coding, chunked,
+    is followed by whitespace; llhttp refused it (a request) or reads the body to the
+    close (a response)."""
+    head = case.rest().partition(b"\r\n\r\n")[0] + b"\r\n"
+    if re.search(rb"(?im)^transfer-encoding:[^\r\n]*chunked[ \t]+\r\n", head) is None:
+        return False
+    if case.responses:
+        return case.llhttp.open() is not None
+    return case.llhttp.refused == "Request has invalid `Transfer-Encoding`"
 
 
 def _version_python_refuses(case: Case) -> bool:
@@ -287,8 +294,12 @@ KNOWN_DIFFERENCES = [
         "RFC 9112 §2.2: a server ignores an empty line (CRLF) before a request line; a "
         "bare CR or LF is refused there as anywhere, and no byte comes before a status line",
         lambda case: (
-            case.ours.refused is not None
-            and _llhttp_read_on(case)
+            _refused_by_us(
+                case,
+                "a line ends with a bare LF",
+                "a bare CR",
+                "the status line has no HTTP/1.x version",
+            )
             and re.match(rb"(\r\n)*[\r\n]" if not case.responses else rb"[\r\n]", case.rest())
             is not None
         ),
@@ -310,8 +321,12 @@ KNOWN_DIFFERENCES = [
         "'can result in request smuggling'",
         lambda case: (
             not case.responses
-            and case.ours.refused is not None
-            and _llhttp_read_on(case)
+            and _refused_by_us(
+                case,
+                "the request line has more than three parts",
+                "an invalid request target",
+                "an invalid HTTP version",
+            )
             and b"  " in case.next_line()
         ),
     ),
