@@ -685,6 +685,12 @@ def _check(data: bytes, cut: list[int], responses: bool) -> None:
     assert why is None, why
     framed = native.frame([data], responses)
     event(f"the core refused: {framed.refused[1]}" if framed.refused else "the core read it")
+    # After an upgrade's (or a 101's, or a CONNECT's) head, what is left is the new
+    # protocol's, from the byte after the head: the stream hands it over as it came.
+    last = framed.messages[-1] if framed.messages else None
+    if framed.stopped and framed.refused is None and last is not None and last.end is not None:
+        if last.upgrade or last.method == "CONNECT":
+            assert framed.rest == data[last.end :], (data, framed.rest)
 
 
 # Cases found by the deep run, and the issue's: kept so that every run tries them.
