@@ -10,8 +10,8 @@
 //! a client (431 for a head over `MAX_HEAD`) and 502 from an origin, nothing after it
 //! read: a bare CR anywhere in a head, a chunk line or a trailer, and a line ended by a
 //! bare LF (RFC 9112 §2.2 lets a recipient take a bare LF for a line's end; llhttp does
-//! not, nor does this parser, so that no two readers of a relayed message split it into
-//! different lines); a request line that is not `method SP target SP HTTP/d.d` (one SP
+//! not, but after a request line without a version, nor does this parser, so that no two
+//! readers of a relayed message split it into different lines); a request line that is not `method SP target SP HTTP/d.d` (one SP
 //! each), with a method llhttp does not know or a target of a form llhttp refuses; a
 //! status line that is not `HTTP/1.x SP 3DIGIT [SP reason]`, a status below 100; a
 //! field line with whitespace before its colon, an obsolete line folding, or a control
@@ -710,7 +710,10 @@ fn valid_target(method: &str, target: &[u8]) -> bool {
     let authority = if method == "CONNECT" {
         target
     } else {
-        let scheme = target.iter().take_while(|b| b.is_ascii_alphabetic()).count();
+        let scheme = target
+            .iter()
+            .take_while(|b| b.is_ascii_alphabetic())
+            .count();
         match target[scheme..].strip_prefix(b"://") {
             Some(rest) if scheme > 0 => rest,
             _ => return false,
