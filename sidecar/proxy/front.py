@@ -12,10 +12,13 @@
   tunnelled to the origin untouched (`sidecar.wire.tunnel`). So is a client that refused
   the pod CA's certificate for that host not long ago (`sidecar.wire.rejections`): the
   handshake it ends with a certificate alert, or a close, is remembered by its hello.
-- Everything else (CONNECT to other hosts, which are tunnelled untouched, plain-HTTP
-  proxy requests, the hostAliases and transparent listeners): handed to mitmproxy
-  exactly as it arrived. The first bytes are only peeked (MSG_PEEK), never read,
-  before that decision.
+- A plain-HTTP request to the proxy itself (absolute-form, `GET http://host/path`):
+  its connection's stream serves it and every request after it for the lean server
+  (`sidecar.wire.server.Forwarded`), whatever host each names; the router passes those
+  to hosts that are not intercepted untouched.
+- Everything else (CONNECT to other hosts, which are tunnelled untouched, the hostAliases
+  and transparent listeners): handed to mitmproxy exactly as it arrived. The first bytes
+  are only peeked (MSG_PEEK), never read, before that decision.
 
 The listening sockets are made once by the parent process and shared by every
 worker; `Balance` keeps each worker's share of the open connections even.
@@ -37,7 +40,7 @@ from sidecar.settings import host_matches
 from sidecar.wire import hello, tunnel
 from sidecar.wire.client import UpstreamError
 from sidecar.wire.rejections import CLIENT_REJECTED_CA, Rejections, handshake_refusal
-from sidecar.wire.server import Http1Connection, Tunnel
+from sidecar.wire.server import Forwarded, Http1Connection, Tunnel
 from sidecar.wire.tunnel import Tunnels
 
 logger = logging.getLogger(__name__)
@@ -64,6 +67,26 @@ class Connect:
 
     tunnel: Tunnel
     head_length: int
+
+
+def forwarded_request(head: bytes) -> bool | None:
+    """Is the request at the start of `head` one for the proxy itself to forward: a
+    request line (RFC 9112 §3) whose target is in absolute form, an http or https URL?
+    None while what came could still begin such a line, but it is not whole."""
+    end = head.find(b"\r\n")
+    if end < 0:
+        if len(head) >= native.REQUEST_PEEK:
+            return False
+        method, space, target = head.partition(b" ")
+        if not space:
+            return None if not method or (method.isalpha() and method.isupper()) else False
+        target = target[:8].lower()
+        could_be = any(s.startswith(target) or target.startswith(s) for s in _ABSOLUTE)
+        return None if could_be else False
+    parts = head[:end].split(b" ")
+    if len(parts) != 3 or parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
+        return False
+    return parts[1][:8].lower().startswith(_ABSOLUTE)
 
 
 def parse_connect(head: bytes) -> Connect | None:
@@ -205,9 +228,9 @@ class Front:
 
         self._spawn(hand_off())
 
-    def _serve_requests(self, arrival: native.Arrival, tunnel: Tunnel) -> None:
-        """The lean server answers the requests inside the tunnel, the core's table of
-        answers first where it can."""
+    def _serve_requests(self, arrival: native.Arrival, tunnel: Tunnel | Forwarded) -> None:
+        """The lean server answers the requests inside the tunnel, or those sent to the
+        proxy itself, the core's table of answers first where it can."""
         protocol = Http1Connection(tunnel, self._router, self._balance.closed, self._router.answers)
         arrival.take_stream(protocol, requests=True)
 
@@ -284,6 +307,15 @@ class _Arrival:
             self._arrival.peek_later(_PEEK_INTERVAL)
             return
         connect = parse_connect(head)
+        if connect is None:
+            forwarded = forwarded_request(head)
+            if forwarded is None:
+                self._arrival.peek_later(_PEEK_INTERVAL)
+                return
+            if forwarded:
+                self._settle()
+                self._front._serve_requests(self._arrival, FORWARDED)
+                return
         if connect is None or not host_matches(connect.tunnel.host, self._front._intercept):
             self._settle()
             self._front._hand_off(self._listener, _socket(self._arrival.detach()))
@@ -359,6 +391,10 @@ class _Arrival:
         """Someone else owns the connection from now on, or nobody."""
         self._deadline.cancel()
         self._front._arrivals.discard(self)
+
+
+FORWARDED = Forwarded()
+_ABSOLUTE = (b"http://", b"https://")
 
 
 def _socket(fd: int) -> socket.socket:

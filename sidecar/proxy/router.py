@@ -53,6 +53,7 @@ from sidecar.wire.client import Interim, Response, UpstreamError
 from sidecar.wire.exchange import Body, BodyFile, Channel, ClientGone, Immediate, Request
 from sidecar.wire.fields import Fields, Headers, header
 from sidecar.wire.server import status_and_fields
+from sidecar.wire.tunnel import NOT_INTERCEPTED
 
 logger = logging.getLogger(__name__)
 
@@ -265,6 +266,7 @@ class Router:
         self.metrics = metrics
         self._representations: dict[str, Representation] = {}
         self._freshness_hosts: dict[str, bool] = {}  # by host[:port]
+        self._intercepted_hosts: dict[str, bool] = {}  # by scheme://host[:port]
         # The key `hit_now` just found nothing for: `handle()` of the same request,
         # which follows at once, need not ask the index again (a miss would cost two
         # queries). Used once; an object stored meanwhile is found by the claim.
@@ -287,7 +289,10 @@ class Router:
         with channel.keep_alive():
             try:
                 verdict = policy.request_may_hit(request.method, request.fields)
-                if verdict.cacheable:
+                if not self._intercepted(request.url):
+                    # A client of the forward proxy may name any host: relayed untouched.
+                    await self._pass(request, channel, NOT_INTERCEPTED, body, direct=True)
+                elif verdict.cacheable:
                     await self._serve(request, channel)
                 else:
                     await self._pass(request, channel, verdict.reason, body)
@@ -511,6 +516,19 @@ class Router:
             entry.headers, entry.lifetime, entry.born, request.fields, time.time()
         )
 
+    def _intercepted(self, url: str) -> bool:
+        """Is the host of `url` intercepted (`--intercept`)? Asked of every request,
+        since a client of the forward proxy names its host in each; remembered by the
+        URL's text up to its path."""
+        origin = "/".join(url.split("/", 3)[:3])
+        known = self._intercepted_hosts.get(origin)
+        if known is None:
+            if len(self._intercepted_hosts) >= REMEMBERED:
+                self._intercepted_hosts.clear()
+            known = host_matches(urlsplit(url).hostname or "", self.settings.intercept)
+            self._intercepted_hosts[origin] = known
+        return known
+
     def _by_freshness(self, key: str) -> bool:
         """Do objects of this key follow RFC 9111 freshness: an API page whose answers
         move (`endpoints`), or any object of a `--http-freshness` host?"""
@@ -620,6 +638,8 @@ class Router:
             return None
         if policy.needs_revalidation(self.settings.revalidate, request.fields):
             return None
+        if not self._intercepted(request.url):
+            return None
         try:
             key = policy.cache_key(request.url)
             rules = endpoints.rules(key)
@@ -710,14 +730,20 @@ class Router:
         return known
 
     async def _pass(
-        self, request: Request, channel: Channel, reason: str, body: Body | None = None
+        self,
+        request: Request,
+        channel: Channel,
+        reason: str,
+        body: Body | None = None,
+        direct: bool = False,
     ) -> None:
-        """Forward the client's own request (Range, conditionals, body kept) and relay."""
+        """Forward the client's own request (Range, conditionals, body kept) and relay;
+        `direct`: to the origin itself, never through the parent tier."""
         headers = forwarded_headers(request.headers, for_fill=False)
         self.metrics.counters.upstream_requests += 1
         try:
             response = await self.upstream.get(
-                request.url, headers, method=request.method, body=body
+                request.url, headers, method=request.method, body=body, direct=direct
             )
         except UpstreamError as e:
             self.metrics.counters.upstream_errors += 1

@@ -1,8 +1,10 @@
-"""The lean HTTP/1.1 server inside intercepted CONNECT tunnels.
+"""The lean HTTP/1.1 server inside intercepted CONNECT tunnels, and of the forward proxy.
 
 After the front end (`sidecar.proxy.front`) has answered a CONNECT to an intercepted host
 and the TLS handshake with the host's leaf certificate is done, this protocol reads
-the requests in the tunnel and hands each one to its handler
+the requests in the tunnel (`Tunnel`); for a client that sends the proxy its requests
+themselves (`GET http://host/path`), the requests of its connection (`Forwarded`). It
+hands each one to its handler
 (`sidecar.wire.exchange.Handler`, which the router implements). It does the least a
 request needs: its transport, the Rust core's stream (`sidecar.core.native.Stream`:
 the socket, TLS, every byte sent), parses each request and hands over its head (one
@@ -65,6 +67,48 @@ class Tunnel:
         scheme, default_port = ("https", 443) if self.tls else ("http", 80)
         authority = self.host if self.port == default_port else f"{self.host}:{self.port}"
         return f"{scheme}://{authority}{target}"
+
+    @property
+    def scope(self) -> str:
+        """What each request's target is read under: the URL up to its path."""
+        return self.url("")
+
+    def request_url(self, target: bytes) -> str:
+        """The URL a request inside the tunnel asks for: the tunnel, not the request's
+        Host or target, names the origin."""
+        return self.url(origin_form_target(target))
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    """The clients of the forward proxy itself, which name their origins in each
+    request's target (absolute-form, RFC 9112 §3.2.2: `GET http://host/path`), one
+    request's origin perhaps not the next one's."""
+
+    host: str = "the forward proxy"  # what the log says of a refused request
+    scope: str = ""  # targets are whole URLs
+
+    def request_url(self, target: bytes) -> str:
+        """The URL an absolute-form target names, as the client sent it; 400 for any
+        other form: "a client MUST send a request-target in absolute-form" to a proxy."""
+        return absolute_form_target(target)
+
+
+def absolute_form_target(target: bytes) -> str:
+    """An http or https URL in absolute form (RFC 9112 §3.2.2), as sent, with a host;
+    BadRequest for anything else."""
+    try:
+        text = target.decode("ascii")
+    except UnicodeDecodeError:
+        raise BadRequest(HTTPStatus.BAD_REQUEST, "the request target is not ASCII") from None
+    scheme, sep, rest = text.partition("://")
+    authority = rest.split("/", 1)[0].split("?", 1)[0]
+    if not sep or scheme.lower() not in ("http", "https") or not authority or "@" in authority:
+        raise BadRequest(
+            HTTPStatus.BAD_REQUEST,
+            f"a proxy's request target must be an absolute http(s) URL, not {text[:80]!r}",
+        )
+    return text
 
 
 class BadRequest(Exception):
@@ -231,11 +275,12 @@ class _Pending:
 
 
 class Http1Connection(asyncio.Protocol):
-    """One client's tunnel to one intercepted origin (TLS, or plain HTTP)."""
+    """One client's tunnel to one intercepted origin (TLS, or plain HTTP), or one
+    client of the forward proxy itself (`Forwarded`)."""
 
     def __init__(
         self,
-        tunnel: Tunnel,
+        tunnel: Tunnel | Forwarded,
         handler: Handler,
         on_close: Callable[[], None],
         answers: native.Answers | None = None,
@@ -277,7 +322,7 @@ class Http1Connection(asyncio.Protocol):
         self._transport = cast(native.Stream, transport)
         self._transport.set_write_buffer_limits(high=WRITE_BUFFER)
         if self._answers is not None:
-            self._transport.answer_from(self._answers, self._tunnel.url("").encode())
+            self._transport.answer_from(self._answers, self._tunnel.scope.encode())
         self._idle_timer = self._loop.call_later(IDLE_TIMEOUT, self._check_idle)
 
     def data_received(self, data: bytes) -> None:
@@ -371,13 +416,13 @@ class Http1Connection(asyncio.Protocol):
         if method == "CONNECT":
             # A tunnel inside the tunnel, to an origin server: RFC 9110 §9.3.6 is for
             # proxies, and an origin "SHOULD respond with the 501" to a method it lacks.
-            raise BadRequest(HTTPStatus.NOT_IMPLEMENTED, "CONNECT inside a tunnel")
-        path = origin_form_target(target)
+            # The forward proxy answers a CONNECT as a connection's first request only.
+            raise BadRequest(HTTPStatus.NOT_IMPLEMENTED, "CONNECT after another request")
+        url = self._tunnel.request_url(target)
         refusal = request_head_error(version, hosts, target.decode("ascii"), transfer_encoding)
         if refusal is not None:
             raise BadRequest(*refusal)
-        # The tunnel, not the request's Host or target, names the origin.
-        return Request(method, self._tunnel.url(path), tuple(fields), "HTTP/" + version)
+        return Request(method, url, tuple(fields), "HTTP/" + version)
 
     def body_received(self, data: bytes) -> None:
         # A GET or HEAD with a body (allowed, meaningless): dropped.

@@ -321,3 +321,33 @@ def test_under_lru_what_the_table_answers_counts_as_a_use(
     assert sidecar.stats()["misses"] == misses
     assert curl(sidecar, urls[1]).body == expected
     assert sidecar.stats()["misses"] == misses + 1
+
+
+def test_plain_http_sent_to_the_proxy_is_the_cores_and_another_host_on_it_is_relayed(
+    sidecar: Sidecar, raw_origin: RawOrigin
+) -> None:
+    """A client of the forward proxy itself (plain HTTP, absolute-form targets) on one
+    kept-alive connection: its miss recorded at the commit, its repeat answered by the
+    core; a request to a host that is not intercepted, on the same connection, relayed
+    untouched each time and never stored."""
+    raw_origin.responses["forwarded"] = b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nforwarded"
+    client = Client(sidecar, "forwarded", raw_origin.port)
+    elsewhere = f"tunnel.test:{raw_origin.port}"
+    try:
+        client.send(GET.format(client.target("forwarded"), client.authority).encode())
+        assert client.replies(1, linger=0).bodies == [b"forwarded"]
+        sidecar.wait_for_entries(1)
+        client.send(GET.format(client.target("forwarded"), client.authority).encode())
+        assert client.replies(2, linger=0).bodies[1:] == [b"forwarded"]
+        assert by_core(sidecar) == 1
+        for answered in (3, 4):
+            client.send(GET.format(f"http://{elsewhere}/r/elsewhere", elsewhere).encode())
+            reply = client.replies(answered, linger=0)
+            assert reply.statuses[-1] == 200 and reply.bodies[-1] == b"hello"
+        assert not reply.closed
+    finally:
+        client.close()
+    assert raw_origin.count("forwarded") == 1 and raw_origin.count("elsewhere") == 2
+    stats = sidecar.stats()
+    assert stats["pass_reasons"] == {"not-intercepted": 2}
+    assert (stats["misses"], stats["entries"]) == (1, 1)

@@ -191,17 +191,25 @@ impl Answers {
     }
 
     /// May a request with this head have a recorded answer? A GET of HTTP/1.1 or 1.0
-    /// that has no body, names its target in origin form, has one Host line and none of
-    /// the fields a hit's decision reads: exactly the requests whose answer depends on
-    /// the URL alone (and on whether the connection ends after it: `keep_alive`).
-    pub fn may_answer(&self, head: &Head) -> bool {
+    /// that has no body, has one Host line and none of the fields a hit's decision
+    /// reads, and names its target in origin form inside a tunnel, or in absolute form
+    /// (`absolute`: to the forward proxy itself) with the Host's very authority: exactly
+    /// the requests whose answer depends on the URL alone (and on whether the connection
+    /// ends after it: `keep_alive`). A Host that differs from the target in any byte but
+    /// a letter's case is Python's to judge (`wire.framing.request_head_error`).
+    pub fn may_answer(&self, head: &Head, absolute: bool) -> bool {
+        let target_form = if absolute {
+            head.hosts.first().is_some_and(|host| names_authority(&head.target, host))
+        } else {
+            head.target.first() == Some(&b'/')
+        };
         head.method == "GET"
             && (head.version == "1.1" || head.version == "1.0")
             && !head.upgrade
             && !head.has_body
             && head.transfer_encoding.is_none()
             && head.hosts.len() == 1
-            && head.target.first() == Some(&b'/')
+            && target_form
             && head.target.is_ascii()
             && !head.fields.iter().any(|(name, _)| {
                 self.deciding
@@ -429,6 +437,28 @@ impl Answers {
     }
 }
 
+/// Does the absolute-form `target` (`http://` or `https://`, as clients send it) name
+/// `host` as its authority, byte for byte but for letters' case? Narrower than what
+/// Python accepts (`wire.framing.authority` drops a default port, for one): what it
+/// refuses, Python decides.
+fn names_authority(target: &[u8], host: &str) -> bool {
+    let rest = if let Some(rest) = target.strip_prefix(b"http://") {
+        rest
+    } else if let Some(rest) = target.strip_prefix(b"https://") {
+        rest
+    } else {
+        return false;
+    };
+    let end = rest
+        .iter()
+        .position(|&b| b == b'/' || b == b'?' || b == b'#')
+        .unwrap_or(rest.len());
+    let authority = &rest[..end];
+    !authority.is_empty()
+        && !authority.contains(&b'@')
+        && authority.eq_ignore_ascii_case(host.as_bytes())
+}
+
 fn lengths(packed: u64) -> [usize; 3] {
     [0, 16, 32].map(|shift| ((packed >> shift) & 0xffff) as usize)
 }
@@ -601,6 +631,30 @@ mod tests {
     }
 
     #[test]
+    fn the_forward_proxy_answers_absolute_targets_whose_host_is_their_authority() {
+        let (_fd, answers) = table();
+        for answered in [
+            &b"GET http://h/a HTTP/1.1\r\nHost: h\r\n\r\n"[..],
+            b"GET http://h:8080/a?q HTTP/1.1\r\nHost: H:8080\r\n\r\n",
+            b"GET https://h HTTP/1.1\r\nHost: h\r\n\r\n",
+        ] {
+            let head = request(answered);
+            assert!(answers.may_answer(&head, true), "{}", String::from_utf8_lossy(answered));
+        }
+        for refused in [
+            &b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n"[..],
+            b"GET http://h/a HTTP/1.1\r\nHost: g\r\n\r\n",
+            b"GET http://h/a HTTP/1.1\r\nHost: h:80\r\n\r\n",
+            b"GET http://h:80/a HTTP/1.1\r\nHost: h\r\n\r\n",
+            b"GET ftp://h/a HTTP/1.1\r\nHost: h\r\n\r\n",
+            b"GET http://u@h/a HTTP/1.1\r\nHost: h\r\n\r\n",
+        ] {
+            let head = request(refused);
+            assert!(!answers.may_answer(&head, true), "{}", String::from_utf8_lossy(refused));
+        }
+    }
+
+    #[test]
     fn only_plain_gets_that_carry_no_deciding_field_may_be_answered() {
         let (_fd, answers) = table();
         for answered in [
@@ -610,7 +664,7 @@ mod tests {
         ] {
             let head = request(answered);
             assert!(
-                answers.may_answer(&head),
+                answers.may_answer(&head, false),
                 "{}",
                 String::from_utf8_lossy(answered)
             );
@@ -628,7 +682,7 @@ mod tests {
         ] {
             let head = request(refused);
             assert!(
-                !answers.may_answer(&head),
+                !answers.may_answer(&head, false),
                 "{}",
                 String::from_utf8_lossy(refused)
             );

@@ -341,7 +341,8 @@ impl Arrival {
         advance(slf)
     }
 
-    /// The connection as a stream (plain inside the tunnel, or secured), started with
+    /// The connection as a stream (plain inside the tunnel, or secured; or, before any
+    /// CONNECT, a client of the forward proxy itself, its first request still unread), started with
     /// `protocol` as `Stream.start` starts one. The loop's watch of the socket goes
     /// over to it as it is (no change the kernel sees), so the stream starts here and
     /// now: a stream that never started would leave the loop watching its socket.
@@ -354,7 +355,7 @@ impl Arrival {
         let py = slf.py();
         let stream = {
             let mut arrival = slf.borrow_mut();
-            arrival.expect(&[Phase::Tunnel, Phase::Secured], "make a stream")?;
+            arrival.expect(&[Phase::Request, Phase::Tunnel, Phase::Secured], "make a stream")?;
             let watcher = arrival.watcher.hand_over(py);
             arrival.over(py)?;
             let core = arrival.core.take().expect("checked above");

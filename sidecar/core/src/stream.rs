@@ -762,7 +762,7 @@ fn answer_from_table(slf: &Bound<'_, Stream>, head: &Head) -> PyResult<bool> {
             return Ok(false);
         };
         let answers = answers.get();
-        if !answers.may_answer(head) {
+        if !answers.may_answer(head, scope.is_empty()) {
             return Ok(false);
         }
         let url = [scope.as_slice(), head.target.as_slice()].concat();
@@ -1103,7 +1103,8 @@ impl Stream {
     }
 
     /// Answer this connection's requests from `answers` where it can (`Answers`):
-    /// `scope` is the URL of its origin up to the path (`https://host[:port]`).
+    /// `scope` is the URL of its origin up to the path (`https://host[:port]`), or
+    /// empty for a client of the forward proxy itself, whose targets are whole URLs.
     fn answer_from(&mut self, answers: Py<Answers>, scope: &[u8]) {
         self.answers = Some((answers, scope.to_vec()));
     }
