@@ -76,9 +76,17 @@ class Arrival:
     `handler` at each step: `request(head)` (at most REQUEST_PEEK bytes waiting),
     `tunnelled(first)` (what came first inside the tunnel, at most HELLO_PEEK bytes),
     `secured()` (the handshake is done), `ended(error)` (the client left or the
-    handshake failed; closed). The handler answers with the methods below."""
+    handshake failed; closed). The handler answers with the methods below. A `captured`
+    connection (hostAliases, transparent) sends no CONNECT: `tunnelled(first)` comes
+    first."""
 
-    def __init__(self, fd: int, event_loop: asyncio.AbstractEventLoop, handler: Any) -> None: ...
+    def __init__(
+        self,
+        fd: int,
+        event_loop: asyncio.AbstractEventLoop,
+        handler: Any,
+        captured: bool = False,
+    ) -> None: ...
     def start(self) -> None:
         """Look at what has come, and watch for the rest."""
     def readable(self) -> None: ...
@@ -91,8 +99,9 @@ class Arrival:
         """Start the server side of TLS on the hello that came; `secured` or `ended`
         follows."""
     def take_stream(self, protocol: object, requests: bool = False) -> Stream:
-        """The connection as a stream (plain inside the tunnel, or secured), started
-        with `protocol` as `Stream.start` starts one."""
+        """The connection as a stream (plain inside the tunnel, or secured; or a client
+        of the forward proxy itself, its first request unread), started with `protocol`
+        as `Stream.start` starts one."""
     def detach(self) -> int:
         """The socket, with what the client sent still in it."""
     def abort(self) -> None:
@@ -128,8 +137,10 @@ class Stream:
         response (then nothing more); bytes that are not messages (after an upgrade's
         head, or without either) as `data_received(data)`."""
     def answer_from(self, answers: Answers, scope: bytes) -> None:
-        """Answer the requests `answers` can (`scope`: the origin's URL up to the path)
-        without handing them to the protocol, while it has none to answer (`idle`)."""
+        """Answer the requests `answers` can without handing them to the protocol, while
+        it has none to answer (`idle`). `scope`: the origin's URL up to the path (a
+        tunnel's), its scheme alone (`http://`: a captured connection's requests' Host
+        names it), or empty (the forward proxy's clients: each target is the URL)."""
     def idle(self) -> None:
         """The protocol has answered every request it was handed."""
     @property

@@ -35,13 +35,14 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 
 from sidecar.core import native
+from sidecar.proxy.listeners import HOSTALIASES_HTTP_PORT, HOSTALIASES_TLS_PORT, Entrance
 from sidecar.proxy.router import Router
 from sidecar.settings import host_matches
 from sidecar.wire import hello, tunnel
 from sidecar.wire.client import UpstreamError
 from sidecar.wire.rejections import CLIENT_REJECTED_CA, Rejections, handshake_refusal
-from sidecar.wire.server import Forwarded, Http1Connection, Tunnel
-from sidecar.wire.tunnel import Tunnels
+from sidecar.wire.server import Forwarded, Hosted, Http1Connection, Tunnel
+from sidecar.wire.tunnel import NOT_INTERCEPTED, Tunnels
 
 logger = logging.getLogger(__name__)
 
@@ -168,9 +169,9 @@ class Front:
         self._tasks: set[asyncio.Task[None]] = set()
         self._arrivals: set[_Arrival] = set()
 
-    async def accept(self, listener: int, sock: socket.socket, lean: bool) -> None:
-        """Accept on `sock` until cancelled; `lean`: CONNECTs to intercepted hosts are
-        ours. The loop calls back for each connection: no task or future per accept."""
+    async def accept(self, listener: int, sock: socket.socket, entrance: Entrance) -> None:
+        """Accept on `sock` until cancelled; `entrance`: how its clients name their
+        origin. The loop calls back for each connection: no task or future per accept."""
         loop = asyncio.get_running_loop()
         fd = sock.fileno()
         accepting = loop.create_future()  # never set: cancelled when the worker stops
@@ -188,10 +189,7 @@ class Front:
                 loop.call_later(ACCEPT_BACKOFF, resume, False)
                 return
             self._balance.opened()
-            if lean:
-                _Arrival(self, listener, client)
-            else:
-                self._hand_off(listener, _socket(client))
+            _Arrival(self, listener, client, entrance)
 
         def acceptable() -> None:
             if self._balance.eligible():
@@ -228,7 +226,9 @@ class Front:
 
         self._spawn(hand_off())
 
-    def _serve_requests(self, arrival: native.Arrival, tunnel: Tunnel | Forwarded) -> None:
+    def _serve_requests(
+        self, arrival: native.Arrival, tunnel: Tunnel | Forwarded | Hosted
+    ) -> None:
         """The lean server answers the requests inside the tunnel, or those sent to the
         proxy itself, the core's table of answers first where it can."""
         protocol = Http1Connection(tunnel, self._router, self._balance.closed, self._router.answers)
@@ -275,27 +275,48 @@ class _Arrival:
     owns its connection: the decisions the core's `native.Arrival` asks for, and the
     deadlines.
 
-    The core peeks at the request head: a CONNECT to an intercepted host is answered
-    (anything else goes to mitmproxy, unread). Inside the tunnel, what the client sends
-    first tells plain HTTP from TLS (every TLS connection starts with a handshake
-    record); a ClientHello whose ALPN list offers no HTTP/1.x, or from a client that
+    On the forward proxy, the core peeks at the request head: a CONNECT is answered
+    (to a host that is not intercepted, the tunnel is relayed untouched), a request
+    with an absolute-form target is the lean server's, anything else goes to
+    mitmproxy, unread. Inside the tunnel, or from the first byte of a captured
+    connection (hostAliases, transparent), what the client sends first tells plain HTTP
+    from TLS (every TLS connection starts with a handshake record). A captured TLS
+    client names its host in its ClientHello (SNI); one that names none is relayed
+    untouched to where it was sent (transparent), or closed (hostAliases: nothing says
+    where). A ClientHello whose ALPN list offers no HTTP/1.x, or from a client that
     refused the pod CA's certificate for that host not long ago, is tunnelled to the
-    origin; any other gets the host's leaf certificate and the core's handshake.
+    origin; any other gets the host's leaf certificate and the core's handshake. A
+    captured plain-HTTP client names its origin in each request's Host.
     """
 
-    __slots__ = ("_arrival", "_deadline", "_front", "_hello", "_listener", "_tunnel")
+    __slots__ = (
+        "_arrival",
+        "_deadline",
+        "_destination",
+        "_front",
+        "_hello",
+        "_listener",
+        "_port",
+        "_tunnel",
+    )
 
-    def __init__(self, front: Front, listener: int, client: int) -> None:
+    def __init__(self, front: Front, listener: int, client: int, entrance: Entrance) -> None:
         """`client`: the accepted socket's descriptor, which the arrival takes."""
         loop = asyncio.get_running_loop()
         self._front = front
         self._listener = listener
         self._tunnel: Tunnel | None = None
         self._hello = b""  # the ClientHello the handshake answers
+        # Where a captured connection was sent (transparent), and the port its origin
+        # listens on.
+        self._destination = original_destination(client) if entrance == "transparent" else None
+        self._port = _CAPTURED_PORTS.get(entrance, 0)
+        if self._destination is not None:
+            self._port = self._destination[1]
         self._deadline = loop.call_later(
             FIRST_BYTES_TIMEOUT, self._expire, "no request within the first-bytes timeout"
         )
-        self._arrival = native.Arrival(client, loop, self)
+        self._arrival = native.Arrival(client, loop, self, captured=entrance != "forward")
         front._arrivals.add(self)
         self._arrival.start()
 
@@ -316,11 +337,17 @@ class _Arrival:
                 self._settle()
                 self._front._serve_requests(self._arrival, FORWARDED)
                 return
-        if connect is None or not host_matches(connect.tunnel.host, self._front._intercept):
+        if connect is None:
             self._settle()
             self._front._hand_off(self._listener, _socket(self._arrival.detach()))
             return
         self._arrival.answer_connect(connect.head_length)
+        if not host_matches(connect.tunnel.host, self._front._intercept):
+            self._settle()
+            self._front._spawn(
+                self._front._tunnel(self._arrival.detach(), connect.tunnel, NOT_INTERCEPTED)
+            )
+            return
         self._tunnel = connect.tunnel
         # One deadline for the first byte, the ClientHello and the handshake: a limit for
         # each would let a client that keeps to every one of them hold the connection
@@ -331,15 +358,19 @@ class _Arrival:
         )
 
     def tunnelled(self, first: bytes) -> None:
-        """What came first inside the tunnel: plain HTTP, or a ClientHello (whole, or
-        its start)."""
-        assert self._tunnel is not None
+        """What came first inside the tunnel, or on a captured connection: plain HTTP,
+        or a ClientHello (whole, or its start)."""
         if first[:1] != _TLS_HANDSHAKE_RECORD:
             self._settle()
-            self._front._serve_requests(
-                self._arrival, dataclasses.replace(self._tunnel, tls=False)
-            )
+            if self._tunnel is None:
+                self._front._serve_requests(self._arrival, HOSTED)
+            else:
+                plain = dataclasses.replace(self._tunnel, tls=False)
+                self._front._serve_requests(self._arrival, plain)
             return
+        if self._tunnel is None and not self._name_captured(first):
+            return
+        assert self._tunnel is not None
         try:
             alpn = hello.client_hello_alpn(first)
         except hello.Incomplete:
@@ -359,6 +390,38 @@ class _Arrival:
             return
         self._hello = first
         self._arrival.secure(self._front._tls_config(host))
+
+    def _name_captured(self, first: bytes) -> bool:
+        """Name a captured TLS connection's origin by the server name of its hello
+        (`first`), on the port the capture says; False when the arrival waits for more
+        of it, or is no longer this one's (relayed untouched, or closed)."""
+        try:
+            name = hello.client_hello_server_name(first)
+        except hello.Incomplete:
+            if len(first) < native.HELLO_PEEK:
+                self._arrival.peek_later(_PEEK_INTERVAL)
+                return False
+            name = None
+        except ValueError:
+            name = None
+        if name is None:
+            self._settle()
+            if self._destination is None:
+                logger.warning("captured TLS connection without a server name: closed")
+                self._arrival.abort()
+                self._front._balance.closed()
+                return False
+            to = Tunnel(*self._destination)
+            self._front._spawn(self._front._tunnel(self._arrival.detach(), to, NOT_INTERCEPTED))
+            return False
+        self._tunnel = Tunnel(name, self._port)
+        if not host_matches(name, self._front._intercept):
+            self._settle()
+            self._front._spawn(
+                self._front._tunnel(self._arrival.detach(), self._tunnel, NOT_INTERCEPTED)
+            )
+            return False
+        return True
 
     def secured(self) -> None:
         assert self._tunnel is not None
@@ -394,6 +457,33 @@ class _Arrival:
 
 
 FORWARDED = Forwarded()
+HOSTED = Hosted()
+# The port a captured connection's origin listens on, by entrance (transparent: where
+# it was sent).
+_CAPTURED_PORTS: dict[str, int] = {
+    "hostAliases-tls": HOSTALIASES_TLS_PORT,
+    "hostAliases-http": HOSTALIASES_HTTP_PORT,
+}
+# getsockopt(2)'s option for a redirected connection's original destination
+# (netfilter's, <linux/netfilter_ipv4.h>), which Python's socket module lacks.
+_SO_ORIGINAL_DST = 80
+
+
+def original_destination(fd: int) -> tuple[str, int] | None:
+    """Where the connection `fd` was sent before a redirect (iptables' REDIRECT, the
+    transparent capture's rule): IPv4 address and port; None if it was not redirected
+    (it was sent to the listener itself), or the kernel cannot say."""
+    sock = socket.socket(fileno=fd)
+    try:
+        raw = sock.getsockopt(socket.SOL_IP, _SO_ORIGINAL_DST, 16)
+        local = sock.getsockname()
+    except OSError:
+        return None
+    finally:
+        sock.detach()
+    port = int.from_bytes(raw[2:4])
+    address = socket.inet_ntoa(raw[4:8])
+    return None if (address, port) == local[:2] else (address, port)
 _ABSOLUTE = (b"http://", b"https://")
 
 

@@ -1,14 +1,16 @@
 """The sidecar's listening addresses, by capture mode, and their sockets.
 
 The main process binds them once, before anything else (a port in use is reported
-at once), and every worker inherits them. Each comes with the mitmproxy mode that
-serves what the lean front end does not take.
+at once), and every worker inherits them. Each says how its clients name their origin
+(`Entrance`), and comes with the mitmproxy mode that serves what the lean front end
+does not take.
 """
 
 from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
+from typing import Literal
 
 from sidecar.settings import Settings
 
@@ -19,14 +21,21 @@ HOSTALIASES_HTTP_PORT = 80
 PLACEHOLDER = "burstbuffer.invalid"
 
 
+# How a listener's clients name the origin they want: a forward proxy's by CONNECT or
+# an absolute-form target; hostAliases' by the TLS SNI (:443) or the Host (:80); the
+# transparent listener's by the original destination, then the SNI or the Host.
+Entrance = Literal["forward", "hostAliases-tls", "hostAliases-http", "transparent"]
+
+
 @dataclass(frozen=True)
 class Listener:
-    """One listening address of the sidecar and the mitmproxy mode that serves it."""
+    """One listening address of the sidecar and the mitmproxy mode that serves what the
+    lean front end hands it."""
 
     mode: str  # a mitmproxy mode spec
     host: str
     port: int
-    lean: bool  # CONNECTs to intercepted hosts go to the lean front end
+    entrance: Entrance
 
 
 def listeners(settings: Settings) -> list[Listener]:
@@ -37,20 +46,24 @@ def listeners(settings: Settings) -> list[Listener]:
             f"{forward}@{settings.listen_host}:{settings.listen_port}",
             settings.listen_host,
             settings.listen_port,
-            lean=True,
+            "forward",
         )
     ]
     if settings.capture == "hostAliases":
-        for scheme, port in (("https", HOSTALIASES_TLS_PORT), ("http", HOSTALIASES_HTTP_PORT)):
+        captured: tuple[tuple[str, int, Entrance], ...] = (
+            ("https", HOSTALIASES_TLS_PORT, "hostAliases-tls"),
+            ("http", HOSTALIASES_HTTP_PORT, "hostAliases-http"),
+        )
+        for scheme, port, entrance in captured:
             mode = f"reverse:{scheme}://{PLACEHOLDER}@127.0.0.1:{port}"
-            found.append(Listener(mode, "127.0.0.1", port, lean=False))
+            found.append(Listener(mode, "127.0.0.1", port, entrance))
     elif settings.capture == "transparent":
         found.append(
             Listener(
                 f"transparent@127.0.0.1:{settings.transparent_port}",
                 "127.0.0.1",
                 settings.transparent_port,
-                lean=False,
+                "transparent",
             )
         )
     return found

@@ -156,7 +156,7 @@ async def run(settings: Settings, inherited: Inherited) -> None:
         rejections,
     )
     tasks = [
-        asyncio.create_task(front.accept(number, sock, listener.lean))
+        asyncio.create_task(front.accept(number, sock, listener.entrance))
         for number, (listener, sock) in enumerate(zip(found, inherited.listeners, strict=True))
     ]
     stop = asyncio.Event()

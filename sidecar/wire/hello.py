@@ -60,6 +60,18 @@ def client_hello_alpn(data: bytes) -> list[bytes] | None:
     return _alpn(_client_hello_body(data))
 
 
+def client_hello_server_name(data: bytes) -> str | None:
+    """The host name the ClientHello at the start of `data` names (its server_name
+    extension, RFC 6066 §3), lower-cased; None when it names none. What a captured
+    connection (no CONNECT) says of its origin. `Incomplete` and `ValueError` as
+    `client_hello_alpn`."""
+    _, _, extensions = _read_hello(_client_hello_body(data))
+    for kind, extension in extensions:
+        if kind == _SERVER_NAME:
+            return _host_name(extension)
+    return None
+
+
 def tunnel_reason(alpn: Sequence[bytes] | None) -> str | None:
     """Why a TLS client offering `alpn` must be tunnelled untouched, or None when the
     HTTP/1.1 server may terminate it (no ALPN, or a list with `http/1.1` or `http/1.0`)."""
@@ -245,6 +257,29 @@ def _each_extension(extensions: memoryview) -> Iterator[tuple[int, memoryview]]:
         if offset > end:
             raise ValueError("a ClientHello field runs past its end")
         yield kind, extensions[start:offset]
+
+
+def _host_name(data: memoryview) -> str | None:
+    """RFC 6066 §3: a ServerNameList whose `host_name` entry (type 0) is the name, in
+    ASCII, without a trailing dot (§3: "Literal IPv4 and IPv6 addresses are not
+    permitted in HostName")."""
+    extension = _Reader(data)
+    names = _Reader(extension.vector(2))
+    if not extension.done:
+        raise ValueError("bytes after the server_name list")
+    while not names.done:
+        kind = names.number(1)
+        name = bytes(names.vector(2))
+        if kind != 0:
+            continue
+        try:
+            text = name.decode("ascii")
+        except UnicodeDecodeError:
+            raise ValueError("a server name that is not ASCII") from None
+        if not text or not all(c.isalnum() or c in "-._" for c in text):
+            raise ValueError(f"an invalid server name {text[:80]!r}")
+        return text.lower().rstrip(".")
+    return None
 
 
 def _protocol_names(data: memoryview) -> list[bytes]:

@@ -29,6 +29,7 @@ import collections
 import contextlib
 import logging
 import os
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -73,7 +74,7 @@ class Tunnel:
         """What each request's target is read under: the URL up to its path."""
         return self.url("")
 
-    def request_url(self, target: bytes) -> str:
+    def request_url(self, target: bytes, hosts: Sequence[str]) -> str:
         """The URL a request inside the tunnel asks for: the tunnel, not the request's
         Host or target, names the origin."""
         return self.url(origin_form_target(target))
@@ -88,10 +89,35 @@ class Forwarded:
     host: str = "the forward proxy"  # what the log says of a refused request
     scope: str = ""  # targets are whole URLs
 
-    def request_url(self, target: bytes) -> str:
+    def request_url(self, target: bytes, hosts: Sequence[str]) -> str:
         """The URL an absolute-form target names, as the client sent it; 400 for any
         other form: "a client MUST send a request-target in absolute-form" to a proxy."""
         return absolute_form_target(target)
+
+
+@dataclass(frozen=True)
+class Hosted:
+    """The plain-HTTP clients of a captured listener (hostAliases' :80, transparent),
+    which reached the sidecar as if it were the origin: each request's Host names its
+    origin (RFC 9112 §3.2), its target is the path."""
+
+    host: str = "a captured origin"  # what the log says of a refused request
+    scope: str = "http://"  # the Host completes each URL (`native.Stream.answer_from`)
+
+    def request_url(self, target: bytes, hosts: Sequence[str]) -> str:
+        """`http://` and the request's one Host, then its origin-form target; 400 without
+        a Host (an HTTP/1.0 request: nothing names its origin) or with one that is not an
+        authority."""
+        if len(hosts) != 1 or not _AUTHORITY.fullmatch(hosts[0]):
+            raise BadRequest(
+                HTTPStatus.BAD_REQUEST, "a captured request needs one Host naming its origin"
+            )
+        return f"{self.scope}{hosts[0]}{origin_form_target(target)}"
+
+
+# A Host field's value as an authority (RFC 9110 §7.2): a reg-name or an IP literal in
+# brackets, and a port; nothing that would change where a URL made with it points.
+_AUTHORITY = re.compile(r"(?:[A-Za-z0-9._~!$&'()*+,;=%-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
 
 
 def absolute_form_target(target: bytes) -> str:
@@ -280,7 +306,7 @@ class Http1Connection(asyncio.Protocol):
 
     def __init__(
         self,
-        tunnel: Tunnel | Forwarded,
+        tunnel: Tunnel | Forwarded | Hosted,
         handler: Handler,
         on_close: Callable[[], None],
         answers: native.Answers | None = None,
@@ -418,7 +444,7 @@ class Http1Connection(asyncio.Protocol):
             # proxies, and an origin "SHOULD respond with the 501" to a method it lacks.
             # The forward proxy answers a CONNECT as a connection's first request only.
             raise BadRequest(HTTPStatus.NOT_IMPLEMENTED, "CONNECT after another request")
-        url = self._tunnel.request_url(target)
+        url = self._tunnel.request_url(target, hosts)
         refusal = request_head_error(version, hosts, target.decode("ascii"), transfer_encoding)
         if refusal is not None:
             raise BadRequest(*refusal)

@@ -17,6 +17,7 @@ from sidecar.wire.hello import (
     Incomplete,
     client_hello_alpn,
     client_hello_fingerprint,
+    client_hello_server_name,
     tunnel_reason,
 )
 
@@ -58,6 +59,20 @@ def test_alpn_of_a_real_client_hello(alpn: list[str]) -> None:
 
 def test_no_alpn_extension_is_none() -> None:
     assert client_hello_alpn(client_hello(None)) is None
+
+
+@pytest.mark.parametrize("name", ["datasets.test", "CAS-Bridge.XetHub.hf.co", "a.b-c_d.example"])
+def test_the_server_name_of_a_real_client_hello(name: str) -> None:
+    """What a captured connection, which sends no CONNECT, says of its origin."""
+    assert client_hello_server_name(client_hello(["http/1.1"], name)) == name.lower()
+    assert client_hello_server_name(split_records(client_hello(None, name), 64)) == name.lower()
+
+
+def test_a_hello_without_a_server_name_names_none() -> None:
+    # Python's ssl, like OpenSSL, sends no SNI for an IP address (RFC 6066 §3).
+    assert client_hello_server_name(client_hello(["http/1.1"], "127.0.0.1")) is None
+    with pytest.raises(Incomplete):
+        client_hello_server_name(client_hello(None)[:40])
 
 
 def test_a_hello_split_across_records() -> None:

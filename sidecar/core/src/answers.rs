@@ -192,16 +192,23 @@ impl Answers {
 
     /// May a request with this head have a recorded answer? A GET of HTTP/1.1 or 1.0
     /// that has no body, has one Host line and none of the fields a hit's decision
-    /// reads, and names its target in origin form inside a tunnel, or in absolute form
-    /// (`absolute`: to the forward proxy itself) with the Host's very authority: exactly
-    /// the requests whose answer depends on the URL alone (and on whether the connection
-    /// ends after it: `keep_alive`). A Host that differs from the target in any byte but
-    /// a letter's case is Python's to judge (`wire.framing.request_head_error`).
-    pub fn may_answer(&self, head: &Head, absolute: bool) -> bool {
-        let target_form = if absolute {
-            head.hosts.first().is_some_and(|host| names_authority(&head.target, host))
-        } else {
-            head.target.first() == Some(&b'/')
+    /// reads, and names its target as its connection's `form` says: exactly the
+    /// requests whose answer depends on the URL alone (and on whether the connection
+    /// ends after it: `keep_alive`). An absolute target whose Host differs from its
+    /// authority in any byte but a letter's case, or a Host that is not plainly an
+    /// authority, is Python's to judge (`wire.framing.request_head_error`,
+    /// `wire.server.Hosted`).
+    pub fn may_answer(&self, head: &Head, form: TargetForm) -> bool {
+        let origin_form = head.target.first() == Some(&b'/');
+        let target_form = match form {
+            TargetForm::Origin => origin_form,
+            TargetForm::Absolute => head
+                .hosts
+                .first()
+                .is_some_and(|host| names_authority(&head.target, host)),
+            TargetForm::Hosted => {
+                origin_form && head.hosts.first().is_some_and(|host| is_authority(host))
+            }
         };
         head.method == "GET"
             && (head.version == "1.1" || head.version == "1.0")
@@ -437,6 +444,40 @@ impl Answers {
     }
 }
 
+/// How a connection's requests name what they ask for (`Stream.answer_from`'s scope).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum TargetForm {
+    /// Inside a tunnel: the path, under the tunnel's origin.
+    Origin,
+    /// To the forward proxy itself: the whole URL.
+    Absolute,
+    /// On a captured connection: the path, under the origin the Host names.
+    Hosted,
+}
+
+impl TargetForm {
+    /// The form of a scope (`Stream.answer_from`): empty for the forward proxy's
+    /// clients, a scheme alone (`http://`) for a captured connection's.
+    pub fn of_scope(scope: &[u8]) -> Self {
+        if scope.is_empty() {
+            Self::Absolute
+        } else if scope.ends_with(b"://") {
+            Self::Hosted
+        } else {
+            Self::Origin
+        }
+    }
+}
+
+/// Is `host` plainly an authority: a name or an IP literal and a port, nothing that
+/// would make a URL built with it point elsewhere?
+fn is_authority(host: &str) -> bool {
+    !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._~:[]".contains(&b))
+}
+
 /// Does the absolute-form `target` (`http://` or `https://`, as clients send it) name
 /// `host` as its authority, byte for byte but for letters' case? Narrower than what
 /// Python accepts (`wire.framing.authority` drops a default port, for one): what it
@@ -639,7 +680,11 @@ mod tests {
             b"GET https://h HTTP/1.1\r\nHost: h\r\n\r\n",
         ] {
             let head = request(answered);
-            assert!(answers.may_answer(&head, true), "{}", String::from_utf8_lossy(answered));
+            assert!(
+                answers.may_answer(&head, TargetForm::Absolute),
+                "{}",
+                String::from_utf8_lossy(answered)
+            );
         }
         for refused in [
             &b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n"[..],
@@ -650,8 +695,35 @@ mod tests {
             b"GET http://u@h/a HTTP/1.1\r\nHost: h\r\n\r\n",
         ] {
             let head = request(refused);
-            assert!(!answers.may_answer(&head, true), "{}", String::from_utf8_lossy(refused));
+            assert!(
+                !answers.may_answer(&head, TargetForm::Absolute),
+                "{}",
+                String::from_utf8_lossy(refused)
+            );
         }
+    }
+
+    #[test]
+    fn a_captured_connection_answers_origin_form_targets_of_a_plain_host() {
+        let (_fd, answers) = table();
+        let answered = request(b"GET /a HTTP/1.1\r\nHost: h.example:8080\r\n\r\n");
+        assert!(answers.may_answer(&answered, TargetForm::Hosted));
+        for refused in [
+            &b"GET http://h/a HTTP/1.1\r\nHost: h\r\n\r\n"[..],
+            b"GET /a HTTP/1.1\r\nHost: h/x\r\n\r\n",
+            b"GET /a HTTP/1.1\r\nHost: u@h\r\n\r\n",
+            b"GET /a HTTP/1.0\r\n\r\n",
+        ] {
+            let head = request(refused);
+            assert!(
+                !answers.may_answer(&head, TargetForm::Hosted),
+                "{}",
+                String::from_utf8_lossy(refused)
+            );
+        }
+        assert_eq!(TargetForm::of_scope(b""), TargetForm::Absolute);
+        assert_eq!(TargetForm::of_scope(b"http://"), TargetForm::Hosted);
+        assert_eq!(TargetForm::of_scope(b"https://h:8443"), TargetForm::Origin);
     }
 
     #[test]
@@ -664,7 +736,7 @@ mod tests {
         ] {
             let head = request(answered);
             assert!(
-                answers.may_answer(&head, false),
+                answers.may_answer(&head, TargetForm::Origin),
                 "{}",
                 String::from_utf8_lossy(answered)
             );
@@ -682,7 +754,7 @@ mod tests {
         ] {
             let head = request(refused);
             assert!(
-                !answers.may_answer(&head, false),
+                !answers.may_answer(&head, TargetForm::Origin),
                 "{}",
                 String::from_utf8_lossy(refused)
             );

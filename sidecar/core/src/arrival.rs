@@ -10,7 +10,8 @@
 //! - `request(head)`: the bytes waiting, at most `REQUEST_PEEK`; the handler
 //!   answers the CONNECT (`answer_connect`), waits for the rest (`peek_later`), or takes
 //!   the socket (`detach`).
-//! - `tunnelled(first)`: what came first inside the tunnel, at most
+//! - `tunnelled(first)`: what came first inside the tunnel (or on a captured
+//!   connection, which sends no CONNECT), at most
 //!   `HELLO_PEEK`; the handler takes plain bytes as they are (`take_stream`), starts the
 //!   server side of TLS (`secure`), waits for the rest of the hello (`peek_later`), or
 //!   takes the socket (`detach`).
@@ -256,12 +257,15 @@ impl Arrival {
     }
 
     /// Take the accepted socket `fd` over, and wait for its request head; `handler` is
-    /// asked at every step.
+    /// asked at every step. A `captured` connection (the hostAliases and transparent
+    /// listeners) sends no CONNECT: what it sends first is the client's own, TLS or
+    /// plain HTTP, and `tunnelled(first)` is the first question.
     #[new]
-    fn new(fd: RawFd, event_loop: Py<PyAny>, handler: Py<PyAny>) -> PyResult<Self> {
+    #[pyo3(signature = (fd, event_loop, handler, captured=false))]
+    fn new(fd: RawFd, event_loop: Py<PyAny>, handler: Py<PyAny>, captured: bool) -> PyResult<Self> {
         Ok(Self {
             core: Some(Core::new(owned_fd(fd)?, None)),
-            phase: Phase::Request,
+            phase: if captured { Phase::Tunnel } else { Phase::Request },
             watcher: Watcher::new(event_loop),
             handler: Some(handler),
             hung_up: false,

@@ -41,7 +41,7 @@ use pyo3::{PyTraverseError, PyVisit, create_exception};
 use rustls::{ClientConnection, Connection};
 use rustls_pki_types::ServerName;
 
-use crate::answers::Answers;
+use crate::answers::{Answers, TargetForm};
 use crate::clock::{monotonic, now};
 use crate::http1::{Event, Head, Parser, ResponseHead};
 use crate::outbox::{Outbox, Sink};
@@ -762,10 +762,16 @@ fn answer_from_table(slf: &Bound<'_, Stream>, head: &Head) -> PyResult<bool> {
             return Ok(false);
         };
         let answers = answers.get();
-        if !answers.may_answer(head, scope.is_empty()) {
+        let form = TargetForm::of_scope(scope);
+        if !answers.may_answer(head, form) {
             return Ok(false);
         }
-        let url = [scope.as_slice(), head.target.as_slice()].concat();
+        // A captured connection's scope ends where the authority goes: the Host names it.
+        let url = if form == TargetForm::Hosted {
+            [scope.as_slice(), head.hosts[0].as_bytes(), head.target.as_slice()].concat()
+        } else {
+            [scope.as_slice(), head.target.as_slice()].concat()
+        };
         let Some(found) = answers.find(&url) else {
             return Ok(false);
         };
@@ -1103,8 +1109,10 @@ impl Stream {
     }
 
     /// Answer this connection's requests from `answers` where it can (`Answers`):
-    /// `scope` is the URL of its origin up to the path (`https://host[:port]`), or
-    /// empty for a client of the forward proxy itself, whose targets are whole URLs.
+    /// `scope` is the URL of its origin up to the path (`https://host[:port]`); its
+    /// scheme alone (`http://`) for a captured connection, whose requests' Host names
+    /// their origin; or empty for a client of the forward proxy itself, whose targets
+    /// are whole URLs.
     fn answer_from(&mut self, answers: Py<Answers>, scope: &[u8]) {
         self.answers = Some((answers, scope.to_vec()));
     }
