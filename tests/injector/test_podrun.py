@@ -375,6 +375,9 @@ def test_unmodified_client_downloads_through_the_sidecar(
     stats = pod.stats(admin_port(rendered))
     assert stats["misses"] == 1 and stats["hits"] == 1, stats
     assert stats["bytes_from_buffer"] == len(expected), stats
+    # Every capture mode's entrance is the core's: the second download, a plain GET of
+    # a stored object, was answered from its table.
+    assert stats["hits_answered_by_core"] == 1, stats
     # The origin saw the file once: the second download never left the pod.
     assert origin.requests(pod) == {f"/files/{name}": 1}
 
