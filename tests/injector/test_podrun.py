@@ -82,6 +82,8 @@ WS_HOST, WS_IP = "ws.datasets.test", "127.0.0.4"
 HUB_IP = "127.0.0.5"
 DNS_IP = "127.0.0.53"
 URL = f"https://{HOST}/files/data.bin"
+# The same file over plain HTTP, as `http://` dataset hosts serve theirs (COCO's images).
+PLAIN_URL = f"http://{HOST}/files/data.bin"
 DATA_SIZE = 6 * 2**20 + 12345  # not a multiple of any buffer size
 WHEEL = "bbdemo-1.0-py3-none-any.whl"
 WHEEL_URL = f"https://{HOST}/files/{WHEEL}"
@@ -123,9 +125,15 @@ class Origin:
     ca_pem: Path
     data: bytes
     process: subprocess.Popen[bytes]
+    plain: subprocess.Popen[bytes]  # the same files over plain HTTP, on ORIGIN_IP:80
 
     def requests(self, pod: PodRun) -> dict[str, Any]:
         return self.counts(pod)["requests"]  # type: ignore[no-any-return]
+
+    def plain_requests(self, pod: PodRun) -> dict[str, Any]:
+        status, body = pod.get(f"http://{ORIGIN_IP}/__requests")
+        assert status == 200
+        return json.loads(body)["requests"]  # type: ignore[no-any-return]
 
     def gets(self, pod: PodRun, target: str) -> int:
         """GETs of `target` (HEADs left out: they never carry the object)."""
@@ -184,20 +192,25 @@ def start_origin(pod: PodRun, ca: trustme.CA, dataset: Path, tmp: Path) -> Origi
     ca.cert_pem.write_to_path(str(ca_pem))
     ca_pem.chmod(0o644)
     tmp.chmod(0o755)
-    argv = ["ip", "netns", "exec", pod.netns, sys.executable, "-m", "bench.origin"]
-    argv += ["--dir", str(dataset), "--host", ORIGIN_IP, "--port", "443"]
-    argv += ["--cert", str(cert_pem), "--key", str(key_pem)]
-    log = open(tmp / "origin.log", "wb")
-    process = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-    origin = Origin(ca_pem, (dataset / "data.bin").read_bytes(), process)
+    plain = ["ip", "netns", "exec", pod.netns, sys.executable, "-m", "bench.origin"]
+    plain += ["--dir", str(dataset), "--host", ORIGIN_IP]
+    argv = [*plain, "--port", "443", "--cert", str(cert_pem), "--key", str(key_pem)]
+    processes = []
+    for name, command in (("origin", argv), ("plain-origin", [*plain, "--port", "80"])):
+        with open(tmp / f"{name}.log", "wb") as log:
+            processes.append(
+                subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            )
+    origin = Origin(ca_pem, (dataset / "data.bin").read_bytes(), *processes)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
             origin.requests(pod)
+            origin.plain_requests(pod)
             return origin
         except OSError:
-            assert process.poll() is None, (tmp / "origin.log").read_text()
+            for name, process in zip(("origin", "plain-origin"), processes, strict=True):
+                assert process.poll() is None, (tmp / f"{name}.log").read_text()
             time.sleep(0.1)
     raise AssertionError("the test origin did not start")
 
@@ -304,8 +317,9 @@ class Pods:
         for server in self.servers:
             server.close()
         for origin in self.origins:
-            origin.process.terminate()
-            origin.process.wait(10)
+            for process in (origin.process, origin.plain):
+                process.terminate()
+                process.wait(10)
 
 
 @pytest.fixture
@@ -380,6 +394,27 @@ def test_unmodified_client_downloads_through_the_sidecar(
     assert stats["hits_answered_by_core"] == 1, stats
     # The origin saw the file once: the second download never left the pod.
     assert origin.requests(pod) == {f"/files/{name}": 1}
+
+
+@pytest.mark.parametrize("mode", CAPTURE_MODES)
+def test_plain_http_downloads_through_the_sidecar(
+    mode: str, run_pod: Any, tmp_path: Path, dataset: Path
+) -> None:
+    """wget over plain HTTP, twice, in each capture mode: the forward proxy's
+    absolute-form requests, hostAliases' :80 by the Host, the transparent listener by
+    the original destination and the Host. One miss, then a hit the core answers; the
+    origin saw the file once."""
+    command = f"wget -q -O /out/first {PLAIN_URL} && wget -q -O /out/second {PLAIN_URL}"
+    pod_spec = app_pod("plain-pod", [{"name": "app", "command": ["sh", "-c", command]}])
+    rendered = render(pod_spec, tmp_path, config=f"capture: {mode}\n")
+    pod, origin = run_pod(rendered)
+    assert pod.wait("app") == 0, pod.log("app") + pod.log(names.CONTAINER)
+    expected = (dataset / "data.bin").read_bytes()
+    for copy in ("first", "second"):
+        assert sha256((pod.volume_dir("out") / copy).read_bytes()) == sha256(expected), copy
+    stats = pod.stats(admin_port(rendered))
+    assert (stats["misses"], stats["hits"], stats["hits_answered_by_core"]) == (1, 1, 1), stats
+    assert origin.plain_requests(pod) == {"/files/data.bin": 1}
 
 
 SCAN = """
