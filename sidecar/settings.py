@@ -281,7 +281,8 @@ class Settings:
     # parent_timeout, default 5 (seconds). A parent silent this long before its first byte
     # is skipped for the origin.
     parent_timeout: float = 5.0
-    # capture, default proxy-env. How app traffic reaches the proxy (see sidecar.mitm.capture).
+    # capture, default proxy-env. How app traffic reaches the proxy (the entrances of
+    # sidecar.proxy.listeners).
     capture: Capture = "proxy-env"
     # transparent_port, default 3130. Where redirected connections arrive (transparent).
     transparent_port: int = 3130

@@ -102,7 +102,6 @@ class BurstBuffer:
         self._tunnelled(data.context, NOT_INTERCEPTED)
 
     def tls_clienthello(self, data: tls.ClientHelloData) -> None:
-        # Runs after capture.HostRouting's, which gave a captured connection its origin.
         if data.ignore_connection:
             return
         reason = hello.tunnel_reason(data.client_hello.alpn_protocols)
@@ -145,8 +144,8 @@ class BurstBuffer:
             # origin-form already, keeping the host and port it named).
             target = f"{request.scheme}://{request.host}:{request.port}{request.path}"
         else:
-            # Origin-form, inside a tunnel or a captured connection: the tunnel or the
-            # capture names the origin, whatever Host says.
+            # Origin-form, inside a tunnel: the tunnel names the origin, whatever Host
+            # says.
             target = request.path
         transfer_encoding = request.headers.get_all("Transfer-Encoding")
         refusal = request_head_error(

@@ -1,11 +1,13 @@
 """mitmproxy inside a worker: what the lean front end hands over, served by an embedded
 `Master` with only the addons a cache needs.
 
-The lean path (`sidecar.proxy.front`, `sidecar.wire.server`) serves every CONNECT to an
-intercepted host, the dataset downloads; mitmproxy terminates the rest: tunnels to
-other hosts, plain-HTTP proxy requests, the hostAliases and transparent listeners. A
-worker reports ready before it loads this module (mitmproxy takes about a third of a
-second to import), so connections handed over meanwhile wait for `Embedded.start()`.
+The lean path (`sidecar.proxy.front`, `sidecar.wire.server`) serves every entrance: the
+forward proxy's CONNECTs and absolute-form requests, the hostAliases and transparent
+listeners. mitmproxy answers what the forward proxy's front end cannot read as either
+(an origin-form request sent to the proxy itself, bytes that are not HTTP), as a proxy
+does. A worker reports ready before it loads this module (mitmproxy takes about a third
+of a second to import), so connections handed over meanwhile wait for
+`Embedded.start()`.
 
 Two of mitmproxy's defaults are changed on purpose:
 
@@ -69,6 +71,8 @@ class Embedded:
     ) -> None:
         self._master = Master(None)
         forgo_log_hook()
+        # By listener number: those that hand mitmproxy anything (the forward proxy).
+        modes = {n: listener.mode for n, listener in enumerate(listeners) if listener.mode}
         ps = proxyserver.Proxyserver()
         self._master.addons.add(
             core.Core(),
@@ -76,7 +80,7 @@ class Embedded:
             next_layer.NextLayer(),
             tlsconfig.TlsConfig(),
             errorcheck.ErrorCheck(),
-            capture.HostRouting(settings, resolver),
+            capture.Resolution(resolver),
             BurstBuffer(settings, router, respond.Connections(ps), tunnels, rejections),
         )
         self._master.options.update(
@@ -85,14 +89,14 @@ class Embedded:
             http2=False,
             allow_hosts=allow_hosts(settings.intercept),
             ssl_verify_upstream_trusted_ca=str(settings.ca_dir / bundle.UPSTREAM_TRUST_FILE),
-            mode=[listener.mode for listener in listeners],
+            mode=list(modes.values()),
             # The front end accepts every connection and hands mitmproxy its share.
             server=False,
             # What mitmproxy relays itself (non-GET, HEAD misses) streams past 1 MiB.
             stream_large_bodies="1m",
         )
         self._proxyserver = ps
-        self._handoff = Handoff(ps, [listener.mode for listener in listeners])
+        self._handoff = Handoff(ps, modes)
         self._running: asyncio.Task[None] | None = None
 
     async def start(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping
 from typing import SupportsIndex
 
 from mitmproxy.addons.proxyserver import Proxyserver
@@ -23,10 +23,12 @@ class Handoff:
     (`sidecar.mitm.respond.Connections.tunnelled`).
     """
 
-    def __init__(self, proxyserver: Proxyserver, modes: Sequence[str]) -> None:
-        self._instances: list[ServerInstance] = [
-            ServerInstance.make(mode, proxyserver) for mode in modes
-        ]
+    def __init__(self, proxyserver: Proxyserver, modes: Mapping[int, str]) -> None:
+        """`modes`: the mitmproxy mode of each listener that hands connections over, by
+        its number."""
+        self._instances: dict[int, ServerInstance] = {
+            listener: ServerInstance.make(mode, proxyserver) for listener, mode in modes.items()
+        }
 
     async def handle(self, listener: int, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()

@@ -12,13 +12,20 @@
   tunnelled to the origin untouched (`sidecar.wire.tunnel`). So is a client that refused
   the pod CA's certificate for that host not long ago (`sidecar.wire.rejections`): the
   handshake it ends with a certificate alert, or a close, is remembered by its hello.
+- A CONNECT to any other host: answered, and tunnelled to it untouched.
 - A plain-HTTP request to the proxy itself (absolute-form, `GET http://host/path`):
   its connection's stream serves it and every request after it for the lean server
   (`sidecar.wire.server.Forwarded`), whatever host each names; the router passes those
   to hosts that are not intercepted untouched.
-- Everything else (CONNECT to other hosts, which are tunnelled untouched, the hostAliases
-  and transparent listeners): handed to mitmproxy exactly as it arrived. The first bytes
-  are only peeked (MSG_PEEK), never read, before that decision.
+- A captured connection (the hostAliases listeners, :443 and :80, and the transparent
+  listener): no CONNECT names its origin, so its first bytes do. A ClientHello's server
+  name (on the port the capture says) is the tunnel's host, and it goes on as inside a
+  CONNECT; plain HTTP is the lean server's, each request named by its Host
+  (`sidecar.wire.server.Hosted`). A TLS client that names no server is relayed
+  untouched to where it was sent (transparent: `SO_ORIGINAL_DST`), or closed.
+- Anything else on the proxy port (an origin-form request to the proxy itself, bytes
+  that are not HTTP): handed to mitmproxy exactly as it arrived. The first bytes are
+  only peeked (MSG_PEEK), never read, before that decision.
 
 The listening sockets are made once by the parent process and shared by every
 worker; `Balance` keeps each worker's share of the open connections even.

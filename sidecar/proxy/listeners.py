@@ -2,8 +2,8 @@
 
 The main process binds them once, before anything else (a port in use is reported
 at once), and every worker inherits them. Each says how its clients name their origin
-(`Entrance`), and comes with the mitmproxy mode that serves what the lean front end
-does not take.
+(`Entrance`); the forward proxy's comes with the mitmproxy mode that serves what the
+lean front end does not take.
 """
 
 from __future__ import annotations
@@ -16,9 +16,6 @@ from sidecar.settings import Settings
 
 HOSTALIASES_TLS_PORT = 443
 HOSTALIASES_HTTP_PORT = 80
-# The reverse-mode listeners need an upstream in their spec; every connection's real
-# upstream comes from its SNI or Host header, so this name is never contacted.
-PLACEHOLDER = "burstbuffer.invalid"
 
 
 # How a listener's clients name the origin they want: a forward proxy's by CONNECT or
@@ -30,9 +27,9 @@ Entrance = Literal["forward", "hostAliases-tls", "hostAliases-http", "transparen
 @dataclass(frozen=True)
 class Listener:
     """One listening address of the sidecar and the mitmproxy mode that serves what the
-    lean front end hands it."""
+    lean front end hands it (None: it hands it nothing)."""
 
-    mode: str  # a mitmproxy mode spec
+    mode: str | None  # a mitmproxy mode spec
     host: str
     port: int
     entrance: Entrance
@@ -49,23 +46,13 @@ def listeners(settings: Settings) -> list[Listener]:
             "forward",
         )
     ]
+    # Every captured connection is the core's (`sidecar.proxy.front`): it names its
+    # origin, or it is relayed untouched or closed.
     if settings.capture == "hostAliases":
-        captured: tuple[tuple[str, int, Entrance], ...] = (
-            ("https", HOSTALIASES_TLS_PORT, "hostAliases-tls"),
-            ("http", HOSTALIASES_HTTP_PORT, "hostAliases-http"),
-        )
-        for scheme, port, entrance in captured:
-            mode = f"reverse:{scheme}://{PLACEHOLDER}@127.0.0.1:{port}"
-            found.append(Listener(mode, "127.0.0.1", port, entrance))
+        found.append(Listener(None, "127.0.0.1", HOSTALIASES_TLS_PORT, "hostAliases-tls"))
+        found.append(Listener(None, "127.0.0.1", HOSTALIASES_HTTP_PORT, "hostAliases-http"))
     elif settings.capture == "transparent":
-        found.append(
-            Listener(
-                f"transparent@127.0.0.1:{settings.transparent_port}",
-                "127.0.0.1",
-                settings.transparent_port,
-                "transparent",
-            )
-        )
+        found.append(Listener(None, "127.0.0.1", settings.transparent_port, "transparent"))
     return found
 
 
