@@ -33,6 +33,7 @@ from mitmproxy import version as mitmproxy_version
 from bench import (
     bench_coalescing,
     bench_cold_miss,
+    bench_entrances,
     bench_first_epoch,
     bench_huggingface,
     bench_large_hit,
@@ -67,6 +68,7 @@ BENCHMARKS: dict[str, ModuleType] = {
         bench_ready,
         bench_small,
         bench_loader,
+        bench_entrances,
         bench_workers,
         bench_first_epoch,
         bench_nezha,

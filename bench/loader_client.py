@@ -11,8 +11,10 @@ worker starts behind one barrier. `keep-alive` workers each keep one connection
 CONNECT tunnel); `per-file` workers open a new connection for every file with
 `urllib.request`, which sends `Connection: close`; `absolute-form` workers keep one
 plain HTTP connection to the proxy and ask it for each URL (`GET https://...`), as a
-sidecar asks its parent cache. Each `--header` goes with every request (for example
-`Cache-Control: no-store`, which a cache passes through without storing). Every body is
+sidecar asks its parent cache. An `http://` URL is asked of the proxy that way by every
+shape, as clients ask a proxy for one; without a proxy, over plain HTTP. Each `--header`
+goes with every request (for example `Cache-Control: no-store`, which a cache passes
+through without storing). Every body is
 checked against its size, and every 16th against its SHA-256, so a wrong path cannot
 look fast.
 
@@ -73,8 +75,10 @@ def _keep_alive(
         nonlocal connection
         parts = urllib.parse.urlsplit(url)
         target = parts.path + (f"?{parts.query}" if parts.query else "")
+        # A proxy is asked for an http URL itself, as every client asks it.
+        to_proxy = bool(proxy) and (absolute or parts.scheme == "http")
         if connection is None:
-            if proxy and absolute:
+            if proxy and to_proxy:
                 address = urllib.parse.urlsplit(proxy)
                 connection = http.client.HTTPConnection(
                     address.hostname or "", address.port, timeout=60
@@ -85,11 +89,14 @@ def _keep_alive(
                     address.hostname or "", address.port, context=context, timeout=60
                 )
                 connection.set_tunnel(parts.hostname or "", parts.port)
+            elif parts.scheme == "http":
+                host = parts.hostname or ""
+                connection = http.client.HTTPConnection(host, parts.port, timeout=60)
             else:
                 connection = http.client.HTTPSConnection(
                     parts.hostname or "", parts.port, context=context, timeout=60
                 )
-        connection.request("GET", url if absolute else target, headers=headers)
+        connection.request("GET", url if to_proxy else target, headers=headers)
         response = connection.getresponse()
         body = response.read()
         if response.status != 200:

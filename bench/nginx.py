@@ -1,5 +1,6 @@
-"""The reference web server: nginx serving a directory over HTTPS, as the benchmarks'
-"as fast as it gets" baseline and as the unthrottled origin behind the sidecar; and
+"""The reference web server: nginx serving a directory over HTTPS (and plain HTTP on a
+port of its own), as the benchmarks' "as fast as it gets" baseline and as the
+unthrottled origin behind the sidecar; and
 nginx as a caching reverse proxy in front of such an origin (`proxy_cache`), a peer a
 user might run instead of the sidecar.
 
@@ -54,6 +55,7 @@ http {{
 {http}
     server {{
         listen 127.0.0.1:{port} ssl;
+        listen 127.0.0.1:{plain_port};
         ssl_certificate {dir}/server.pem;
         ssl_certificate_key {dir}/server.key;
         ssl_protocols TLSv1.2 TLSv1.3;
@@ -93,9 +95,13 @@ class Nginx:
     port: int
     process: Process
     ca_pem: Path
+    plain_port: int  # the same server over plain HTTP
 
     def url(self, name: str, host: str, query: str = "") -> str:
         return f"https://{host}:{self.port}/files/{name}" + (f"?{query}" if query else "")
+
+    def plain_url(self, name: str, host: str) -> str:
+        return f"http://{host}:{self.plain_port}/files/{name}"
 
     def stop(self) -> None:
         self.process.stop()
@@ -151,13 +157,19 @@ def _start(
     cert.cert_chain_pems[0].write_to_path(str(workdir / "server.pem"))
     ca_pem = workdir / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_pem))
-    port = free_port()
+    port, plain_port = free_port(), free_port()
     # Workers drop to `nobody` by default, who cannot read a private temp directory.
     user = "user root;" if os.geteuid() == 0 else ""
     config = workdir / "nginx.conf"
     config.write_text(
         CONFIG.format(
-            dir=workdir, port=port, user=user, workers=workers, http=http, location=location
+            dir=workdir,
+            port=port,
+            plain_port=plain_port,
+            user=user,
+            workers=workers,
+            http=http,
+            location=location,
         )
     )
     argv = [binary, "-e", str(workdir / "error.log"), "-p", str(workdir), "-c", str(config)]
@@ -167,7 +179,7 @@ def _start(
     except (TimeoutError, RuntimeError):
         process.stop()
         raise
-    return Nginx(port, process, ca_pem)
+    return Nginx(port, process, ca_pem, plain_port)
 
 
 def _listening(process: Process, port: int) -> bool:
