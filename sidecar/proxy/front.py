@@ -78,23 +78,19 @@ class Connect:
 
 
 def forwarded_request(head: bytes) -> bool | None:
-    """Is the request at the start of `head` one for the proxy itself to forward: a
-    request line (RFC 9112 §3) whose target is in absolute form, an http or https URL?
-    None while what came could still begin such a line, but it is not whole."""
-    end = head.find(b"\r\n")
-    if end < 0:
-        if len(head) >= native.REQUEST_PEEK:
-            return False
-        method, space, target = head.partition(b" ")
-        if not space:
-            return None if not method or (method.isalpha() and method.isupper()) else False
-        target = target[:8].lower()
-        could_be = any(s.startswith(target) or target.startswith(s) for s in _ABSOLUTE)
-        return None if could_be else False
-    parts = head[:end].split(b" ")
-    if len(parts) != 3 or parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
-        return False
-    return parts[1][:8].lower().startswith(_ABSOLUTE)
+    """Is what came first on the proxy port a request for the proxy itself to forward,
+    the lean server's? Anything but a request whose target is in origin form or
+    asterisk form (`GET /path`, `OPTIONS *`: what a proxy is not asked, RFC 9112 §3.2),
+    which mitmproxy answers: an absolute-form request (`GET http://host/path`), or
+    bytes whose request line the core's parser refuses, as strictly as any request's.
+    None while what came is a method (letters) and no target has begun."""
+    line = head.split(b"\n", 1)[0].replace(b"\t", b" ")
+    method, _, rest = line.partition(b" ")
+    target = rest.lstrip(b" ")
+    if not target:
+        waiting = b"\n" not in head and len(head) < native.REQUEST_PEEK
+        return None if waiting and (not method or method.isalpha()) else True
+    return target[:1] not in (b"/", b"*")
 
 
 def parse_connect(head: bytes) -> Connect | None:
@@ -491,7 +487,6 @@ def original_destination(fd: int) -> tuple[str, int] | None:
     port = int.from_bytes(raw[2:4])
     address = socket.inet_ntoa(raw[4:8])
     return None if (address, port) == local[:2] else (address, port)
-_ABSOLUTE = (b"http://", b"https://")
 
 
 def _socket(fd: int) -> socket.socket:

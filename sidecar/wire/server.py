@@ -442,8 +442,11 @@ class Http1Connection(asyncio.Protocol):
         if method == "CONNECT":
             # A tunnel inside the tunnel, to an origin server: RFC 9110 §9.3.6 is for
             # proxies, and an origin "SHOULD respond with the 501" to a method it lacks.
-            # The forward proxy answers a CONNECT as a connection's first request only.
-            raise BadRequest(HTTPStatus.NOT_IMPLEMENTED, "CONNECT after another request")
+            # The forward proxy answers a CONNECT to `host:port` as a connection's first
+            # request only (`sidecar.proxy.front`).
+            raise BadRequest(
+                HTTPStatus.NOT_IMPLEMENTED, "CONNECT here: only a first request to host:port"
+            )
         url = self._tunnel.request_url(target, hosts)
         refusal = request_head_error(version, hosts, target.decode("ascii"), transfer_encoding)
         if refusal is not None:
