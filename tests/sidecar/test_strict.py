@@ -382,24 +382,11 @@ CORE_REQUESTS = [
 
 
 @pytest.mark.parametrize(
-    ("raw", "status"), [row[1:] for row in REQUESTS], ids=[row[0] for row in REQUESTS]
+    ("raw", "status"),
+    [row[1:] for row in REQUESTS + CORE_REQUESTS],
+    ids=[row[0] for row in REQUESTS + CORE_REQUESTS],
 )
 def test_a_request_the_rfc_refuses_is_refused_and_never_forwarded(
-    client: Client, raw_origin: RawOrigin, raw: str, status: int
-) -> None:
-    _refused_and_nothing_after_it_forwarded(client, raw_origin, raw, status)
-
-
-@pytest.mark.parametrize(
-    ("raw", "status"), [row[1:] for row in CORE_REQUESTS], ids=[row[0] for row in CORE_REQUESTS]
-)
-def test_a_request_the_core_refuses_is_refused_and_nothing_after_it_forwarded(
-    client: Client, raw_origin: RawOrigin, raw: str, status: int
-) -> None:
-    _refused_and_nothing_after_it_forwarded(client, raw_origin, raw, status)
-
-
-def _refused_and_nothing_after_it_forwarded(
     client: Client, raw_origin: RawOrigin, raw: str, status: int
 ) -> None:
     name = f"refused-{time.monotonic_ns()}"

@@ -73,14 +73,7 @@ impl Message {
 #[pyfunction]
 #[pyo3(signature = (pieces, responses = false))]
 pub fn frame(pieces: Vec<Bound<'_, PyBytes>>, responses: bool) -> Framed {
-    let mut parser = if responses {
-        Parser::responses()
-    } else {
-        Parser::default()
-    };
-    if responses {
-        parser.expect("GET");
-    }
+    let mut parser = Parser::of_gets(responses);
     let (mut messages, mut refused) = (Vec::<Message>::new(), None);
     let (mut fed, mut ignored) = (0, Vec::new());
     for piece in &pieces {

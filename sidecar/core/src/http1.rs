@@ -254,6 +254,17 @@ impl Parser {
         }
     }
 
+    /// A parser of requests, or with `responses` of the responses to GETs (the first
+    /// expected at once): what the tests feed bytes to (`framed::frame`).
+    pub fn of_gets(responses: bool) -> Self {
+        if !responses {
+            return Self::default();
+        }
+        let mut parser = Self::responses();
+        parser.expect("GET");
+        parser
+    }
+
     /// A request with `method` was sent: its response is read next (a response to HEAD
     /// has no body, nor has a 2xx to CONNECT).
     pub fn expect(&mut self, method: &str) {
@@ -1293,14 +1304,7 @@ mod tests {
     /// consecutive pieces joined: how a body is cut depends on how it arrived, nothing
     /// else may. Responses answer GETs, each expected once the one before ended.
     fn fed(responses: bool, data: &[u8], cuts: &[usize]) -> Vec<Event> {
-        let mut parser = if responses {
-            Parser::responses()
-        } else {
-            Parser::default()
-        };
-        if responses {
-            parser.expect("GET");
-        }
+        let mut parser = Parser::of_gets(responses);
         let mut got: Vec<Event> = Vec::new();
         let mut from = 0;
         for &to in cuts.iter().chain([data.len()].iter()) {
