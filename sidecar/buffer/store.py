@@ -110,8 +110,8 @@ BACKGROUND_NICE = 10
 # it touched would hold it again. Lookups are one indexed query; the OS caches pages.
 SQLITE_CACHE_KIB = 4096
 # The index's format (`Buffer.format`): an index of another one is emptied at start
-# (3: bodies' digests are BLAKE3, where 2's were SHA-256; 4: the `Parts` table).
-FORMAT = 4
+# (3: bodies' digests are BLAKE3, where 2's were SHA-256).
+FORMAT = 3
 # Bytes of the key digest that names an object in the index: 128 bits, so that a
 # collision among a million keys is about as likely as 10^-26.
 _KEY_BYTES = 16
@@ -686,6 +686,10 @@ class Index:
                 " AND Parts.last >= ? ORDER BY Parts.last - Parts.first LIMIT 1",
                 (key_digest(whole), first, last),
             ).fetchone()
+        except sqlite3.OperationalError as e:
+            if _NO_PARTS in str(e):
+                return None  # no part was ever stored (`insert_part` makes the table)
+            raise StoreError(f"cannot read the index: {_describe(e)}") from e
         except (OSError, sqlite3.Error) as e:
             raise StoreError(f"cannot read the index: {_describe(e)}") from e
         return None if found is None else str(found[0])
@@ -750,10 +754,18 @@ def insert_part(writer: sqlite3.Connection, key: str, slot: bytes) -> None:
     rules = endpoints.rules(key)
     if rules.part is None or rules.whole is None:
         return
-    writer.execute(
-        "INSERT OR REPLACE INTO Parts(whole, first, last, part, slot) VALUES (?, ?, ?, ?, ?)",
-        (key_digest(rules.whole), rules.part.first, rules.part.last, key, slot),
-    )
+    row = (key_digest(rules.whole), rules.part.first, rules.part.last, key, slot)
+    insert = "INSERT OR REPLACE INTO Parts(whole, first, last, part, slot) VALUES (?, ?, ?, ?, ?)"
+    try:
+        writer.execute(insert, row)
+    except sqlite3.OperationalError as e:
+        if _NO_PARTS not in str(e):
+            raise
+        # The first part this buffer stores: the table is made for it, so that an index
+        # that holds none (most) is not a page larger per table for it.
+        for statement in _PARTS:
+            writer.execute(statement)
+        writer.execute(insert, row)
 
 
 def encode(entry: StoredObject) -> bytes:
@@ -871,10 +883,14 @@ _TOTALS = (
     " UPDATE Buffer SET used = used - IFNULL(OLD.tag, 0); END",
     "CREATE TRIGGER IF NOT EXISTS Buffer_used_update AFTER UPDATE OF tag ON Cache BEGIN"
     " UPDATE Buffer SET used = used + IFNULL(NEW.tag, 0) - IFNULL(OLD.tag, 0); END",
-    # The parts of wholes that signed ranges name (`insert_part`), by the digest of the
-    # whole's key; a row goes with its object's. A row a crash left without its object
-    # (or with another object of the same key) finds nothing that is not indexed: the
-    # lookup joins the index, and the part's own key names its range.
+)
+# The parts of wholes that signed ranges name (`insert_part`, which makes them with the
+# first part stored), by the digest of the whole's key; a row goes with its object's. A
+# row a crash left without its object (or with another object of the same key) finds
+# nothing that is not indexed: the lookup joins the index, and the part's own key names
+# its range.
+_NO_PARTS = "no such table: Parts"
+_PARTS = (
     "CREATE TABLE IF NOT EXISTS Parts (whole BLOB NOT NULL, first INTEGER NOT NULL,"
     " last INTEGER NOT NULL, part TEXT NOT NULL, slot BLOB NOT NULL,"
     " PRIMARY KEY (whole, first, last)) WITHOUT ROWID",
