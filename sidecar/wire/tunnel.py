@@ -116,6 +116,10 @@ class Relay(asyncio.Protocol):
                 peer.transport.close()
             else:
                 peer.transport.abort()
+        # The pair, their streams and the streams' buffers refer to one another: a cycle
+        # that only the garbage collector, which the workers run seldom, would free.
+        self.peer = None
+        self.transport = None
         if self._on_close is not None:
             self._on_close()
 

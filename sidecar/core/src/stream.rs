@@ -828,8 +828,12 @@ fn deliver(slf: &Bound<'_, Stream>, notices: Vec<Notice>) -> PyResult<()> {
                 let event_loop = slf.borrow().watcher.event_loop().clone_ref(py);
                 // Later, as asyncio's transports do: never inside a write of the protocol's.
                 event_loop.call_method1(py, "call_soon", (lost, error))?;
-                // The protocol holds the stream: let both go.
-                slf.borrow_mut().protocol = None;
+                // The protocol holds the stream, and a stream it forwarded to (a tunnel's
+                // other side) holds it back: let them all go, not only once the garbage
+                // collector, which the workers run seldom, finds the cycle.
+                let mut stream = slf.borrow_mut();
+                stream.protocol = None;
+                stream.forward = None;
             }
         }
     }
