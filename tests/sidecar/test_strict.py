@@ -399,8 +399,12 @@ def test_a_request_the_rfc_refuses_is_refused_and_never_forwarded(
     client.send(request.encode())
     reply = client.replies(count=2)
     assert reply.statuses == [status] and reply.closed, reply
-    assert not any(path.encode() in seen.raw for seen in raw_origin.connections)
-    assert not any(after.encode() in seen.raw for seen in raw_origin.connections)
+    # A head refused never leaves; one whose body is refused on its way (a chunk line)
+    # may have gone ahead of it, streamed, and then its upload ends unfinished: the
+    # origin never takes a part for the whole.
+    for seen in raw_origin.connections:
+        assert not any(path.encode() in target for target in seen.targets[: seen.complete])
+        assert after.encode() not in seen.raw
 
 
 def test_chunked_followed_by_a_tab_frames_a_request_as_chunked(
@@ -894,6 +898,19 @@ def malformed_responses(draw: st.DrawFn) -> tuple[bytes, int, bytes | None, int,
 
 @settings(E2E, max_examples=100)
 @given(response=malformed_responses(), front=st.sampled_from(FRONTS))
+# A pass whose body ends with the origin's connection: its client must get the last
+# chunk once the origin has closed (a lost stream once let go of where it forwarded).
+@example(
+    response=(
+        b"HTTP/1.1 200 OK\r\nCache-Control: no-store\r\nTransfer-Encoding: chunked, gzip"
+        b"\r\n\r\n\x00",
+        0,
+        None,
+        0,
+        True,
+    ),
+    front="lean",
+)
 def test_any_response_is_relayed_exactly_or_refused_at_once_and_only_a_whole_one_is_kept(
     strict_sidecar: Sidecar,
     raw_origin: RawOrigin,

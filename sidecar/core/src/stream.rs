@@ -828,12 +828,16 @@ fn deliver(slf: &Bound<'_, Stream>, notices: Vec<Notice>) -> PyResult<()> {
                 let event_loop = slf.borrow().watcher.event_loop().clone_ref(py);
                 // Later, as asyncio's transports do: never inside a write of the protocol's.
                 event_loop.call_method1(py, "call_soon", (lost, error))?;
-                // The protocol holds the stream, and a stream it forwarded to (a tunnel's
-                // other side) holds it back: let them all go, not only once the garbage
-                // collector, which the workers run seldom, finds the cycle.
+                // The protocol holds the stream: let both go. A tunnel's stream (it parses
+                // nothing) lets go of the stream it forwarded to as well, which forwards
+                // to it: a cycle only the garbage collector, which the workers run seldom,
+                // would free. A response's forward stays for `end_forward` (a body that
+                // ended with the connection).
                 let mut stream = slf.borrow_mut();
                 stream.protocol = None;
-                stream.forward = None;
+                if stream.parser.is_none() {
+                    stream.forward = None;
+                }
             }
         }
     }
