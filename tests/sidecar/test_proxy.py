@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import signal
+import socket
 import subprocess
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -504,16 +505,24 @@ def test_a_large_cold_object_is_fetched_over_parallel_ranges(
     assert found.entry.digest == blake3.blake3(body_of(dataset, "big.bin")).hexdigest()
 
 
+def mitmproxy_serving(sidecar: Sidecar) -> None:
+    """Wait until the worker's mitmproxy answers what it is handed (an origin-form
+    request to the proxy itself): it loads after the worker is ready, and its modules
+    would count as growth in a worker's RSS read while it loads."""
+    with socket.create_connection(("127.0.0.1", sidecar.proxy_port), timeout=30) as sock:
+        sock.sendall(b"GET /files/small.bin HTTP/1.1\r\nHost: origin.test\r\n\r\n")
+        assert sock.recv(12).startswith(b"HTTP/1.1 ")
+
+
 def test_a_client_slower_than_the_origin_costs_no_memory_for_the_body(
-    start_sidecar: Callable[..., Sidecar], origin: OriginServer, plain_origin: int, dataset: Path
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
 ) -> None:
     """The core writes a large miss into its file and sends it on as it comes; what a
     client does not take at once it gets later from the file, so the fill ends at the
     origin's pace while the client still reads, and no worker holds the body."""
     sidecar = start_sidecar("--workers", "1")
-    # A request through mitmproxy first: the worker has loaded it before RSS is read.
-    curl(sidecar, f"http://origin.test:{plain_origin}/files/small.bin")
-    stored = sidecar.stats()["entries"]  # small.bin's
+    mitmproxy_serving(sidecar)  # the worker has loaded it before RSS is read
+    stored = sidecar.stats()["entries"]
     workers = process_tree(sidecar.pid)
     with RssSampler(workers) as before:
         pass
@@ -534,13 +543,12 @@ def test_a_pass_to_a_slow_client_holds_little_of_its_body_in_a_worker(
     framing: dict[str, int],
     start_sidecar: Callable[..., Sidecar],
     origin: OriginServer,
-    plain_origin: int,
     dataset: Path,
 ) -> None:
     """The core forwards a body that passes straight from the origin's connection to
     the client's, and stops reading the origin while the client is behind."""
     sidecar = start_sidecar("--workers", "1")
-    curl(sidecar, f"http://origin.test:{plain_origin}/files/small.bin")  # mitmproxy loaded
+    mitmproxy_serving(sidecar)  # the worker has loaded it before RSS is read
     workers = process_tree(sidecar.pid)
     with RssSampler(workers) as before:
         pass
