@@ -1,9 +1,9 @@
 """The mitmproxy addon: the router's front end for connections mitmproxy terminates.
 
-Intercepted CONNECT tunnels are served by the lean front end (`sidecar.wire.server`);
-mitmproxy terminates the rest: plain-HTTP proxy requests and the hostAliases and
-transparent listeners (TLS with the pod CA's leaf certificates, request parsing,
-tunnels for hosts that are not intercepted). For a GET or HEAD to an intercepted host
+Every entrance is served by the lean front end (`sidecar.proxy.front`,
+`sidecar.wire.server`); mitmproxy is handed only what the forward proxy cannot take as a
+request to forward (a target in origin or asterisk form), and whatever of it mitmproxy
+reads as a request comes here. For a GET or HEAD to an intercepted host
 this addon hands the request to the router in the `request` hook itself; everything
 else (other methods, hosts that are not intercepted) is left to mitmproxy,
 which streams it through without buffering bodies, and is counted here as a pass with
