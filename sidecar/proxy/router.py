@@ -191,24 +191,17 @@ def answer(request: Request, representation: Representation, now: float) -> Answ
         if isinstance(asked, Answer):
             return asked
     part = representation.part
-    if part is not None:
-        if asked is None:
-            return None
-        # The part's own bytes: those of the whole representation from its first.
-        content_range = ranges.content_range(asked.start, asked.end, part.complete)
-        start, end = asked.start - part.first, asked.end - part.first + 1
-        fields = [(k, v) for k, v in base if k.lower() != "content-range"]
-        headers = [*fields, ("Content-Range", content_range), ("Content-Length", str(end - start))]
-        if request.method == "HEAD":
-            return Answer(206, headers)
-        return Answer(206, headers, start, end)
+    if part is not None and asked is None:
+        return None
     if asked is None:
         start, end = 0, size
         headers = [*base, ("Content-Length", str(size))]
         status = 200
     else:
-        start, end = asked.start, asked.end + 1
-        content_range = ranges.content_range(asked.start, asked.end, size)
+        # A part's body holds the whole representation's bytes from its first on.
+        offset, complete = (0, size) if part is None else (part.first, part.complete)
+        start, end = asked.start - offset, asked.end - offset + 1
+        content_range = ranges.content_range(asked.start, asked.end, complete)
         # A stored Content-Range (meaningless on the origin's 200) gives way to the part's.
         fields = [(k, v) for k, v in base if k.lower() != "content-range"]
         headers = [*fields, ("Content-Range", content_range), ("Content-Length", str(end - start))]
