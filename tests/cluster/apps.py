@@ -10,9 +10,10 @@ from typing import Any
 
 from kubernetes import client
 
-from tests.cluster.conftest import Cluster, Origin
+from tests.cluster.conftest import WAIT, Cluster, Origin
 from tests.cluster.images import APP_IMAGE
 from tests.cluster.origin import content
+from tests.cluster.processes import wait_until
 
 # The app reads the sidecar's /stats on the pod's own address once its downloads are
 # done (past the proxy: it is a look at the sidecar, not a download), and prints it.
@@ -101,10 +102,51 @@ def completed_download(
     """`job` (default: `download_job`) run to completion: its pod, and the sidecar's /stats
     it printed once every file was checked byte for byte against the origin's."""
     cluster.apply(namespace, job or download_job(origin, path))
-    cluster.kubectl("wait", "-n", namespace, "--for=condition=Complete", "job/download",
-                    "--timeout=240s")  # fmt: skip
+    job_completed(cluster, namespace, "download")
     (pod,) = cluster.pods(namespace, "app=download")
     log = app_log(cluster, namespace, pod.metadata.name)
     # wget, curl and Python's urllib, each byte-identical to the origin's file.
     assert printed_hashes(log) == {origin_hash(origin, path)}, log
     return pod, printed_stats(log)
+
+
+def job_completed(cluster: Cluster, namespace: str, name: str, timeout: float = WAIT) -> None:
+    """Wait for the Job to complete; fail as soon as it fails, or after `timeout` seconds,
+    with what its pods and the namespace's events say."""
+    ended = "still running"
+
+    def done() -> bool:
+        nonlocal ended
+        status = cluster.batch.read_namespaced_job_status(name, namespace).status
+        for condition in status.conditions or []:
+            if condition.type in ("Complete", "Failed") and condition.status == "True":
+                ended = condition.type
+                return True
+        return False
+
+    wait_until(done, timeout, 0.5)
+    assert ended == "Complete", job_report(cluster, namespace, name, ended)
+
+
+def job_report(cluster: Cluster, namespace: str, name: str, ended: str) -> str:
+    """What a Job that did not complete left to read: its pods' states, each container's
+    log (the app's and the sidecar's, the previous run's too) and the namespace's events."""
+    lines = [f"job/{name} in {namespace}: {ended}"]
+    for pod in cluster.pods(namespace, f"job-name={name}"):
+        statuses = (pod.status.init_container_statuses or []) + (
+            pod.status.container_statuses or []
+        )
+        lines.append(f"pod {pod.metadata.name}: {pod.status.phase}")
+        for status in statuses:
+            lines.append(f"  {status.name}: restarts {status.restart_count}, {status.state}")
+            for previous in ("false", "true"):
+                log = cluster.kubectl(
+                    "logs", "-n", namespace, pod.metadata.name, "-c", status.name,
+                    f"--previous={previous}", "--tail=60", check=False,
+                )  # fmt: skip
+                if log:
+                    lines.append(f"  --- {status.name} log (previous={previous}):\n{log}")
+    events = cluster.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp",
+                             check=False)  # fmt: skip
+    lines.append(f"events:\n{events}")
+    return "\n".join(lines)

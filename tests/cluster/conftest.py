@@ -174,12 +174,39 @@ class Release:
 def helm_install(
     cluster: Cluster, release: Release, *values: str, action: str = "install"
 ) -> subprocess.CompletedProcess[str]:
-    """`helm install|upgrade --wait` of the chart in this checkout, with `--set` values."""
+    """`helm install|upgrade --wait` of the chart in this checkout, with `--set` values;
+    returns once the API server reaches the webhook (`wait_for_injection`)."""
     sets = [item for value in values for item in ("--set", value)]
-    return cluster.run(
+    done = cluster.run(
         "helm", action, release.name, CHART, "--namespace", release.namespace,
         "--create-namespace", "--wait", "--timeout", "5m", *sets, timeout=360,
     )  # fmt: skip
+    wait_for_injection(cluster)
+    return done
+
+
+def wait_for_injection(cluster: Cluster) -> None:
+    """Wait until a pod that opts in is injected (a server-side dry run, nothing made).
+
+    `helm --wait` returns once the injector's pods are ready, which can be before the API
+    server reaches them through their Service; meanwhile the webhook's `failurePolicy:
+    Ignore` lets pods start without the sidecar, and a Job's download fails on the
+    origin's certificate."""
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "injection-probe-",
+            "labels": {"burstbuffer.io/inject": "true"},
+        },
+        "spec": {"containers": [{"name": "probe", "image": APP_IMAGE, "command": ["true"]}]},
+    }
+
+    def injected_now() -> bool:
+        made = cluster.core.create_namespaced_pod("default", probe, dry_run="All")
+        return injected(made)
+
+    cluster.wait_for("the webhook to inject a pod that opts in", injected_now)
 
 
 @pytest.fixture(scope="module")

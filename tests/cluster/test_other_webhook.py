@@ -24,7 +24,14 @@ import trustme
 import yaml
 from kubernetes import client
 
-from tests.cluster.apps import app_log, app_pod, download_job, origin_hash, printed_hashes
+from tests.cluster.apps import (
+    app_log,
+    app_pod,
+    download_job,
+    job_completed,
+    origin_hash,
+    printed_hashes,
+)
 from tests.cluster.conftest import (
     INJECTED,
     Cluster,
@@ -182,8 +189,7 @@ def test_with_if_needed_they_are_wired_to_the_sidecar_and_their_downloads_cached
     # the app's three and the added container's are hits.
     before = origin_requests(cluster, origin, PATH)
     cluster.apply(namespace, download_job(origin, PATH))
-    cluster.kubectl("wait", "-n", namespace, "--for=condition=Complete", "job/download",
-                    "--timeout=240s")  # fmt: skip
+    job_completed(cluster, namespace, "download")
     (done,) = cluster.pods(namespace, "app=download")
     expected = origin_hash(origin, PATH)
     assert printed_hashes(app_log(cluster, namespace, done.metadata.name)) == {expected}
