@@ -47,6 +47,7 @@ from bench import (
     bench_scale,
     bench_small,
     bench_soak,
+    bench_warm_scale,
     bench_workers,
     plot,
     report,
@@ -78,6 +79,7 @@ BENCHMARKS: dict[str, ModuleType] = {
         bench_soak,
         bench_parent,
         bench_scale,
+        bench_warm_scale,
         bench_huggingface,
     )
 }

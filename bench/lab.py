@@ -71,6 +71,7 @@ class Profile:
     scale_reference: int  # stored objects of the hit rate's reference
     scale_hits: int  # distinct stored objects read after each restart (at most)
     hub_bytes: int  # the Hugging Face repository downloaded whole (in HUB_SHARDS files)
+    warm_scale_files: tuple[int, int]  # warm epochs over this many files, then over fewer
 
 
 FULL = Profile(
@@ -101,6 +102,7 @@ FULL = Profile(
     scale_reference=1_000,
     scale_hits=200_000,
     hub_bytes=1024 * MiB,
+    warm_scale_files=(100_000, 2_000),
 )
 QUICK = Profile(
     quick=True,
@@ -130,6 +132,7 @@ QUICK = Profile(
     scale_reference=100,
     scale_hits=1_000,
     hub_bytes=4 * MiB,
+    warm_scale_files=(400, 40),
 )
 
 

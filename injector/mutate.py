@@ -34,7 +34,13 @@ from injector import aliases, capture, names, redirect, runtimes
 from injector.overrides import PodOptions, pod_options
 from injector.quantity import format_bytes, parse_bytes, parse_quantity
 from injector.settings import BufferSettings, CASettings, InjectorSettings
-from sidecar.settings import CAPTURE_MODES, command_line
+from sidecar.settings import (
+    CAPTURE_MODES,
+    MAX_OBJECTS,
+    command_line,
+    default_index_objects,
+    index_memory,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +63,6 @@ TRUST_VARIABLES = (
 # and SQLite's free pages. Measured (`python -m bench --only scale`): 270–290 bytes an
 # object with three response fields, about 600 with a cloud store's ten (tests/injector
 # pins both).
-MAX_OBJECTS = 1_000_000
 INDEX_BYTES_PER_OBJECT = 640
 _BLOCK = 4096
 _INDEX_SLACK = 16 * 2**20
@@ -117,10 +122,11 @@ def sidecar_resources(settings: InjectorSettings, options: PodOptions) -> dict[s
     charges them.
 
     The configured memory covers the sidecar with one worker process; each further
-    worker (one per CPU) adds WORKER_MEMORY. tmpfs pages count against the memory
-    cgroup of the process that writes them (the sidecar), and a disk emptyDir against
-    the pod's ephemeral storage: without the buffer in the limit, a full buffer gets the
-    sidecar OOM-killed or the pod evicted.
+    worker (one per CPU) adds WORKER_MEMORY, and the core's index of answers its shared
+    memory (`sidecar.settings.index_memory`), whatever the medium. tmpfs pages count
+    against the memory cgroup of the process that writes them (the sidecar), and a disk
+    emptyDir against the pod's ephemeral storage: without the buffer in the limit, a full
+    buffer gets the sidecar OOM-killed or the pod evicted.
     """
     buffer = options.buffer
     requests = dict(settings.resources.requests)
@@ -130,10 +136,12 @@ def sidecar_resources(settings: InjectorSettings, options: PodOptions) -> dict[s
         if "cpu" in limits and parse_quantity(limits["cpu"]) < parse_quantity(requests["cpu"]):
             limits["cpu"] = options.sidecar_cpu
     extra_workers = sidecar_workers({"requests": requests, "limits": limits}) - 1
+    index = index_memory(default_index_objects(sidecar_buffer_size(buffer.size)))
+    index = -(-index // 2**20) * 2**20  # in whole MiB, so that the limits stay readable
     for amounts in (requests, limits):
-        if "memory" in amounts and extra_workers:
+        if "memory" in amounts:
             amounts["memory"] = format_bytes(
-                parse_bytes(amounts["memory"]) + extra_workers * WORKER_MEMORY
+                parse_bytes(amounts["memory"]) + extra_workers * WORKER_MEMORY + index
             )
     charged = {"Memory": "memory", "Disk": "ephemeral-storage"}.get(buffer.medium)
     if charged is not None:

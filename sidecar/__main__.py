@@ -18,7 +18,7 @@ from sidecar import logs
 from sidecar.buffer.claims import Claims
 from sidecar.proxy.listeners import listen, listeners
 from sidecar.runtime.supervisor import Workers, WorkersFailed, available_cpus
-from sidecar.settings import SettingsError, parse
+from sidecar.settings import SettingsError, index_memory, parse
 from sidecar.shared import Shared
 
 logger = logging.getLogger("sidecar")
@@ -42,7 +42,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
             raise SystemExit(1) from None
     workers_count = settings.workers or available_cpus()
-    shared = Shared.create(workers_count, Claims.size(workers_count))
+    shared = Shared.create(
+        workers_count, Claims.size(workers_count), index_memory(settings.index_capacity)
+    )
     workers = Workers(shared, args, sockets, settings.ca_dir, entry="sidecar.runtime.worker:main")
     spawning = workers.spawn()
     # Loaded while the workers load mitmproxy: the CA, the buffer, the admin endpoints.

@@ -30,6 +30,7 @@ _CONDITION_LOG_INTERVAL = 60.0  # seconds
 class Counters:
     hits: int = 0
     hits_answered_by_core: int = 0  # the worker adds the core's count (`native.Answers`)
+    answers_displaced: int = 0  # the same
     misses: int = 0
     coalesced: int = 0
     passes: int = 0
@@ -54,6 +55,10 @@ COUNTER_HELP = {
     "hits": "Requests answered from a stored object (GET or HEAD, ranges included).",
     "hits_answered_by_core": (
         "Of the hits, those the Rust core sent again from its table of recorded answers."
+    ),
+    "answers_displaced": (
+        "Answers of the core's table that gave way to others while still valid: more than a"
+        " few per epoch say --index-objects is too small for the objects read."
     ),
     "misses": "Cacheable GETs that started an upstream fill.",
     "coalesced": "Clients served by joining a fill already in progress.",

@@ -57,6 +57,19 @@ DEFAULT_INTERCEPT: tuple[str, ...] = (
     "*.blob.core.windows.net",
 )
 
+# The documented maximum of objects one sidecar stores (docs/sidecar.md, `--buffer-size`).
+MAX_OBJECTS = 1_000_000
+# Shared memory of the core's index of answers (`--index-objects`), per object: 80 bytes
+# of entries (64 each, a fifth of them spare) and, on average, 432 bytes of its answer's
+# URL, status line, fields and body path (a plain server's answer takes about 300, a
+# cloud store's up to 900; the longer ones share the room of the shorter).
+INDEX_MEMORY_PER_OBJECT = 512
+# By default the index has room for one object per INDEX_OBJECT_SIZE of --buffer-size
+# (a buffer of smaller files is indexed as far as it goes, the rest answered by Python),
+# at least INDEX_OBJECTS_MIN, at most MAX_OBJECTS.
+INDEX_OBJECT_SIZE = 16 * 1024
+INDEX_OBJECTS_MIN = 8_192
+
 _SIZE_UNITS = {
     "": 1,
     "b": 1,
@@ -222,6 +235,12 @@ def parse_count(text: str) -> int:
     return _parse_int(text, 1, 64, "count")
 
 
+def parse_index_objects(text: str) -> int:
+    """Parse the objects of the core's index of answers (64 to ten times MAX_OBJECTS: room
+    for a buffer of small files beyond the documented maximum)."""
+    return _parse_int(text, 64, 10 * MAX_OBJECTS, "object count")
+
+
 def parse_proxy_url(text: str) -> str:
     """Parse an upstream proxy URL: `http://host:port` (credentials allowed)."""
     value = text.strip()
@@ -308,6 +327,26 @@ class Settings:
     # remember_ca_rejections, default 3600 (seconds). How long a client that refused the
     # pod CA's certificate for a host is tunnelled to that host untouched (uncached).
     remember_ca_rejections: float = 3600.0
+    # index_objects, default `default_index_objects(buffer_size)`. Stored objects whose
+    # answers the core's shared index holds at once (INDEX_MEMORY_PER_OBJECT bytes each).
+    index_objects: int | None = None
+
+    @property
+    def index_capacity(self) -> int:
+        """Objects the core's index of answers holds: `--index-objects`, or its default."""
+        return self.index_objects or default_index_objects(self.buffer_size)
+
+
+def default_index_objects(buffer_size: int) -> int:
+    """The objects the core's index of answers holds by default for a buffer of
+    `buffer_size` bytes (see INDEX_OBJECT_SIZE)."""
+    return min(max(buffer_size // INDEX_OBJECT_SIZE, INDEX_OBJECTS_MIN), MAX_OBJECTS)
+
+
+def index_memory(objects: int) -> int:
+    """Bytes of shared memory the core's index of answers takes for `objects` objects,
+    once every one of them is answered (pages are taken as answers are written)."""
+    return objects * INDEX_MEMORY_PER_OBJECT
 
 
 @dataclass(frozen=True)
@@ -356,6 +395,11 @@ _FLAGS: tuple[_Flag, ...] = (
         "remember_ca_rejections",
         parse_seconds,
         "seconds a client that refused the pod CA is tunnelled to that host (3600)",
+    ),
+    _Flag(
+        "index_objects",
+        parse_index_objects,
+        "objects the core answers alone at once (default: one per 16 KiB of --buffer-size)",
     ),
 )
 _FLAGS_BY_FIELD = {flag.field: flag for flag in _FLAGS}

@@ -16,7 +16,8 @@ are atomic on the platforms pods run on), so no lock is needed:
 | 2 | the main process | found through: index rows up to this one were there at start |
 | 3 | the main process | checked through: rows found at start up to this one are verified |
 | 4 | the main process, once | how many workers there are |
-| 5 + i | worker i | its open client connections (`front.Balance`) |
+| 5 | the main process, once | bytes of the table of answers |
+| 6 + i | worker i | its open client connections (`front.Balance`) |
 
 Workers remember stored objects between requests; a changed generation tells them
 to forget what they remember (`keeper.Buffer`). A worker lets a new request join a
@@ -26,9 +27,10 @@ stored object whose index row was found at start and is not checked yet is verif
 the worker that serves it first (`keeper.Buffer`); until the store has opened the
 index, every row counts as found at start and unchecked.
 
-The table of answers is written by any worker, each slot under a sequence lock of its
+The table of answers is written by any worker, each entry under a sequence lock of its
 own (see `sidecar/core/src/answers.rs`), and answers recorded under an older index
-generation are not used.
+generation are not used. Its size follows `--index-objects` (`settings.index_memory`);
+only the pages answers are written into take memory.
 
 The clients' table and the region are written by any process, but only under `lock`: an
 exclusive `flock` on a descriptor of the file that each process opened for itself (a lock
@@ -45,13 +47,10 @@ import os
 from types import TracebackType
 
 _SLOT = 8  # bytes
-_COMMON = 5  # slots before the per-worker ones
+_COMMON = 6  # slots before the per-worker ones
 _UNKNOWN = 2**63 - 1  # "found through" before the store has looked: every row
 # Bytes of the table of clients that refused the pod CA (`sidecar.wire.rejections`).
 CLIENTS_TABLE = 8 * 1024
-# Bytes of the table of answers (`core.native.Answers`): 8,192 answers of 1 KiB. Only
-# the pages answers are written into take memory.
-ANSWERS_TABLE = 8 * 1024 * 1024
 # Where the index generation is (slot 0), for the core's table of answers.
 GENERATION_AT = 0
 
@@ -88,19 +87,21 @@ class Shared:
         # The tables start where the slots end, the region where the tables end.
         self.clients = (workers + _COMMON) * _SLOT
         self.answers = self.clients + CLIENTS_TABLE
-        self.region = self.answers + ANSWERS_TABLE
+        self.region = self.answers + int(self._slots[5])
         # This process's own open file: see the module docstring.
         self._lock_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
         # `with shared.lock:` holds the lock of the table and the region.
         self.lock = FileLock(self._lock_fd)
 
     @classmethod
-    def create(cls, workers: int, region: int = 0) -> Shared:
-        """Slots for `workers` workers, the tables, then `region` bytes, all zero."""
+    def create(cls, workers: int, region: int = 0, answers: int = 0) -> Shared:
+        """Slots for `workers` workers, the clients' table, `answers` bytes of the table
+        of answers, then `region` bytes, all zero."""
         fd = os.memfd_create("burstbuffer-shared", 0)  # inherited by workers on purpose
-        size = (workers + _COMMON) * _SLOT + CLIENTS_TABLE + ANSWERS_TABLE + region
+        size = (workers + _COMMON) * _SLOT + CLIENTS_TABLE + answers + region
         os.ftruncate(fd, size)
         os.pwrite(fd, workers.to_bytes(_SLOT, "little"), 4 * _SLOT)
+        os.pwrite(fd, answers.to_bytes(_SLOT, "little"), 5 * _SLOT)
         shared = cls(fd)
         shared._slots[2] = _UNKNOWN
         return shared

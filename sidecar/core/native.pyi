@@ -4,7 +4,6 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-ANSWER_SLOT: int
 HELLO_PEEK: int
 REQUEST_PEEK: int
 HANDSHAKE_DONE: int
@@ -32,16 +31,19 @@ class TlsConfig:
 
 class Answers:
     """The table of answers Python gave to plain GETs of stored objects, in the shared
-    memory file `fd`: `count` slots of ANSWER_SLOT bytes from byte `start`, valid while
-    the index generation word at byte `generation` stays; `deciding`: the request fields
-    a hit's decision reads (a request with any of them is never answered from it)."""
+    memory file `fd`: `size` bytes from byte `start`, entries for `objects` answers and
+    an arena their URLs, heads and paths share (ValueError if it is under 16 KiB or the
+    table does not fit the file), valid while the index generation word at byte
+    `generation` stays; `deciding`: the request fields a hit's decision reads (a request
+    with any of them is never answered from it)."""
 
     def __init__(
         self,
         fd: int,
         generation: int,
         start: int,
-        count: int,
+        size: int,
+        objects: int,
         deciding: list[str],
         track_touches: bool = False,
     ) -> None: ...
@@ -55,6 +57,10 @@ class Answers:
     def touched(self) -> list[bytes]:
         """The URLs this process answered from the table since the last call, with
         `track_touches` (else none)."""
+    @property
+    def displaced(self) -> int:
+        """Answers this process made give way to others while still valid: the table is
+        too small for the objects read (`--index-objects`)."""
     @property
     def hits(self) -> int:
         """Requests this process answered from the table."""

@@ -48,7 +48,7 @@ from sidecar.proxy.listeners import listeners
 from sidecar.proxy.router import Router
 from sidecar.runtime.supervisor import Inherited
 from sidecar.settings import Settings, parse
-from sidecar.shared import ANSWERS_TABLE, GENERATION_AT, Shared
+from sidecar.shared import GENERATION_AT, Shared
 from sidecar.wire.client import Pool
 from sidecar.wire.rejections import Rejections
 from sidecar.wire.tunnel import Tunnels
@@ -122,7 +122,8 @@ async def run(settings: Settings, inherited: Inherited) -> None:
         shared.fd,
         GENERATION_AT,
         shared.answers,
-        ANSWERS_TABLE // native.ANSWER_SLOT,
+        shared.region - shared.answers,
+        settings.index_capacity,
         sorted(policy.HIT_FIELDS),
         track_touches=settings.eviction == "lru",
     )
@@ -202,6 +203,7 @@ def _counters(metrics: Metrics, answers: native.Answers | None) -> dict[str, obj
     if answers is not None:
         counters["hits"] = cast(int, counters["hits"]) + answers.hits
         counters["hits_answered_by_core"] = answers.hits
+        counters["answers_displaced"] = answers.displaced
         counters["bytes_from_buffer"] = cast(int, counters["bytes_from_buffer"]) + answers.bytes
     return counters
 

@@ -254,18 +254,21 @@ def test_the_volume_keeps_room_for_the_index_of_every_object_it_can_hold(
         assert volume - sidecar_buffer_size(volume) >= objects * index / count
 
 
+# The core's index of answers is charged to the memory whatever the medium: 512 bytes for
+# each 16 KiB of --buffer-size, in whole MiB: 27 MiB for the default 1 GiB volume (a
+# buffer of 848 MiB), 279 MiB for a 10 GB one.
 @pytest.mark.parametrize(
     ("config", "expected"),
     [
-        ("", {"requests": {"cpu": "100m", "memory": "1152Mi"}, "limits": {"memory": "1280Mi"}}),
+        ("", {"requests": {"cpu": "100m", "memory": "1179Mi"}, "limits": {"memory": "1307Mi"}}),
         ("buffer: {medium: Disk, size: 10G}", {
-            "requests": {"cpu": "100m", "memory": "128Mi", "ephemeral-storage": "10G"},
-            "limits": {"memory": "256Mi"},
+            "requests": {"cpu": "100m", "memory": "407Mi", "ephemeral-storage": "10G"},
+            "limits": {"memory": "535Mi"},
         }),
         ("buffer: {medium: pmem, pmem: {storageClassName: sc}}", {
-            "requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"},
+            "requests": {"cpu": "100m", "memory": "155Mi"}, "limits": {"memory": "283Mi"},
         }),
-        ("resources: {requests: {}, limits: {memory: 100M}}", {"limits": {"memory": "1173741824"}}),
+        ("resources: {requests: {}, limits: {memory: 100M}}", {"limits": {"memory": "1202053376"}}),
     ],
 )  # fmt: skip
 def test_the_buffer_is_charged_to_the_sidecar(config: str, expected: dict[str, Any]) -> None:
@@ -434,7 +437,9 @@ def test_mutate_does_not_touch_its_input_and_keeps_unknown_fields() -> None:
 def test_memory_limits_add_up_exactly() -> None:
     config = settings.load("buffer: {size: 1.5Gi}\nresources: {limits: {memory: 300M}}")
     sidecar = containers(mutate(pod(), config).pod)[names.CONTAINER]
-    assert parse_bytes(sidecar["resources"]["limits"]["memory"]) == 300 * 10**6 + 3 * 2**29
+    # The limit, the buffer, and the core's index of its 1,280 MiB (512 bytes per 16 KiB).
+    index = 1280 * 2**20 // 2**14 * 512
+    assert parse_bytes(sidecar["resources"]["limits"]["memory"]) == 300 * 10**6 + 3 * 2**29 + index
 
 
 def test_a_volume_like_our_ca_volume_that_the_app_mounts_is_not_taken_for_the_ca() -> None:
@@ -735,7 +740,7 @@ def test_the_sidecar_runs_one_worker_by_default() -> None:
 
 @pytest.mark.parametrize(
     ("cpu", "workers", "memory_limit"),
-    [("2", 2, "1408Mi"), ("1500m", 2, "1408Mi"), ("4", 4, "1664Mi"), ("0.5", 1, "1280Mi")],
+    [("2", 2, "1435Mi"), ("1500m", 2, "1435Mi"), ("4", 4, "1691Mi"), ("0.5", 1, "1307Mi")],
 )
 def test_sidecar_cpu_sets_the_request_the_workers_and_their_memory(
     cpu: str, workers: int, memory_limit: str
@@ -744,7 +749,8 @@ def test_sidecar_cpu_sets_the_request_the_workers_and_their_memory(
     sidecar = _sidecar_of(pod(annotations={names.SIDECAR_CPU: cpu}), config)
     assert _workers_flag(sidecar) == workers
     assert sidecar["resources"]["requests"]["cpu"] == cpu
-    # 256Mi for the sidecar with one worker + the 1Gi buffer, 128Mi per further worker.
+    # 256Mi for the sidecar with one worker + the 1Gi buffer + the core's index of it
+    # (27Mi), 128Mi per further worker.
     assert sidecar["resources"]["limits"]["memory"] == memory_limit
     parsed = sidecar_settings.parse(sidecar["args"], {})
     assert parsed.workers == workers

@@ -9,15 +9,18 @@ object was removed since, a request that waits behind another on its connection.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from bench.harness import OriginServer, Sidecar
+from bench.harness import OriginServer, Sidecar, clean_env
 from sidecar.buffer.keeper import TOUCH_INTERVAL
 from sidecar.cache import policy
 from sidecar.proxy.router import Representation, answer
@@ -351,3 +354,42 @@ def test_plain_http_sent_to_the_proxy_is_the_cores_and_another_host_on_it_is_rel
     stats = sidecar.stats()
     assert stats["pass_reasons"] == {"not-intercepted": 2}
     assert (stats["misses"], stats["entries"]) == (1, 1)
+
+
+def read_twice(sidecar: Sidecar, origin: OriginServer, dataset: Path, count: int) -> None:
+    """Read `count` small files twice on one kept-alive tunnel, as a data loader's worker
+    does its epochs: a miss each, then (each stored by then) a hit each."""
+    lines = []
+    for index in range(count):
+        name = f"epoch-{index}.bin"
+        body = index.to_bytes(4, "big") * 16
+        (dataset / name).write_bytes(body)
+        lines.append(f"{origin.url(name)} {len(body)} {hashlib.sha256(body).hexdigest()}")
+    manifest = sidecar.directory / "manifest.txt"
+    manifest.write_text("\n".join(lines) + "\n")
+    argv = [sys.executable, "-m", "bench.loader_client", "--manifest", str(manifest),
+            "--workers", "1", "--shape", "keep-alive", "--cafile", str(sidecar.bundle),
+            "--proxy", sidecar.proxy]  # fmt: skip
+    subprocess.run(argv, check=True, capture_output=True, env=clean_env(), timeout=120)
+    sidecar.wait_for_entries(count)
+    subprocess.run(argv, check=True, capture_output=True, env=clean_env(), timeout=120)
+
+
+def test_the_table_answers_as_many_objects_as_index_objects_says(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    """The second epoch over 300 objects is all the core's with the default room; with
+    room for 64 (80 entries, and an arena for about as many answers), most of it goes to
+    Python, and the answers that gave way are counted."""
+    roomy = start_sidecar()
+    read_twice(roomy, origin, dataset, 300)
+    stats = roomy.stats()
+    assert (stats["misses"], stats["hits"], stats["hits_answered_by_core"]) == (300, 300, 300)
+    assert stats["answers_displaced"] == 0
+    assert "burstbuffer_answers_displaced_total 0.0" in roomy.metrics()
+    cramped = start_sidecar("--index-objects", "64")
+    read_twice(cramped, origin, dataset, 300)
+    stats = cramped.stats()
+    assert (stats["misses"], stats["hits"]) == (300, 300), stats
+    assert stats["hits_answered_by_core"] <= 80, stats
+    assert stats["answers_displaced"] >= 300 - 80, stats

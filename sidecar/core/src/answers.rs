@@ -12,14 +12,24 @@
 //! it), with the `Age` of the moment. What the table cannot answer (another URL, a
 //! changed generation, a deciding field, a body file gone) goes to Python as before.
 //!
-//! The table is a region of the sidecar's shared memory file (`sidecar.shared`): slots
-//! of `SLOT` bytes in sets of `WAYS`, found by a hash of the URL. Each slot is a
-//! sequence lock: its first word is odd while a process writes it, and bumped by two
-//! once written; a reader copies the slot out and uses the copy only if the word was
-//! even and unchanged around the copy. Every word is read and written as an atomic, so
-//! readers racing a writer see a torn copy at worst, and discard it. A writer that dies
-//! mid-write leaves its slot odd: that slot is no longer used, and its URLs go to
-//! Python.
+//! The table is a region of the sidecar's shared memory file (`sidecar.shared`), sized
+//! for the objects the buffer may hold (`--index-objects`): a word (the arena's
+//! reservations), then entries of `ENTRY` bytes in sets of `WAYS`, found by a hash of
+//! the URL, then an arena of bytes where each answer's URL, head and path are written
+//! one after the other, as a ring. An entry holds the fixed
+//! words of an answer and where in the arena its bytes are; the arena lets answers of
+//! any length share one budget (the heads of a cloud store are ten times those of a
+//! plain server) where fixed slots would have to be sized for the longest.
+//!
+//! Each entry is a sequence lock: its first word is odd while a process writes it, and
+//! bumped by two once written; a reader copies the entry out and uses the copy only if
+//! the word was even and unchanged around the copy. The arena is reserved by adding to
+//! its first word, the bytes reserved since the table was made: an answer's bytes stay
+//! valid until reservations pass them by the arena's size, so a reader that copied them
+//! checks the word after the copy, and drops an answer the ring overwrote meanwhile.
+//! Every word is read and written as an atomic, so readers racing a writer see a torn
+//! copy at worst, and discard it. A writer that dies mid-write leaves its entry odd:
+//! that entry is no longer used, and its URLs go to Python.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -32,27 +42,34 @@ use pyo3::prelude::*;
 use crate::clock::now;
 use crate::http1::Head;
 
-/// Bytes of one slot: seven words, then the URL, the head and the path.
-pub const SLOT: usize = 1024;
-/// Slots a URL may take: the set its hash names.
-pub const WAYS: usize = 4;
-const WORDS: usize = SLOT / 8;
-const FIXED: usize = 7; // words before the bytes
-const ROOM: usize = SLOT - FIXED * 8;
+/// Bytes of one entry: eight words.
+pub const ENTRY: usize = 64;
+/// Bytes before the entries: the arena's reservations.
+pub const HEADER: usize = 8;
+/// Entries a URL may take: the set its hash names.
+pub const WAYS: usize = 8;
+/// The longest answer (URL, head and path) recorded: longer ones stay Python's, so that
+/// one answer never takes more than a small part of the arena.
+pub const LONGEST: usize = 16 * 1024;
+const WORDS: usize = ENTRY / 8;
 
-// The fixed words of a slot.
+// The header's word.
+const RESERVED: usize = 0; // arena bytes reserved since the table was made
+
+// The words of an entry.
 const SEQUENCE: usize = 0;
 const HASH: usize = 1;
 const GENERATION: usize = 2;
 const BORN: usize = 3; // f64 bits; NaN: the answer carries no Age
 const SIZE: usize = 4;
-const LENGTHS: usize = 5; // URL, head, path: 16 bits each
+const LENGTHS: usize = 5; // URL, head, path: 16 bits each; 0: never written
 const RECORDED: usize = 6; // when: the oldest of a full set gives way
+const AT: usize = 7; // where its bytes start, in bytes reserved since the table was made
 /// URLs answered and not yet taken by `touched`, at most: past it, a use goes unheard
 /// by the eviction's recency, which is a preference, not a guarantee.
 const TOUCHES: usize = 65_536;
 
-/// One recorded answer, copied out of its slot.
+/// One recorded answer, copied out of its entry and the arena.
 #[derive(Debug, PartialEq)]
 pub struct Found {
     /// The status line and fields up to `Age`, each line with its CRLF.
@@ -83,17 +100,27 @@ impl Found {
     }
 }
 
+/// The entries of a table for `objects` answers: whole sets, a fifth of them spare, so
+/// that those answers fill four fifths of them.
+pub fn entries_for(objects: usize) -> usize {
+    (objects + objects / 4).div_ceil(WAYS).max(1) * WAYS
+}
+
 /// The table, mapped from the shared memory file.
 #[pyclass(module = "sidecar.core.native", frozen)]
 pub struct Answers {
     base: *mut u8,
     mapped: usize,
     generation: usize, // byte offset of the index generation word
-    slots: usize,      // byte offset of the first slot
-    count: usize,      // slots, a multiple of WAYS
+    header: usize,     // byte offset of the table's header
+    entries: usize,    // byte offset of the first entry
+    count: usize,      // entries, a multiple of WAYS
+    arena: usize,      // byte offset of the arena
+    arena_size: usize, // its bytes, a multiple of 8
     deciding: Vec<Vec<u8>>,
     hits: AtomicU64,
     bytes: AtomicU64,
+    displaced: AtomicU64,
     /// The URLs answered since `touched` was last asked, when `track_touches`.
     touches: Option<Mutex<Vec<Vec<u8>>>>,
 }
@@ -109,14 +136,21 @@ impl Drop for Answers {
     }
 }
 
+/// An entry's words, as copied.
+type Words = [u64; WORDS];
+
 impl Answers {
     fn word(&self, offset: usize) -> &AtomicU64 {
-        // SAFETY: offsets are checked against the mapping in `new` and 8-aligned.
+        // SAFETY: offsets are checked against the mapping in `map` and 8-aligned.
         unsafe { &*self.base.add(offset).cast::<AtomicU64>() }
     }
 
-    fn slot_word(&self, slot: usize, word: usize) -> &AtomicU64 {
-        self.word(self.slots + slot * SLOT + word * 8)
+    fn header_word(&self, word: usize) -> &AtomicU64 {
+        self.word(self.header + word * 8)
+    }
+
+    fn entry_word(&self, entry: usize, word: usize) -> &AtomicU64 {
+        self.word(self.entries + entry * ENTRY + word * 8)
     }
 
     fn current_generation(&self) -> i64 {
@@ -125,56 +159,101 @@ impl Answers {
         word.load(Ordering::Acquire)
     }
 
-    /// The first slot of the set `url` hashes to, and the hash.
-    fn set_of(&self, url: &[u8]) -> (usize, u64) {
+    /// The first entries of the two sets `url` may take (the same twice in a table of
+    /// one set), and its hash. Two sets to choose from, the less full taking a new
+    /// answer, keep a table of many answers from overflowing one set while others have
+    /// room: with one set each, a tenth of the table's sets overflow at half its
+    /// capacity; with two, next to none do.
+    fn sets_of(&self, url: &[u8]) -> ([usize; 2], u64) {
         let hash = fnv1a(url);
-        let sets = self.count / WAYS;
-        (((hash % sets as u64) as usize) * WAYS, hash)
+        let sets = (self.count / WAYS) as u64;
+        let first = hash % sets;
+        let mut second = hash.rotate_left(32).wrapping_mul(0x9e37_79b9_7f4a_7c15) % sets;
+        if second == first {
+            second = (first + 1) % sets;
+        }
+        ([first as usize * WAYS, second as usize * WAYS], hash)
     }
 
-    /// The slot's words, copied while no writer was in it; None otherwise.
-    fn copy(&self, slot: usize) -> Option<[u64; WORDS]> {
-        let before = self.slot_word(slot, SEQUENCE).load(Ordering::Acquire);
+    /// The entries `url` may take: both of its sets'.
+    fn entries_of(&self, url: &[u8]) -> (impl Iterator<Item = usize>, u64) {
+        let ([first, second], hash) = self.sets_of(url);
+        let second = (second != first).then_some(second..second + WAYS);
+        (
+            (first..first + WAYS).chain(second.into_iter().flatten()),
+            hash,
+        )
+    }
+
+    /// The entry's words, copied while no writer was in it; None otherwise.
+    fn copy(&self, entry: usize) -> Option<Words> {
+        let before = self.entry_word(entry, SEQUENCE).load(Ordering::Acquire);
         if before % 2 == 1 {
             return None;
         }
         let mut words = [0u64; WORDS];
-        let load = |words: &mut [u64; WORDS], from: usize, count: usize| {
-            for (i, word) in words.iter_mut().enumerate().skip(from).take(count) {
-                *word = self.slot_word(slot, i).load(Ordering::Relaxed);
-            }
-        };
-        load(&mut words, 1, FIXED - 1);
-        let length = lengths(words[LENGTHS]).iter().sum::<usize>().min(ROOM);
-        load(&mut words, FIXED, length.div_ceil(8));
+        for (i, word) in words.iter_mut().enumerate().skip(1) {
+            *word = self.entry_word(entry, i).load(Ordering::Relaxed);
+        }
         fence(Ordering::Acquire);
-        let after = self.slot_word(slot, SEQUENCE).load(Ordering::Relaxed);
+        let after = self.entry_word(entry, SEQUENCE).load(Ordering::Relaxed);
         (before == after).then_some(words)
+    }
+
+    /// The URL, head and path of a copied entry, from the arena; None if the ring has
+    /// overwritten them (or is about to: a writer that reserved their room).
+    fn bytes_of(&self, words: &Words) -> Option<Vec<u8>> {
+        let length: usize = lengths(words[LENGTHS]).iter().sum();
+        let at = words[AT];
+        if length == 0 || length > LONGEST {
+            return None;
+        }
+        let start = (at % self.arena_size as u64) as usize;
+        let used = length.div_ceil(8);
+        if start + used * 8 > self.arena_size {
+            return None; // a torn entry: records never wrap
+        }
+        let mut bytes = Vec::with_capacity(used * 8);
+        for i in 0..used {
+            let word = self
+                .word(self.arena + start + i * 8)
+                .load(Ordering::Relaxed);
+            bytes.extend_from_slice(&word.to_le_bytes());
+        }
+        fence(Ordering::Acquire);
+        let reserved = self.header_word(RESERVED).load(Ordering::Relaxed);
+        (reserved <= at + self.arena_size as u64).then(|| {
+            bytes.truncate(length);
+            bytes
+        })
+    }
+
+    /// Is this copied entry's answer one `find` would give under `generation`?
+    fn live(&self, words: &Words, generation: i64) -> bool {
+        words[LENGTHS] != 0
+            && words[GENERATION] as i64 == generation
+            && self.header_word(RESERVED).load(Ordering::Relaxed)
+                <= words[AT] + self.arena_size as u64
     }
 
     /// The answer recorded for `url` under the current generation, if any.
     pub fn find(&self, url: &[u8]) -> Option<Found> {
-        let (first, hash) = self.set_of(url);
+        let (entries, hash) = self.entries_of(url);
         let generation = self.current_generation();
-        for slot in first..first + WAYS {
-            if self.slot_word(slot, HASH).load(Ordering::Relaxed) != hash {
+        for entry in entries {
+            if self.entry_word(entry, HASH).load(Ordering::Relaxed) != hash {
                 continue;
             }
-            let Some(words) = self.copy(slot) else {
+            let Some(words) = self.copy(entry) else {
+                continue;
+            };
+            if words[HASH] != hash || words[GENERATION] as i64 != generation {
+                continue;
+            }
+            let Some(bytes) = self.bytes_of(&words) else {
                 continue;
             };
             let [url_length, head_length, path_length] = lengths(words[LENGTHS]);
-            if words[HASH] != hash
-                || words[GENERATION] as i64 != generation
-                || url_length + head_length + path_length > ROOM
-            {
-                continue;
-            }
-            let used = (url_length + head_length + path_length).div_ceil(8);
-            let bytes: Vec<u8> = words[FIXED..FIXED + used]
-                .iter()
-                .flat_map(|w| w.to_le_bytes())
-                .collect();
             if &bytes[..url_length] != url {
                 continue;
             }
@@ -189,7 +268,6 @@ impl Answers {
         }
         None
     }
-
     /// May a request with this head have a recorded answer? A GET of HTTP/1.1 or 1.0
     /// that has no body, has one Host line and none of the fields a hit's decision
     /// reads, and names its target as its connection's `form` says: exactly the
@@ -231,7 +309,8 @@ impl Answers {
         fd: RawFd,
         generation: usize,
         start: usize,
-        count: usize,
+        size: usize,
+        objects: usize,
         deciding: Vec<String>,
         track_touches: bool,
     ) -> io::Result<Self> {
@@ -241,12 +320,13 @@ impl Answers {
             return Err(io::Error::last_os_error());
         }
         let mapped = stat.st_size as usize;
-        if count == 0
-            || count % WAYS != 0
+        let count = entries_for(objects);
+        let arena_size = size.saturating_sub(HEADER + count * ENTRY) / 8 * 8;
+        if arena_size < LONGEST
             || generation % 8 != 0
             || start % 8 != 0
             || generation + 8 > mapped
-            || start + count * SLOT > mapped
+            || start + size > mapped
         {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -271,11 +351,15 @@ impl Answers {
             base: base.cast(),
             mapped,
             generation,
-            slots: start,
+            header: start,
+            entries: start + HEADER,
             count,
+            arena: start + HEADER + count * ENTRY,
+            arena_size,
             deciding: deciding.into_iter().map(String::into_bytes).collect(),
             hits: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
+            displaced: AtomicU64::new(0),
             touches: track_touches.then(|| Mutex::new(Vec::new())),
         })
     }
@@ -294,36 +378,91 @@ impl Answers {
         }
     }
 
-    /// Write an answer into the set of its URL: the slot that holds the URL, else an
-    /// empty one, else the one recorded longest ago. False if it does not fit, or another
-    /// process is writing that slot.
+    /// Room for `length` bytes in the arena: where they start, in bytes reserved since
+    /// the table was made. A record never wraps: one that would is put at the ring's
+    /// start, the end's bytes left unused.
+    fn reserve(&self, length: usize) -> u64 {
+        let reserved = self.header_word(RESERVED);
+        let size = self.arena_size as u64;
+        let mut current = reserved.load(Ordering::Relaxed);
+        loop {
+            let offset = current % size;
+            let at = if offset + length as u64 > size {
+                current + (size - offset)
+            } else {
+                current
+            };
+            match reserved.compare_exchange_weak(
+                current,
+                at + length as u64,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return at,
+                Err(now) => current = now,
+            }
+        }
+    }
+
+    /// The entry of `url`'s sets to write its answer into: the entry that holds the URL,
+    /// else one that no answer `find` would give uses, in the set with fewer of those,
+    /// else the one recorded longest ago. An answer of the current generation that gives
+    /// way (pushed out, or its bytes written over by the arena's ring) is counted as
+    /// displaced.
+    fn entry_for(&self, url: &[u8]) -> usize {
+        let generation = self.current_generation();
+        let (entries, hash) = self.entries_of(url);
+        let copies: Vec<(usize, Option<Words>)> = entries.map(|e| (e, self.copy(e))).collect();
+        let holds_url = |words: &Words| {
+            words[HASH] == hash
+                && lengths(words[LENGTHS])[0] == url.len()
+                && self
+                    .bytes_of(words)
+                    .is_some_and(|bytes| bytes.starts_with(url))
+        };
+        if let Some(&(entry, _)) = copies
+            .iter()
+            .find(|(_, c)| c.as_ref().is_some_and(holds_url))
+        {
+            return entry;
+        }
+        let free = |(_, copy): &&(usize, Option<Words>)| {
+            copy.as_ref()
+                .is_some_and(|words| !self.live(words, generation))
+        };
+        let (first, second) = copies.split_at(WAYS.min(copies.len()));
+        let roomier = if second.iter().filter(free).count() > first.iter().filter(free).count() {
+            second
+        } else {
+            first
+        };
+        if let Some(&(entry, copy)) = roomier.iter().find(free) {
+            if copy
+                .is_some_and(|words| words[LENGTHS] != 0 && words[GENERATION] as i64 == generation)
+            {
+                // Still valid but for its bytes, which the arena's ring wrote over: it
+                // gave way for want of room as much as one pushed out of a full set.
+                self.displaced.fetch_add(1, Ordering::Relaxed);
+            }
+            return entry;
+        }
+        self.displaced.fetch_add(1, Ordering::Relaxed);
+        copies
+            .iter()
+            .min_by_key(|(_, copy)| copy.map_or(u64::MAX, |words| words[RECORDED]))
+            .map_or(copies[0].0, |&(entry, _)| entry)
+    }
+
+    /// Write an answer into the sets of its URL (see `entry_for`). False if it is too
+    /// long, or another process is writing that entry.
     pub fn write(&self, url: &[u8], head: &[u8], path: &[u8], answer: &Recorded) -> bool {
-        if url.len() + head.len() + path.len() > ROOM {
+        let length = url.len() + head.len() + path.len();
+        if length > LONGEST || url.is_empty() {
             return false;
         }
-        let (first, hash) = self.set_of(url);
-        let slot = (first..first + WAYS)
-            .find(|&slot| {
-                self.copy(slot).is_some_and(|words| {
-                    let url_length = lengths(words[LENGTHS])[0];
-                    words[HASH] == hash
-                        && words[FIXED..]
-                            .iter()
-                            .flat_map(|w| w.to_le_bytes())
-                            .take(url_length)
-                            .eq(url.iter().copied())
-                })
-            })
-            .or_else(|| {
-                (first..first + WAYS)
-                    .find(|&slot| self.slot_word(slot, LENGTHS).load(Ordering::Relaxed) == 0)
-            })
-            .unwrap_or_else(|| {
-                (first..first + WAYS)
-                    .min_by_key(|&slot| self.slot_word(slot, RECORDED).load(Ordering::Relaxed))
-                    .unwrap_or(first)
-            });
-        let sequence = self.slot_word(slot, SEQUENCE);
+        let hash = fnv1a(url);
+        let entry = self.entry_for(url);
+        let sequence = self.entry_word(entry, SEQUENCE);
         let before = sequence.load(Ordering::Relaxed);
         if before % 2 == 1
             || sequence
@@ -332,16 +471,18 @@ impl Answers {
         {
             return false;
         }
+        let at = self.reserve(length.div_ceil(8) * 8);
+        // Readers that see this reservation drop what they copied from its room.
         fence(Ordering::Release);
-        let mut bytes = Vec::with_capacity(ROOM);
+        let mut bytes = Vec::with_capacity(length.div_ceil(8) * 8);
         bytes.extend_from_slice(url);
         bytes.extend_from_slice(head);
         bytes.extend_from_slice(path);
         bytes.resize(bytes.len().div_ceil(8) * 8, 0);
+        let start = self.arena + (at % self.arena_size as u64) as usize;
         for (i, chunk) in bytes.chunks_exact(8).enumerate() {
             let word = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
-            self.slot_word(slot, FIXED + i)
-                .store(word, Ordering::Relaxed);
+            self.word(start + i * 8).store(word, Ordering::Relaxed);
         }
         let packed = url.len() as u64 | (head.len() as u64) << 16 | (path.len() as u64) << 32;
         let fixed = [
@@ -351,12 +492,20 @@ impl Answers {
             (SIZE, answer.size),
             (LENGTHS, packed),
             (RECORDED, now().to_bits()),
+            (AT, at),
         ];
         for (word, value) in fixed {
-            self.slot_word(slot, word).store(value, Ordering::Relaxed);
+            self.entry_word(entry, word).store(value, Ordering::Relaxed);
         }
         sequence.store(before + 2, Ordering::Release);
         true
+    }
+
+    /// Answers this process made give way to others while still valid: each is
+    /// Python's again until it is recorded anew. More than a few per epoch say the table
+    /// is too small for the objects read (`--index-objects`).
+    pub fn displaced(&self) -> u64 {
+        self.displaced.load(Ordering::Relaxed)
     }
 }
 
@@ -369,21 +518,33 @@ pub struct Recorded {
 
 #[pymethods]
 impl Answers {
-    /// The table in the shared memory file `fd`: `count` slots from byte `start`, under
-    /// the index generation word at byte `generation`; `deciding`: the names of the
-    /// request fields a hit's decision reads (a request with any of them goes to
-    /// Python); `track_touches`: remember which URLs it answered, for `touched`.
+    /// The table in the shared memory file `fd`: `size` bytes from byte `start`, with
+    /// entries for `objects` answers (whole sets of WAYS) and, past them, the arena their
+    /// URLs, heads and paths share (at least LONGEST bytes), under the index generation
+    /// word at byte `generation`; `deciding`: the names of the request fields a hit's
+    /// decision reads (a request with any of them goes to Python); `track_touches`:
+    /// remember which URLs it answered, for `touched`.
     #[new]
-    #[pyo3(signature = (fd, generation, start, count, deciding, track_touches=false))]
+    #[pyo3(signature = (fd, generation, start, size, objects, deciding, track_touches=false))]
     fn new(
         fd: RawFd,
         generation: usize,
         start: usize,
-        count: usize,
+        size: usize,
+        objects: usize,
         deciding: Vec<String>,
         track_touches: bool,
     ) -> PyResult<Self> {
-        Self::map(fd, generation, start, count, deciding, track_touches).map_err(|e| {
+        Self::map(
+            fd,
+            generation,
+            start,
+            size,
+            objects,
+            deciding,
+            track_touches,
+        )
+        .map_err(|e| {
             if e.kind() == io::ErrorKind::InvalidInput {
                 PyValueError::new_err(e.to_string())
             } else {
@@ -429,6 +590,12 @@ impl Answers {
                     .unwrap_or_else(|poisoned| poisoned.into_inner()),
             )
         })
+    }
+
+    /// Answers this process made give way to others while still valid.
+    #[getter(displaced)]
+    fn py_displaced(&self) -> u64 {
+        self.displaced()
     }
 
     /// Requests this process answered from the table.
@@ -518,18 +685,33 @@ mod tests {
 
     const SLOTS: usize = 2 * WAYS;
 
-    /// A table in a memory file of its own: the generation word, then the slots.
-    fn table() -> (OwnedFd, Answers) {
+    /// A table in a memory file of its own: the generation word, then `objects` entries
+    /// and an arena of `arena` bytes.
+    fn sized(objects: usize, arena: usize) -> (OwnedFd, Answers) {
         // SAFETY: a new memory file, owned at once.
         let fd = unsafe { OwnedFd::from_raw_fd(libc::memfd_create(c"answers".as_ptr(), 0)) };
+        let size = HEADER + entries_for(objects) * ENTRY + arena;
         // SAFETY: the descriptor is open.
         assert_eq!(
-            unsafe { libc::ftruncate(fd.as_raw_fd(), (8 + SLOTS * SLOT) as i64) },
+            unsafe { libc::ftruncate(fd.as_raw_fd(), (8 + size) as i64) },
             0
         );
         let deciding = vec!["range".to_owned(), "if-none-match".to_owned()];
-        let answers = Answers::map(fd.as_raw_fd(), 0, 8, SLOTS, deciding, true).expect("mapped");
+        let answers =
+            Answers::map(fd.as_raw_fd(), 0, 8, size, objects, deciding, true).expect("mapped");
         (fd, answers)
+    }
+
+    fn table() -> (OwnedFd, Answers) {
+        sized(SLOTS, 4 * LONGEST)
+    }
+
+    /// The entry of `url`'s set that holds it.
+    fn entry_of(answers: &Answers, url: &[u8]) -> usize {
+        let (mut entries, hash) = answers.entries_of(url);
+        entries
+            .find(|&entry| answers.entry_word(entry, HASH).load(Ordering::Relaxed) == hash)
+            .expect("written")
     }
 
     fn bump_generation(answers: &Answers) {
@@ -588,7 +770,10 @@ mod tests {
             .iter()
             .filter(|url| answers.find(url).is_some())
             .count();
-        assert_eq!(kept, SLOTS);
+        // Every entry holds an answer, each of another URL; every answer recorded after
+        // they were all taken displaced one.
+        assert_eq!(kept, answers.count);
+        assert_eq!(answers.displaced(), (3 * SLOTS - answers.count) as u64);
         let last = urls.last().expect("urls");
         assert!(answers.find(last).is_some(), "the newest is kept");
         assert!(answers.write(last, b"HTTP/1.1 200 OK\r\nX: 2\r\n", b"/q", &recorded(2, 0)));
@@ -598,14 +783,40 @@ mod tests {
             urls.iter()
                 .filter(|url| answers.find(url).is_some())
                 .count(),
-            SLOTS
+            answers.count
         );
     }
 
     #[test]
-    fn what_does_not_fit_a_slot_or_is_being_written_is_not_recorded() {
+    fn a_table_holds_as_many_answers_as_it_was_made_for() {
+        let objects = 20_000;
+        let (_fd, answers) = sized(objects, objects * 128);
+        for i in 0..objects {
+            let url = format!("https://datasets.example.org/train/{i:08}.jpg");
+            assert!(answers.write(
+                url.as_bytes(),
+                b"HTTP/1.1 200 OK\r\n",
+                b"/p",
+                &recorded(1, 0)
+            ));
+        }
+        // Four fifths full, two sets of eight to choose from: one answer in thousands
+        // finds both full (3 here) and displaces another.
+        let displaced = answers.displaced() as usize;
+        assert!(displaced <= objects / 1000, "{displaced}");
+        let found = (0..objects)
+            .filter(|i| {
+                let url = format!("https://datasets.example.org/train/{i:08}.jpg");
+                answers.find(url.as_bytes()).is_some()
+            })
+            .count();
+        assert_eq!(found, objects - displaced);
+    }
+
+    #[test]
+    fn what_is_too_long_or_is_being_written_is_not_recorded() {
         let (_fd, answers) = table();
-        let long = vec![b'x'; ROOM];
+        let long = vec![b'x'; LONGEST];
         assert!(!answers.write(b"https://h/a", &long, b"/p", &recorded(1, 0)));
         assert!(answers.write(
             b"https://h/a",
@@ -613,14 +824,11 @@ mod tests {
             b"/p",
             &recorded(1, 0)
         ));
-        let (first, _) = answers.set_of(b"https://h/a");
-        let slot = (first..first + WAYS)
-            .find(|&slot| answers.slot_word(slot, LENGTHS).load(Ordering::Relaxed) != 0)
-            .expect("written");
-        // A writer inside the slot (or one that died there): readers keep out, and the
-        // URL is written into another slot of its set.
+        let entry = entry_of(&answers, b"https://h/a");
+        // A writer inside the entry (or one that died there): readers keep out, and the
+        // URL is written into another entry of its set.
         answers
-            .slot_word(slot, SEQUENCE)
+            .entry_word(entry, SEQUENCE)
             .fetch_add(1, Ordering::AcqRel);
         assert_eq!(answers.find(b"https://h/a"), None);
         assert!(answers.write(
@@ -634,9 +842,89 @@ mod tests {
             b"/q"
         );
         assert_eq!(
-            answers.slot_word(slot, SEQUENCE).load(Ordering::Relaxed) % 2,
+            answers.entry_word(entry, SEQUENCE).load(Ordering::Relaxed) % 2,
             1
         );
+    }
+
+    #[test]
+    fn answers_the_arena_has_written_over_are_no_longer_found() {
+        // Room in the entries for every URL, in the arena for the last few only.
+        let (_fd, answers) = sized(64 * WAYS, LONGEST);
+        let head = vec![b'h'; 1000];
+        let urls: Vec<Vec<u8>> = (0..40)
+            .map(|i| format!("https://h/{i}").into_bytes())
+            .collect();
+        for url in &urls {
+            assert!(answers.write(url, &head, b"/p", &recorded(1, 0)));
+        }
+        let found: Vec<bool> = urls.iter().map(|url| answers.find(url).is_some()).collect();
+        // 1,016-byte records, 16 of them in 16 KiB: the ring holds the last 15 whole.
+        assert!(found[..24].iter().all(|&f| !f), "{found:?}");
+        assert!(found[25..].iter().all(|&f| f), "{found:?}");
+        for url in &urls[25..] {
+            let answer = answers.find(url).expect("kept");
+            assert_eq!(
+                (answer.head.as_slice(), answer.path.as_slice()),
+                (&head[..], &b"/p"[..])
+            );
+        }
+        // An entry whose bytes were overwritten is free for the next URL of its set:
+        // nothing that still answers was displaced.
+        assert_eq!(answers.displaced(), 0);
+    }
+
+    #[test]
+    fn readers_racing_writers_find_whole_answers_or_none() {
+        let (_fd, answers) = sized(4 * WAYS, 2 * LONGEST);
+        let answers = std::sync::Arc::new(answers);
+        let urls: Vec<Vec<u8>> = (0..64)
+            .map(|i| format!("https://h/{i}").into_bytes())
+            .collect();
+        // Each URL's head and path name it, so a torn answer shows.
+        let answer_of = |url: &[u8]| {
+            let name = String::from_utf8_lossy(url).into_owned();
+            (
+                format!("HTTP/1.1 200 OK\r\nX: {}\r\n", name.repeat(8)),
+                format!("/o/{name}"),
+            )
+        };
+        let writers: Vec<_> = (0..2)
+            .map(|w| {
+                let answers = answers.clone();
+                let urls = urls.clone();
+                std::thread::spawn(move || {
+                    for round in 0..300 {
+                        for url in urls.iter().skip(w).step_by(2) {
+                            let (head, path) = answer_of(url);
+                            answers.write(
+                                url,
+                                head.as_bytes(),
+                                path.as_bytes(),
+                                &recorded(round, 0),
+                            );
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut seen = 0;
+        while !writers.iter().all(|w| w.is_finished()) {
+            for url in &urls {
+                if let Some(found) = answers.find(url) {
+                    let (head, path) = answer_of(url);
+                    assert_eq!(
+                        (found.head, found.path),
+                        (head.into_bytes(), path.into_bytes())
+                    );
+                    seen += 1;
+                }
+            }
+        }
+        for writer in writers {
+            writer.join().expect("writer");
+        }
+        assert!(seen > 0);
     }
 
     #[test]

@@ -44,7 +44,6 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(framed::frame, module)?)?;
     module.add("CertificateRejected", module.py().get_type::<stream::CertificateRejected>())?;
     module.add("Truncated", module.py().get_type::<stream::Truncated>())?;
-    module.add("ANSWER_SLOT", answers::SLOT)?;
     module.add("HELLO_PEEK", arrival::HELLO_PEEK)?;
     module.add("REQUEST_PEEK", arrival::REQUEST_PEEK)?;
     module.add("HANDSHAKE_DONE", stream::HANDSHAKE_DONE)?;
