@@ -1,7 +1,7 @@
 """What every process of one sidecar shares, in one anonymous memory file.
 
 The main process creates it and every worker inherits its descriptor. It holds
-numbered slots, then the table of clients that refused the pod CA's certificate
+numbered slots, then the lock (`lock`), then the table of clients that refused the pod CA's certificate
 (`wire.rejections`), then the table of answers the Rust core sends without asking
 Python (`core.native.Answers`), then a region the buffer keeps its claims in
 (`buffer.claims`).
@@ -32,19 +32,20 @@ own (see `sidecar/core/src/answers.rs`), and answers recorded under an older ind
 generation are not used. Its size follows `--index-objects` (`settings.index_memory`);
 only the pages answers are written into take memory.
 
-The clients' table and the region are written by any process, but only under `lock`: an
-exclusive `flock` on a descriptor of the file that each process opened for itself (a lock
-belongs to an open file, and the inherited descriptor is one open file for every
-process). The kernel releases the lock of a process that dies, so a `kill -9` never
-leaves it held.
+The clients' table and the region are written by any process, but only under `lock`:
+the core's `SharedLock`, a process-shared, robust pthread mutex in the file itself,
+after the slots. Taken and given back without a system call while no other process
+holds it (a `flock` cost two each time, several times a miss); a process killed holding
+it leaves it to the next, which goes on, so a `kill -9` never leaves it held, and what it
+guards is written so that a change cut short reads as none (`buffer.claims`).
 """
 
 from __future__ import annotations
 
-import fcntl
 import mmap
 import os
-from types import TracebackType
+
+from sidecar.core import native
 
 _SLOT = 8  # bytes
 _COMMON = 6  # slots before the per-worker ones
@@ -55,57 +56,35 @@ CLIENTS_TABLE = 8 * 1024
 GENERATION_AT = 0
 
 
-class FileLock:
-    """An exclusive `flock` on one descriptor, held for a `with` block. A class rather
-    than a generator: the claims take it several times per request."""
-
-    __slots__ = ("_fd",)
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-
-    def __enter__(self) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-
 class Shared:
     """The shared slots, table and region, mapped into this process."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, create: bool = False) -> None:
         self.fd = fd
         self.memory = mmap.mmap(fd, os.fstat(fd).st_size)
         self.workers = workers = int.from_bytes(self.memory[4 * _SLOT : 5 * _SLOT], "little")
         self._slots = memoryview(self.memory)[: (workers + _COMMON) * _SLOT].cast("q")
-        # The tables start where the slots end, the region where the tables end.
-        self.clients = (workers + _COMMON) * _SLOT
+        # The lock follows the slots, the tables the lock, the region the tables.
+        lock_at = (workers + _COMMON) * _SLOT
+        self.clients = lock_at + native.SHARED_LOCK_BYTES
         self.answers = self.clients + CLIENTS_TABLE
         self.region = self.answers + int(self._slots[5])
-        # This process's own open file: see the module docstring.
-        self._lock_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
-        # `with shared.lock:` holds the lock of the table and the region.
-        self.lock = FileLock(self._lock_fd)
+        # `with shared.lock:` holds the lock of the tables and the region.
+        self.lock = native.SharedLock(fd, lock_at, create=create)
 
     @classmethod
     def create(cls, workers: int, region: int = 0, answers: int = 0) -> Shared:
         """Slots for `workers` workers, the clients' table, `answers` bytes of the table
         of answers, then `region` bytes, all zero."""
         fd = os.memfd_create("burstbuffer-shared", 0)  # inherited by workers on purpose
-        size = (workers + _COMMON) * _SLOT + CLIENTS_TABLE + answers + region
+        slots = (workers + _COMMON) * _SLOT
+        size = slots + native.SHARED_LOCK_BYTES + CLIENTS_TABLE + answers + region
         os.ftruncate(fd, size)
         os.pwrite(fd, workers.to_bytes(_SLOT, "little"), 4 * _SLOT)
         os.pwrite(fd, answers.to_bytes(_SLOT, "little"), 5 * _SLOT)
-        shared = cls(fd)
+        shared = cls(fd, create=True)
         shared._slots[2] = _UNKNOWN
         return shared
-
 
     @property
     def generation(self) -> int:

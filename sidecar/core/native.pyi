@@ -5,6 +5,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 HELLO_PEEK: int
+SHARED_LOCK_BYTES: int
 REQUEST_PEEK: int
 HANDSHAKE_DONE: int
 WANTS_READ: int
@@ -28,6 +29,17 @@ class TlsConfig:
     key, in PEM; ValueError if they cannot be read."""
 
     def __init__(self, chain_pem: bytes, key_pem: bytes) -> None: ...
+
+class SharedLock:
+    """The lock of the shared memory file `fd`, SHARED_LOCK_BYTES at byte `at` (made there
+    first with `create`, once, before any other process maps it): process-shared, robust
+    (a holder that dies leaves it to the next) and recursive; `with lock:` holds it,
+    waiting without the GIL while another process does. ValueError if it does not fit
+    the file; OSError if the system refuses it."""
+
+    def __init__(self, fd: int, at: int, create: bool = False) -> None: ...
+    def __enter__(self) -> None: ...
+    def __exit__(self, kind: object, error: object, trace: object) -> None: ...
 
 class Answers:
     """The table of answers Python gave to plain GETs of stored objects, in the shared

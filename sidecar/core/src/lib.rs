@@ -10,8 +10,9 @@
 //! the table of answers Python recorded, which any worker's streams send again
 //! (`Answers`); and a small body on its way from an origin into the buffer, which the
 //! origin's stream feeds and the clients' streams send on as it comes (`Tee`); the
-//! digest stored bodies are checked against (`Digest`); and, for the tests, the
-//! HTTP/1.1 parser framing the bytes it is given (`frame`).
+//! digest stored bodies are checked against (`Digest`); the lock every process takes to
+//! change what they share (`SharedLock`); and, for the tests, the HTTP/1.1 parser
+//! framing the bytes it is given (`frame`).
 
 pub mod answers;
 pub mod arrival;
@@ -19,6 +20,7 @@ pub mod clock;
 pub mod digest;
 pub mod framed;
 pub mod http1;
+pub mod lock;
 pub mod outbox;
 pub mod sink;
 pub mod stream;
@@ -33,6 +35,7 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<stream::Stream>()?;
     module.add_class::<arrival::Arrival>()?;
     module.add_class::<answers::Answers>()?;
+    module.add_class::<lock::SharedLock>()?;
     module.add_class::<stream::TlsConfig>()?;
     module.add_class::<stream::ClientTls>()?;
     module.add_class::<tee::Tee>()?;
@@ -44,6 +47,7 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(framed::frame, module)?)?;
     module.add("CertificateRejected", module.py().get_type::<stream::CertificateRejected>())?;
     module.add("Truncated", module.py().get_type::<stream::Truncated>())?;
+    module.add("SHARED_LOCK_BYTES", lock::BYTES)?;
     module.add("HELLO_PEEK", arrival::HELLO_PEEK)?;
     module.add("REQUEST_PEEK", arrival::REQUEST_PEEK)?;
     module.add("HANDSHAKE_DONE", stream::HANDSHAKE_DONE)?;
