@@ -132,6 +132,30 @@ def epoch(
     return Epoch(files / figures["seconds"], cuts[49] * 1000, cuts[98] * 1000, cpu * 1000 / files)
 
 
+def epoch_rows(
+    what: str, ours: list[Epoch], theirs: list[Epoch], reference: str, required: Requirement | None
+) -> list[Row]:
+    """The rows of one shape's epochs against the reference's: files/s (which must meet
+    `required`), latencies and the server's CPU per 1,000 files."""
+    figures: list[tuple[str, str, Callable[[Epoch], float], Requirement | None]] = [
+        ("throughput", "files/s", lambda e: e.files_per_s, required),
+        ("latency p50", "ms", lambda e: e.p50_ms, None),
+        ("latency p99", "ms", lambda e: e.p99_ms, None),
+        ("CPU per 1,000 files", "s", lambda e: e.cpu_per_1000, None),
+    ]
+    return [
+        Row(
+            f"{what}, {label}",
+            unit,
+            Sample.of([pick(e) for e in ours]),
+            Sample.of([pick(e) for e in theirs]),
+            reference,
+            wanted,
+        )
+        for label, unit, pick, wanted in figures
+    ]
+
+
 def run(profile: Profile, lab: Lab) -> Result:
     count = profile.loader_files
     sizes = file_sizes(count)
@@ -163,23 +187,13 @@ def run(profile: Profile, lab: Lab) -> Result:
     expect_stats(sidecar, misses=count, hits=count * epochs, bytes_from_upstream=sum(sizes))
 
     for shape in shapes(profile):
-        ours, theirs = measured[shape.name, "sidecar"], measured[shape.name, "nginx"]
-        for label, unit, pick, required in (
-            ("throughput", "files/s", lambda e: e.files_per_s, shape.required),
-            ("latency p50", "ms", lambda e: e.p50_ms, None),
-            ("latency p99", "ms", lambda e: e.p99_ms, None),
-            ("CPU per 1,000 files", "s", lambda e: e.cpu_per_1000, None),
-        ):
-            result.rows.append(
-                Row(
-                    f"{shape.name}, {label}",
-                    unit,
-                    Sample.of([pick(e) for e in ours]),
-                    Sample.of([pick(e) for e in theirs]),
-                    f"nginx, {cores} workers",
-                    required,
-                )
-            )
+        result.rows += epoch_rows(
+            shape.name,
+            measured[shape.name, "sidecar"],
+            measured[shape.name, "nginx"],
+            f"nginx, {cores} workers",
+            shape.required,
+        )
     result.notes.append(
         f"medians of {profile.runs} epochs (min–max); clients: bench.loader_client "
         "(http.client keep-alive, or urllib per file), epoch sharded over the workers, all "

@@ -11,8 +11,8 @@ the dataset grows (the core's table of answers must hold them all: `--index-obje
 its default for the buffer: every hit but a few is the core's, and the answers displaced
 by others stay under one in a thousand objects).
 
-Figures per shape and size: files/s and the server's CPU per 1,000 files, against
-nginx's; and the sidecar's files/s over the large set against the small one.
+Figures per shape and size: files/s, latencies and the server's CPU per 1,000 files,
+against nginx's; and the sidecar's files/s over the large set against the small one.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import logging
 import os
 import random
 
-from bench.bench_loader import Epoch, File, Shape, epoch, shapes, write_manifest
+from bench.bench_loader import Epoch, File, Shape, epoch, epoch_rows, shapes, write_manifest
 from bench.lab import Lab, Profile, expect_stats, in_turn
 from bench.report import Result, Row, Sample, below, ratio_at_least, target_ratio
 
@@ -109,22 +109,13 @@ def run(profile: Profile, lab: Lab) -> Result:
     )
     for count in (large, small):
         for shape in shapes(profile):
-            ours = measured[count, shape.name, "sidecar"]
-            theirs = measured[count, shape.name, "nginx"]
-            for label, unit, pick, required in (
-                ("throughput", "files/s", lambda e: e.files_per_s, target_ratio(1.0)),
-                ("CPU per 1,000 files", "s", lambda e: e.cpu_per_1000, None),
-            ):
-                result.rows.append(
-                    Row(
-                        f"{count:,} files, {shape.name}, {label}",
-                        unit,
-                        Sample.of([pick(e) for e in ours]),
-                        Sample.of([pick(e) for e in theirs]),
-                        f"nginx, {cores} workers",
-                        required,
-                    )
-                )
+            result.rows += epoch_rows(
+                f"{count:,} files, {shape.name}",
+                measured[count, shape.name, "sidecar"],
+                measured[count, shape.name, "nginx"],
+                f"nginx, {cores} workers",
+                target_ratio(1.0),
+            )
     for shape in shapes(profile):
         result.rows.append(
             Row(

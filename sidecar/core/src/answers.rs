@@ -41,6 +41,7 @@ use pyo3::prelude::*;
 
 use crate::clock::now;
 use crate::http1::Head;
+use crate::mapping::Mapping;
 
 /// Bytes of one entry: eight words.
 pub const ENTRY: usize = 64;
@@ -109,8 +110,8 @@ pub fn entries_for(objects: usize) -> usize {
 /// The table, mapped from the shared memory file.
 #[pyclass(module = "sidecar.core.native", frozen)]
 pub struct Answers {
-    base: *mut u8,
-    mapped: usize,
+    _mapping: Mapping, // what `base` points into
+    base: *mut u8,     // the file's first byte
     generation: usize, // byte offset of the index generation word
     header: usize,     // byte offset of the table's header
     entries: usize,    // byte offset of the first entry
@@ -128,13 +129,6 @@ pub struct Answers {
 // SAFETY: the mapping lives as long as the object, and every access to it is atomic.
 unsafe impl Send for Answers {}
 unsafe impl Sync for Answers {}
-
-impl Drop for Answers {
-    fn drop(&mut self) {
-        // SAFETY: mapped by `new`, unmapped once.
-        unsafe { libc::munmap(self.base.cast(), self.mapped) };
-    }
-}
 
 /// An entry's words, as copied.
 type Words = [u64; WORDS];
@@ -314,42 +308,20 @@ impl Answers {
         deciding: Vec<String>,
         track_touches: bool,
     ) -> io::Result<Self> {
-        // SAFETY: a plain fstat of a descriptor the caller owns.
-        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
-        if unsafe { libc::fstat(fd, &mut stat) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mapped = stat.st_size as usize;
+        let mapping = Mapping::of(fd)?;
         let count = entries_for(objects);
         let arena_size = size.saturating_sub(HEADER + count * ENTRY) / 8 * 8;
-        if arena_size < LONGEST
-            || generation % 8 != 0
-            || start % 8 != 0
-            || generation + 8 > mapped
-            || start + size > mapped
-        {
+        if arena_size < LONGEST {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                "the table does not fit the shared memory file",
+                "the table's arena is under LONGEST bytes",
             ));
         }
-        // SAFETY: a shared mapping of the whole file, unmapped on drop.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                mapped,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        mapping.at(generation, 8, "the index generation")?;
+        mapping.at(start, size, "the table")?;
         Ok(Self {
-            base: base.cast(),
-            mapped,
+            base: mapping.at(0, 0, "the file")?,
+            _mapping: mapping,
             generation,
             header: start,
             entries: start + HEADER,

@@ -21,6 +21,7 @@ pub mod digest;
 pub mod framed;
 pub mod http1;
 pub mod lock;
+pub mod mapping;
 pub mod outbox;
 pub mod sink;
 pub mod stream;

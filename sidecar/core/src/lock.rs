@@ -17,6 +17,8 @@ use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyAny;
 
+use crate::mapping::Mapping;
+
 /// Bytes the lock takes in the file (a `pthread_mutex_t`, with room to spare).
 pub const BYTES: usize = 64;
 const _: () = assert!(std::mem::size_of::<libc::pthread_mutex_t>() <= BYTES);
@@ -24,21 +26,13 @@ const _: () = assert!(std::mem::size_of::<libc::pthread_mutex_t>() <= BYTES);
 /// The lock, mapped from the shared memory file.
 #[pyclass(module = "sidecar.core.native", frozen)]
 pub struct SharedLock {
-    base: *mut libc::c_void,
-    mapped: usize,
+    _mapping: Mapping, // what `mutex` points into
     mutex: *mut libc::pthread_mutex_t,
 }
 
 // SAFETY: the mutex is made for use by many threads and processes at once.
 unsafe impl Send for SharedLock {}
 unsafe impl Sync for SharedLock {}
-
-impl Drop for SharedLock {
-    fn drop(&mut self) {
-        // SAFETY: mapped by `map`, unmapped once; the mutex stays in the file.
-        unsafe { libc::munmap(self.base, self.mapped) };
-    }
-}
 
 fn check(status: libc::c_int) -> io::Result<()> {
     if status == 0 {
@@ -52,37 +46,13 @@ impl SharedLock {
     /// The lock at byte `at` of the shared memory file `fd`; `create`: make it there
     /// first (once, before any other process maps it).
     pub fn map(fd: RawFd, at: usize, create: bool) -> io::Result<Self> {
-        // SAFETY: a plain fstat of a descriptor the caller owns.
-        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
-        if unsafe { libc::fstat(fd, &mut stat) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mapped = stat.st_size as usize;
-        if at % 8 != 0 || at + BYTES > mapped {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "the lock does not fit the shared memory file",
-            ));
-        }
-        // SAFETY: a shared mapping of the whole file, unmapped on drop.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                mapped,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: inside the mapping (checked above), aligned for the mutex's words.
-        let mutex = unsafe { base.cast::<u8>().add(at).cast::<libc::pthread_mutex_t>() };
+        let mapping = Mapping::of(fd)?;
+        // 8-aligned, as the mutex's words need.
+        let mutex = mapping
+            .at(at, BYTES, "the lock")?
+            .cast::<libc::pthread_mutex_t>();
         let lock = Self {
-            base,
-            mapped,
+            _mapping: mapping,
             mutex,
         };
         if create {
