@@ -1,10 +1,10 @@
 """What every process of one sidecar shares, in one anonymous memory file.
 
 The main process creates it and every worker inherits its descriptor. It holds
-numbered slots, then the lock (`lock`), then the table of clients that refused the pod CA's certificate
-(`wire.rejections`), then the table of answers the Rust core sends without asking
-Python (`core.native.Answers`), then a region the buffer keeps its claims in
-(`buffer.claims`).
+numbered slots, then the lock (`lock`), then the table of clients that refused the pod
+CA's certificate (`wire.rejections`), then the table of answers the Rust core sends
+without asking Python (`core.native.Answers`), then a region the buffer keeps its claims
+in (`buffer.claims`).
 
 Each slot is a signed 64-bit word, written by one process only (aligned 8-byte stores
 are atomic on the platforms pods run on), so no lock is needed:
