@@ -110,6 +110,14 @@ def sidecar_buffer_size(volume_size: int) -> int:
     return (volume_size - index_room(volume_size)) // 2**20 * 2**20
 
 
+def index_charge(volume_size: int) -> int:
+    """The memory of the core's index of answers for a buffer volume of `volume_size`
+    bytes (`sidecar.settings.index_memory` of the sidecar's default `--index-objects`), in
+    whole MiB so that the limits stay readable."""
+    index = index_memory(default_index_objects(sidecar_buffer_size(volume_size)))
+    return -(-index // 2**20) * 2**20
+
+
 def sidecar_workers(resources: Mapping[str, Mapping[str, str]]) -> int:
     """The sidecar's worker processes: one per CPU of its CPU limit, else of its request
     (rounded up), at least one."""
@@ -136,8 +144,7 @@ def sidecar_resources(settings: InjectorSettings, options: PodOptions) -> dict[s
         if "cpu" in limits and parse_quantity(limits["cpu"]) < parse_quantity(requests["cpu"]):
             limits["cpu"] = options.sidecar_cpu
     extra_workers = sidecar_workers({"requests": requests, "limits": limits}) - 1
-    index = index_memory(default_index_objects(sidecar_buffer_size(buffer.size)))
-    index = -(-index // 2**20) * 2**20  # in whole MiB, so that the limits stay readable
+    index = index_charge(buffer.size)
     for amounts in (requests, limits):
         if "memory" in amounts:
             amounts["memory"] = format_bytes(

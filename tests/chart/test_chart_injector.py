@@ -28,6 +28,7 @@ from helmchart import (
 )
 
 from injector import settings as injector_settings
+from injector.mutate import index_charge
 from injector.quantity import parse_bytes
 from sidecar import settings as sidecar_settings
 
@@ -157,9 +158,9 @@ def test_the_injector_with_the_chart_configuration_makes_the_expected_pod(
     if buffer["medium"] == "Memory":
         assert volume["emptyDir"] == {"medium": "Memory", "sizeLimit": buffer["size"]}
         limit = parse_bytes(sidecar["resources"]["limits"]["memory"])
-        assert limit == parse_bytes(values["resources"]["limits"]["memory"]) + parse_bytes(
-            buffer["size"]
-        )
+        size = parse_bytes(buffer["size"])
+        configured = parse_bytes(values["resources"]["limits"]["memory"])
+        assert limit == configured + size + index_charge(size)
     elif buffer["medium"] == "Disk":
         assert volume["emptyDir"] == {"sizeLimit": buffer["size"]}
     elif buffer["pmem"]["storageClassName"]:
