@@ -115,13 +115,21 @@ def private_mounts(mounts: Mapping[str, Path], argv: list[str]) -> list[str]:
 
 
 def process_tree(pid: int) -> list[int]:
-    """`pid` and all its descendants (a sidecar's workers, nginx's workers)."""
+    """`pid` and all its descendants (a sidecar's workers, nginx's workers). A process or
+    thread that ends while the tree is read is left out, with its children: it is gone."""
     found, pending = [], [pid]
     while pending:
         current = pending.pop()
         found.append(current)
-        for task in Path(f"/proc/{current}/task").iterdir():
-            children = (task / "children").read_text().split()
+        try:
+            tasks = list(Path(f"/proc/{current}/task").iterdir())
+        except FileNotFoundError:
+            continue
+        for task in tasks:
+            try:
+                children = (task / "children").read_text().split()
+            except FileNotFoundError:
+                continue  # a thread that ended between the listing and the read
             pending.extend(int(child) for child in children)
     return found
 

@@ -200,3 +200,30 @@ def test_cpu_seconds_adds_a_trees_time_to_less_than_a_tick() -> None:
         finally:
             for member in reversed(process_tree(spinner.pid)):
                 os.kill(member, signal.SIGKILL)
+
+
+# Threads that start and end all the time, as a sidecar's worker's do (mitmproxy's loading,
+# the check's pool), and a child: the tree is read while they come and go.
+CHURNER = """
+import subprocess, sys, threading
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print("ready", flush=True)
+while True:
+    threads = [threading.Thread(target=lambda: None) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+"""
+
+
+def test_the_process_tree_is_read_while_threads_come_and_go() -> None:
+    with subprocess.Popen([PYTHON, "-c", CHURNER], stdout=subprocess.PIPE, text=True) as churner:
+        assert churner.stdout is not None
+        try:
+            assert churner.stdout.readline() == "ready\n"
+            trees = [process_tree(churner.pid) for _ in range(2000)]
+            assert all(tree[0] == churner.pid and len(tree) == 2 for tree in trees)
+        finally:
+            for member in reversed(process_tree(churner.pid)):
+                os.kill(member, signal.SIGKILL)
