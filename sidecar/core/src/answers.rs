@@ -36,12 +36,11 @@ use std::os::fd::RawFd;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering, fence};
 
-use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::clock::now;
 use crate::http1::Head;
-use crate::mapping::Mapping;
+use crate::mapping::{Mapping, python_error};
 
 /// Bytes of one entry: eight words.
 pub const ENTRY: usize = 64;
@@ -516,13 +515,7 @@ impl Answers {
             deciding,
             track_touches,
         )
-        .map_err(|e| {
-            if e.kind() == io::ErrorKind::InvalidInput {
-                PyValueError::new_err(e.to_string())
-            } else {
-                PyOSError::new_err(e.to_string())
-            }
-        })
+        .map_err(python_error)
     }
 
     /// Record Python's answer to a GET of `url` that carried no deciding field: `head`

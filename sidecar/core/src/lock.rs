@@ -13,11 +13,10 @@
 use std::io;
 use std::os::fd::RawFd;
 
-use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyAny;
 
-use crate::mapping::Mapping;
+use crate::mapping::{Mapping, python_error};
 
 /// Bytes the lock takes in the file (a `pthread_mutex_t`, with room to spare).
 pub const BYTES: usize = 64;
@@ -118,14 +117,6 @@ impl SharedLock {
     }
 }
 
-fn os_error(error: io::Error) -> PyErr {
-    if error.kind() == io::ErrorKind::InvalidInput {
-        PyValueError::new_err(error.to_string())
-    } else {
-        PyOSError::new_err(error.to_string())
-    }
-}
-
 #[pymethods]
 impl SharedLock {
     /// The lock at byte `at` of the shared memory file `fd` (BYTES of it); `create`:
@@ -133,7 +124,7 @@ impl SharedLock {
     #[new]
     #[pyo3(signature = (fd, at, create=false))]
     fn new(fd: RawFd, at: usize, create: bool) -> PyResult<Self> {
-        Self::map(fd, at, create).map_err(os_error)
+        Self::map(fd, at, create).map_err(python_error)
     }
 
     /// Take the lock (`with lock:`), waiting without the GIL while another holds it.
@@ -141,7 +132,7 @@ impl SharedLock {
     fn __enter__(&self, py: Python<'_>) -> PyResult<()> {
         self.lock(|wait| py.detach(wait))
             .map(|_| ())
-            .map_err(os_error)
+            .map_err(python_error)
     }
 
     fn __exit__(
@@ -150,7 +141,7 @@ impl SharedLock {
         _error: &Bound<'_, PyAny>,
         _trace: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        self.unlock().map_err(os_error)
+        self.unlock().map_err(python_error)
     }
 }
 

@@ -4,6 +4,9 @@
 use std::io;
 use std::os::fd::RawFd;
 
+use pyo3::PyErr;
+use pyo3::exceptions::{PyOSError, PyValueError};
+
 /// A shared mapping of a whole file, unmapped when dropped.
 pub struct Mapping {
     base: *mut u8,
@@ -57,5 +60,15 @@ impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: mapped by `of`, unmapped once.
         unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+/// What Python is told of a mapping's error: ValueError for what does not fit the file
+/// (the caller's offsets), OSError for what the system refused.
+pub fn python_error(error: io::Error) -> PyErr {
+    if error.kind() == io::ErrorKind::InvalidInput {
+        PyValueError::new_err(error.to_string())
+    } else {
+        PyOSError::new_err(error.to_string())
     }
 }
