@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import copy
 import json
+from functools import partial
 from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 
 from tests.chart.crds import SCHEMAS
 from tests.chart.helmchart import SCENARIOS
@@ -76,7 +78,15 @@ def custom_resources(cluster: Cluster) -> None:
         cluster.kubectl("apply", "--server-side", "-f", "-",
                         stdin=yaml.safe_dump(_crd(api_version, kind, schema)))  # fmt: skip
         plural = f"{kind.lower()}s.{api_version.split('/')[0]}"
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{plural}", "--timeout=60s")
+        cluster.wait_for(f"{plural} established", partial(_established, cluster, plural), 60)
+
+
+def _established(cluster: Cluster, crd: str) -> bool:
+    """Whether the API server serves `crd`. Polled here because `kubectl wait` fails, rather
+    than waits, on a definition so new that it has no conditions yet."""
+    found = client.ApiextensionsV1Api(cluster.api).read_custom_resource_definition(crd)
+    conditions = found.status.conditions if found.status else None
+    return any(c.type == "Established" and c.status == "True" for c in conditions or ())
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
