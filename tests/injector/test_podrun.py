@@ -50,10 +50,10 @@ from typing import Any
 import pytest
 import trustme
 import yaml
-from dnsserver import DnsServer
 from podrun import DEBIAN_PATH, Image, PodRun, debian_rootfs, in_netns
 
 from bench.cachedir import cache_dir
+from bench.dnsserver import DnsServer
 from bench.harness import HUB_HOSTS, wait_until
 from certs.bundle import trust_store
 from injector import names

@@ -1,9 +1,9 @@
-"""A tiny DNS server for the pod-run tests: A records from a dict, over UDP (RFC 1035).
+"""A tiny DNS server for pod runs and benchmarks: A records from a dict, over UDP (RFC 1035).
 
-The pod's cluster DNS, as far as the tests need one: with the hostAliases capture the
-sidecar resolves origins through DNS only (never /etc/hosts, which maps them to itself),
-so the test origin's name must be in DNS. Names in the dict get their A record; other
-types for those names get an empty answer; every other name is NXDOMAIN.
+The pod's cluster DNS, as far as the tests and benchmarks need one: with the hostAliases
+capture the sidecar resolves origins through DNS only (never /etc/hosts, which maps them
+to itself), so the origin's name must be in DNS. Names in the dict get their A record;
+other types for those names get an empty answer; every other name is NXDOMAIN.
 """
 
 from __future__ import annotations
