@@ -32,15 +32,15 @@ import re
 import shlex
 import signal
 import subprocess
-import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench.harness import http_get
+from bench.netns import in_netns
 from tests.registries import apt_proxy, debian_archive, package_manager_env
 
 POD_IP = "10.88.0.2"
@@ -129,32 +129,6 @@ def debian_rootfs(
             )
             partial.rename(root)
     return root
-
-
-def in_netns(netns: str, function: Callable[[], Any]) -> Any:
-    """Call `function` in a thread that joined the network namespace `netns`.
-
-    Sockets it creates stay in that namespace and may be used from any thread afterwards.
-    """
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            fd = os.open(f"/run/netns/{netns}", os.O_RDONLY)
-            try:
-                os.setns(fd, os.CLONE_NEWNET)
-            finally:
-                os.close(fd)
-            outcome["value"] = function()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            outcome["error"] = e
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 @dataclass

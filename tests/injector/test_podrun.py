@@ -50,11 +50,12 @@ from typing import Any
 import pytest
 import trustme
 import yaml
-from podrun import DEBIAN_PATH, Image, PodRun, debian_rootfs, in_netns
+from podrun import DEBIAN_PATH, Image, PodRun, debian_rootfs
 
 from bench.cachedir import cache_dir
 from bench.dnsserver import DnsServer
 from bench.harness import HUB_HOSTS, wait_until
+from bench.netns import in_netns
 from certs.bundle import trust_store
 from injector import names
 from sidecar.settings import CAPTURE_MODES
