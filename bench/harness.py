@@ -114,6 +114,15 @@ def private_mounts(mounts: Mapping[str, Path], argv: list[str]) -> list[str]:
     return ["unshare", "-m", "sh", "-c", script, "sh", *map(str, mounts.values()), *argv]
 
 
+def as_user(uid: int, argv: list[str]) -> list[str]:
+    """`argv` run as `uid` (and its group), able to read what root's benchmark made:
+    CAP_DAC_READ_SEARCH, kept across exec, so that the interpreter under /root and the
+    lab's private directory stay reachable, and nothing else."""
+    privileges = [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    keep = ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]
+    return ["setpriv", *privileges, *keep, *argv]
+
+
 def process_tree(pid: int) -> list[int]:
     """`pid` and all its descendants (a sidecar's workers, nginx's workers). A process or
     thread that ends while the tree is read is left out, with its children: it is gone."""
@@ -322,6 +331,10 @@ class Sidecar:
     directory: Path
     hosts_file: Path
     args: list[str]
+    resolv_conf: Path | None = None  # its /etc/resolv.conf (this machine's if None)
+    # Its UID (root if None), as the image's USER runs it; the lab's files stay
+    # readable to it (CAP_DAC_READ_SEARCH), its own directory is its.
+    user: int | None = None
     proxy_port: int = field(default_factory=free_port)
     admin_port: int = field(default_factory=free_port)
     process: Process | None = None
@@ -365,7 +378,13 @@ class Sidecar:
             *self.args,
         ]  # fmt: skip
         env = clean_env(PYTHONPATH=str(ROOT))
-        argv = private_mounts({"/etc/hosts": self.hosts_file}, argv)
+        if self.user is not None:
+            os.chown(self.directory, self.user, self.user)
+            argv = as_user(self.user, argv)
+        mounts = {"/etc/hosts": self.hosts_file}
+        if self.resolv_conf is not None:
+            mounts["/etc/resolv.conf"] = self.resolv_conf
+        argv = private_mounts(mounts, argv)
         self.process = start_process(argv, self.directory / "sidecar.log", env)
 
     @property

@@ -228,8 +228,10 @@ class Lab:
             copy.unlink()
         return seconds
 
-    def nginx(self, workers: int = 1) -> Nginx:
-        server = start_nginx(self.data, self.ca, [HOST], self.scratch("nginx"), workers)
+    def nginx(self, workers: int = 1, origin_address: str | None = None) -> Nginx:
+        server = start_nginx(
+            self.data, self.ca, [HOST], self.scratch("nginx"), workers, origin_address
+        )
         self._stack.callback(server.stop)
         return server
 
@@ -249,10 +251,21 @@ class Lab:
         self._stack.callback(server.process.stop)
         return server
 
-    def sidecar(self, upstream_ca: Path, *args: str, start: bool = True) -> Sidecar:
-        """A sidecar intercepting HOST, trusting `upstream_ca` for the origin."""
+    def sidecar(
+        self,
+        upstream_ca: Path,
+        *args: str,
+        start: bool = True,
+        hosts: Path | None = None,
+        resolv_conf: Path | None = None,
+        user: int | None = None,
+    ) -> Sidecar:
+        """A sidecar intercepting HOST, trusting `upstream_ca` for the origin; with
+        `hosts` for its /etc/hosts (the lab's unless given), `resolv_conf` for its
+        /etc/resolv.conf and the UID `user` (root unless given) if given."""
         argv = ["--intercept", HOST, "--upstream-ca", str(upstream_ca), *args]
-        sidecar = Sidecar(self.scratch("sidecar"), self.hosts, argv)
+        directory = self.scratch("sidecar")
+        sidecar = Sidecar(directory, hosts or self.hosts, argv, resolv_conf, user)
         self._stack.callback(sidecar.stop)
         if start:
             sidecar.start()

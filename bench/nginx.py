@@ -56,6 +56,7 @@ http {{
     server {{
         listen 127.0.0.1:{port} ssl;
         listen 127.0.0.1:{plain_port};
+{origin_listen}
         ssl_certificate {dir}/server.pem;
         ssl_certificate_key {dir}/server.key;
         ssl_protocols TLSv1.2 TLSv1.3;
@@ -130,11 +131,23 @@ def ensure_installed() -> str:
 
 
 def start_nginx(
-    root: Path, ca: trustme.CA, names: list[str], workdir: Path, workers: int = 1
+    root: Path,
+    ca: trustme.CA,
+    names: list[str],
+    workdir: Path,
+    workers: int = 1,
+    origin_address: str | None = None,
 ) -> Nginx:
     """nginx serving `root` under https://<name>:<port>/files/, certificate from `ca`,
-    with `workers` worker processes."""
-    return _start(ca, names, workdir, workers, "", STATIC.format(root=root))
+    with `workers` worker processes; also on `origin_address`'s ports 443 and 80 if
+    given, as an origin that a name resolves to is reached (in a network namespace of
+    a benchmark's own, where those ports are free)."""
+    origin_listen = (
+        f"        listen {origin_address}:443 ssl;\n        listen {origin_address}:80;"
+        if origin_address
+        else ""
+    )
+    return _start(ca, names, workdir, workers, "", STATIC.format(root=root), origin_listen)
 
 
 def start_nginx_cache(
@@ -144,11 +157,17 @@ def start_nginx_cache(
     under https://<name>:<port>/files/, its cache in `workdir`."""
     http = CACHE_HTTP.format(dir=workdir, origin_port=origin.port)
     location = CACHE_LOCATION.format(dir=workdir, host=names[0])
-    return _start(ca, names, workdir, workers, http, location)
+    return _start(ca, names, workdir, workers, http, location, "")
 
 
 def _start(
-    ca: trustme.CA, names: list[str], workdir: Path, workers: int, http: str, location: str
+    ca: trustme.CA,
+    names: list[str],
+    workdir: Path,
+    workers: int,
+    http: str,
+    location: str,
+    origin_listen: str,
 ) -> Nginx:
     binary = ensure_installed()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -170,6 +189,7 @@ def _start(
             workers=workers,
             http=http,
             location=location,
+            origin_listen=origin_listen,
         )
     )
     argv = [binary, "-e", str(workdir / "error.log"), "-p", str(workdir), "-c", str(config)]

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import http_get
-from bench.netns import in_netns
+from bench.netns import create_netns, delete_netns, in_netns
 from tests.registries import apt_proxy, debian_archive, package_manager_env
 
 POD_IP = "10.88.0.2"
@@ -216,21 +216,14 @@ class PodRun:
         directory.chmod(0o755)
 
     def _create_netns(self) -> None:
-        commands = [
-            ["ip", "netns", "add", self.netns],
-            ["ip", "-n", self.netns, "link", "set", "lo", "up"],
-            # The pod IP on loopback: reachable from every process of the pod (there is no
-            # node outside to reach it from), and no interface type the kernel may lack.
-            ["ip", "-n", self.netns, "addr", "add", f"{self.pod_ip}/32", "dev", "lo"],
-        ]
-        # The pod's sysctls: the runtime sets them in the sandbox before any container.
-        for sysctl in (self.spec.get("securityContext") or {}).get("sysctls") or []:
+        # The pod IP on loopback: there is no node outside to reach it from. The pod's
+        # sysctls: the runtime sets them in the sandbox before any container.
+        sysctls = (self.spec.get("securityContext") or {}).get("sysctls") or []
+        for sysctl in sysctls:
             if not sysctl["name"].startswith("net."):
                 raise PodFailed(f"sysctl {sysctl['name']}: only net.* is namespaced here")
-            setting = f"{sysctl['name']}={sysctl['value']}"
-            commands.append(["ip", "netns", "exec", self.netns, "sysctl", "-q", "-w", setting])
-        for command in commands:
-            subprocess.run(command, check=True, capture_output=True, timeout=10)
+        settings = {sysctl["name"]: str(sysctl["value"]) for sysctl in sysctls}
+        create_netns(self.netns, addresses=[self.pod_ip], sysctls=settings)
 
     def _write_pod_files(self) -> None:
         etc = self.workdir / "etc"
@@ -305,15 +298,7 @@ class PodRun:
     def stop(self) -> None:
         for running in reversed(list(self.running.values())):
             self._stop(running)
-        leftovers = subprocess.run(
-            ["ip", "netns", "pids", self.netns], capture_output=True, text=True, timeout=10
-        ).stdout.split()
-        for pid in leftovers:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        subprocess.run(["ip", "netns", "del", self.netns], capture_output=True, timeout=10)
+        delete_netns(self.netns)
 
     def _stop(self, running: Running) -> None:
         if running.process.poll() is not None:
