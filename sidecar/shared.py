@@ -17,7 +17,7 @@ are atomic on the platforms pods run on), so no lock is needed:
 | 3 | the main process | checked through: rows found at start up to this one are verified |
 | 4 | the main process, once | how many workers there are |
 | 5 | the main process, once | bytes of the table of answers |
-| 6 + i | worker i | its open client connections (`front.Balance`) |
+| 6 + i | worker i | its open client connections × 2, + 1 while it accepts none (`front.Balance`) |
 
 Workers remember stored objects between requests; a changed generation tells them
 to forget what they remember (`keeper.Buffer`). A worker lets a new request join a
@@ -49,6 +49,8 @@ from sidecar.core import native
 
 _SLOT = 8  # bytes
 _COMMON = 6  # slots before the per-worker ones
+# In a worker's connections slot: it is accepting no connection at the moment.
+NOT_ACCEPTING = 1
 _UNKNOWN = 2**63 - 1  # "found through" before the store has looked: every row
 # Bytes of the table of clients that refused the pod CA (`sidecar.wire.rejections`).
 CLIENTS_TABLE = 8 * 1024
@@ -84,6 +86,8 @@ class Shared:
         os.pwrite(fd, answers.to_bytes(_SLOT, "little"), 5 * _SLOT)
         shared = cls(fd, create=True)
         shared._slots[2] = _UNKNOWN
+        for index in range(workers):
+            shared.worker_gone(index)
         return shared
 
     @property
@@ -116,5 +120,11 @@ class Shared:
 
     @property
     def connections(self) -> memoryview:
-        """Open client connections per worker (one slot each)."""
+        """Each worker's slot of `front.Balance`: its open client connections times
+        two, plus NOT_ACCEPTING while it accepts none."""
         return self._slots[_COMMON:]
+
+    def worker_gone(self, index: int) -> None:
+        """Worker `index` is not running (not started yet, or exited): no connections,
+        none accepted until it runs again."""
+        self._slots[_COMMON + index] = NOT_ACCEPTING

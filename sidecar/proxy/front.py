@@ -45,6 +45,7 @@ from sidecar.core import native
 from sidecar.proxy.listeners import HOSTALIASES_HTTP_PORT, HOSTALIASES_TLS_PORT, Entrance
 from sidecar.proxy.router import Router
 from sidecar.settings import host_matches
+from sidecar.shared import NOT_ACCEPTING
 from sidecar.wire import hello, tunnel
 from sidecar.wire.client import UpstreamError
 from sidecar.wire.rejections import CLIENT_REJECTED_CA, Rejections, handshake_refusal
@@ -123,26 +124,43 @@ def parse_connect(head: bytes) -> Connect | None:
 class Balance:
     """Open connections per worker, in memory the workers share.
 
-    Every worker is woken for a new connection; those with more open connections
-    than the least busy one let it go first, so that kept-alive connections (one per
-    data-loader worker) spread evenly instead of landing where the kernel happens to
-    wake a process first.
+    Every worker is woken for a new connection; one with more open connections than
+    another lets it go first, so that kept-alive connections (one per data-loader
+    worker) spread evenly instead of landing where the kernel happens to wake a
+    process first. A worker letting one go is not accepting for a moment: each says so
+    in its slot, and no worker waits for one that is not accepting. Without that,
+    short-lived connections (a new one per file) found every worker waiting out its
+    delay in turn, and waited for the delay themselves.
+
+    Each worker's slot holds its open connections times two, plus NOT_ACCEPTING while
+    it is not accepting: one word, written only by its worker (and by the supervisor
+    while the worker is gone).
     """
 
-    def __init__(self, counts: Sequence[int], index: int) -> None:
+    def __init__(self, counts: memoryview | list[int], index: int) -> None:
         """`counts`: a shared array with one slot per worker; `index`: ours."""
         self._counts = counts
         self._index = index
 
     def eligible(self) -> bool:
-        mine = self._counts[self._index]
-        return all(mine <= other for other in self._counts)
+        """Whether to accept at once: no worker that is accepting has fewer open
+        connections than this one."""
+        mine = self._counts[self._index] >> 1
+        return all(
+            slot >> 1 >= mine or slot & NOT_ACCEPTING
+            for index, slot in enumerate(self._counts)
+            if index != self._index
+        )
+
+    def accepting(self, accepting: bool) -> None:
+        slot = self._counts[self._index] & ~NOT_ACCEPTING
+        self._counts[self._index] = slot if accepting else slot | NOT_ACCEPTING
 
     def opened(self) -> None:
-        self._counts[self._index] += 1  # type: ignore[index]
+        self._counts[self._index] += 2
 
     def closed(self) -> None:
-        self._counts[self._index] -= 1  # type: ignore[index]
+        self._counts[self._index] -= 2
 
 
 class Front:
@@ -188,8 +206,7 @@ class Front:
                 # Out of descriptors, most likely: retry once connections have closed,
                 # rather than spin on a socket that stays readable.
                 logger.warning("cannot accept a connection: %s", e)
-                loop.remove_reader(fd)
-                loop.call_later(ACCEPT_BACKOFF, resume, False)
+                pause(ACCEPT_BACKOFF, False)
                 return
             self._balance.opened()
             _Arrival(self, listener, client, entrance)
@@ -199,17 +216,23 @@ class Front:
                 take()
                 return
             # Every worker is woken; the least busy one should take the connection.
+            pause(ACCEPT_DELAY, True)
+
+        def pause(seconds: float, then_take: bool) -> None:
             loop.remove_reader(fd)
-            loop.call_later(ACCEPT_DELAY, resume, True)
+            self._balance.accepting(False)
+            loop.call_later(seconds, resume, then_take)
 
         def resume(now: bool) -> None:
             if accepting.done():
                 return
+            self._balance.accepting(True)
             if now:
                 take()
             loop.add_reader(fd, acceptable)
 
         loop.add_reader(fd, acceptable)
+        self._balance.accepting(True)
         try:
             await accepting
         finally:

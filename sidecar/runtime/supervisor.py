@@ -294,7 +294,7 @@ class Workers:
                 return
             assert self._keeper is not None
             self._keeper.worker_gone(worker.index)
-            self._shared.connections[worker.index] = 0
+            self._shared.worker_gone(worker.index)
             # What it counted stays; its view of the parents went with it.
             self._retired.append({**worker.last, "parent_state": {}})
             worker.last = {}
