@@ -1,7 +1,10 @@
-"""The data loader's warm epochs and a large hit through each way into the sidecar, against nginx.
+"""The data loader's epochs and a large hit through each way into the sidecar, against nginx.
 
 The file set of `bench.bench_loader`, stored once and then read, every file a hit, in
-its three client shapes, and one large object read by curl, through each entrance:
+its three client shapes, and one large object read by curl; then first epochs, every
+file a miss (a fifth of the files, each epoch's URLs new to the sidecar: a query the
+origin ignores), each against nginx read directly and, as a ratio to that, against the
+forward HTTPS path's own; through each entrance:
 
 - forward HTTPS: a CONNECT to the host, TLS inside (`https://` URLs through the proxy
   variables), against nginx's HTTPS;
@@ -63,6 +66,12 @@ NAME = "entrances"
 KEPT_ALIVE, PER_FILE = 0.95, 0.9
 # The large hit's target, of nginx's MB/s.
 LARGE = 1.0
+# A first epoch through an entrance, read against nginx directly, of the forward HTTPS
+# path's own ratio.
+FIRST_EPOCH = 0.95
+# A first epoch reads this share of the files (each epoch's URLs new to the sidecar):
+# every one stays stored, in memory.
+FIRST_EPOCH_SHARE = 0.2
 # Inside each capture's network namespace: the origin's address (what DNS answers for
 # HOST) and the DNS server's.
 ORIGIN_ADDRESS = "127.0.0.2"
@@ -141,10 +150,10 @@ def run(profile: Profile, lab: Lab) -> Result:
     large = profile.epoch_large_bytes
     result = Result(
         NAME,
-        f"Entrances: the data loader's warm epochs over {count} files of "
+        f"Entrances: the data loader's epochs over {count} files of "
         f"{SMALLEST // KiB} KiB–{LARGEST // KiB} KiB (median "
-        f"{statistics.median(sizes) / KiB:.0f} KiB) and a {large // 2**20} MiB hit, "
-        "through each way in",
+        f"{statistics.median(sizes) / KiB:.0f} KiB), a {large // 2**20} MiB hit and first "
+        "epochs, through each way in",
     )
     files = make_files(lab, sizes)
     source = lab.make_file("large.bin", large)
@@ -174,14 +183,55 @@ def run(profile: Profile, lab: Lab) -> Result:
                 _row(measured, entrance, "large", f"{large // 2**20} MiB hit", "MB/s", "MB/s",
                      reference, ratio_at_least(0.8, target=LARGE))
             )  # fmt: skip
+    for capture in CAPTURES:
+        for entrance in capture.entrances:
+            result.rows += _first_epoch_rows(measured, entrance, profile, cores)
     result.notes.append(
-        f"medians of {profile.runs} epochs (min–max), every file a hit (checked in /stats,"
-        " each one answered by the core); clients: bench.loader_client, as in the loader"
+        f"medians of {profile.runs} epochs (min–max); warm: every file a hit (checked in"
+        " /stats, each one answered by the core); first epochs: every file a miss (checked);"
+        " clients: bench.loader_client, as in the loader"
         " benchmark, and curl for the large hit; an http URL is asked of the proxy in"
         " absolute form, as clients ask a proxy for one; CPU of each server's whole"
         " process tree"
     )
     return result
+
+
+def _first_epoch_rows(
+    measured: Measured, entrance: Entrance, profile: Profile, cores: int
+) -> list[Row]:
+    """Each shape's first epoch through `entrance`: its files/s against nginx read
+    directly, and that ratio against the forward HTTPS path's own."""
+    rows = []
+    forward = CAPTURES[0].entrances[0]
+    for shape in shapes(profile):
+        what = f"first epoch, {shape.name}"
+        reference = f"nginx, {cores} workers, " + (
+            "HTTPS" if entrance.scheme == "https" else "plain HTTP"
+        )
+        rows.append(
+            _row(measured, entrance, what, f"{what}, throughput", "files/s", "files/s",
+                 f"{reference}, read directly", None)
+        )  # fmt: skip
+        if entrance != forward:
+            rows.append(
+                Row(
+                    f"{entrance.name}, {what}, of reading nginx directly",
+                    "×",
+                    Sample.of(_ratios(measured, entrance, what)),
+                    Sample.of(_ratios(measured, forward, what)),
+                    f"{forward.name}'s",
+                    target_ratio(FIRST_EPOCH),
+                )
+            )
+    return rows
+
+
+def _ratios(measured: Measured, entrance: Entrance, what: str) -> list[float]:
+    """Each run's files/s through `entrance` over nginx's, read directly."""
+    ours = measured[entrance.name, what, "sidecar files/s"]
+    theirs = measured[entrance.name, what, "nginx files/s"]
+    return [a / b for a, b in zip(ours, theirs, strict=True)]
 
 
 def _row(
@@ -226,7 +276,12 @@ def _measure(
             flags += ["--transparent-port", str(port)]
             subprocess.run(iptables_rule(port, SIDECAR_UID), check=True, capture_output=True,
                            timeout=10)  # fmt: skip
-        buffer = 3 * (sum(f.size for f in files) + large.size)
+        # First epochs read a share of the files, each epoch with URLs of its own (a
+        # query the origin ignores).
+        first_files = files[: max(1, int(count * FIRST_EPOCH_SHARE))]
+        first_epochs = profile.runs * len(capture.entrances) * len(shapes(profile))
+        first_bytes = first_epochs * sum(f.size for f in first_files)
+        buffer = 3 * (sum(f.size for f in files) + large.size) + first_bytes
         sidecar = lab.sidecar(
             nginx.ca_pem, *flags, "--buffer-size", str(buffer),
             hosts=pod_hosts, resolv_conf=resolv_conf, user=SIDECAR_UID,
@@ -281,14 +336,40 @@ def _measure(
         per_run = len(capture.entrances) * (count * len(shapes(profile)) + 1)
         hits = profile.runs * per_run
         expect_stats(sidecar, misses=stored, hits=hits, hits_answered_by_core=hits)
+
+        nginx_first = {
+            scheme: write_manifest(lab.dir / f"nginx-first-{scheme}.txt", first_files, url)
+            for scheme, url in references.items()
+        }
+        for run_index in range(profile.runs):
+            for number, entrance in enumerate(capture.entrances):
+                for shape_number, shape in enumerate(shapes(profile)):
+                    logger.info("%s: run %d/%d, %s, first epoch, %s", NAME, run_index + 1,
+                                profile.runs, entrance.name, shape.name)  # fmt: skip
+                    query = f"first={run_index}.{number}.{shape_number}"
+                    first_url = _origin_url(entrance.scheme, query)
+                    sides = [
+                        Side("nginx", direct, nginx.process.popen.pid,
+                             nginx_first[entrance.scheme], references[entrance.scheme]),
+                        Side("sidecar", routes[entrance.name], sidecar.pid,
+                             write_manifest(lab.dir / "first.txt", first_files, first_url),
+                             first_url),
+                    ]  # fmt: skip
+                    for side in in_turn(run_index, sides):
+                        found = epoch(side.route, side.manifest, shape, side.pid, len(first_files))
+                        key = (entrance.name, f"first epoch, {shape.name}", f"{side.name} files/s")
+                        measured.setdefault(key, []).append(found.files_per_s)
+        misses = stored + first_epochs * len(first_files)
+        expect_stats(sidecar, misses=misses, hits=hits)
         return measured
     finally:
         dns.close()
 
 
-def _origin_url(scheme: str) -> Callable[[str, str], str]:
+def _origin_url(scheme: str, query: str = "") -> Callable[[str, str], str]:
     """A file's URL at the origin's own port, as a dataset host publishes it."""
-    return lambda name, host: f"{scheme}://{host}/files/{name}"
+    suffix = f"?{query}" if query else ""
+    return lambda name, host: f"{scheme}://{host}/files/{name}{suffix}"
 
 
 def _udp_socket(address: str, port: int) -> socket.socket:

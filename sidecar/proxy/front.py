@@ -71,19 +71,6 @@ ACCEPT_BACKOFF = 0.1  # seconds
 _TLS_HANDSHAKE_RECORD = b"\x16"
 
 
-@dataclass(frozen=True)
-class Deadline:
-    """When an arrival is closed if it has not settled by then (`time.monotonic`), and
-    why."""
-
-    at: float
-    why: str
-
-    @classmethod
-    def after(cls, seconds: float, why: str) -> Deadline:
-        return cls(time.monotonic() + seconds, why)
-
-
 def sweep_interval() -> float:
     """How often arrivals are checked against their deadlines: each is closed within a
     tenth of the shorter timeout after its own."""
@@ -356,6 +343,7 @@ class _Arrival:
         "_destination",
         "_front",
         "_hello",
+        "_late",
         "_listener",
         "_port",
         "_tunnel",
@@ -374,9 +362,9 @@ class _Arrival:
         self._port = _CAPTURED_PORTS.get(entrance, 0)
         if self._destination is not None:
             self._port = self._destination[1]
-        self._deadline = Deadline.after(
-            FIRST_BYTES_TIMEOUT, "no request within the first-bytes timeout"
-        )
+        # When it is closed if it has not settled by then (`time.monotonic`), and why.
+        self._deadline = time.monotonic() + FIRST_BYTES_TIMEOUT
+        self._late = "no request within the first-bytes timeout"
         self._arrival = native.Arrival(client, loop, self, captured=entrance != "forward")
         front._watch(self)
         self._arrival.start()
@@ -413,9 +401,8 @@ class _Arrival:
         # One deadline for the first byte, the ClientHello and the handshake: a limit for
         # each would let a client that keeps to every one of them hold the connection
         # for their sum.
-        self._deadline = Deadline.after(
-            TLS_HANDSHAKE_TIMEOUT, "no TLS handshake within its timeout"
-        )
+        self._deadline = time.monotonic() + TLS_HANDSHAKE_TIMEOUT
+        self._late = "no TLS handshake within its timeout"
 
     def tunnelled(self, first: bytes) -> None:
         """What came first inside the tunnel, or on a captured connection: plain HTTP,
@@ -507,10 +494,10 @@ class _Arrival:
 
     def expire_by(self, now: float) -> None:
         """Close the connection if its deadline has passed by `now` (`time.monotonic`)."""
-        if now < self._deadline.at:
+        if now < self._deadline:
             return
         self.abort()
-        logger.debug("client connection ended early: %s", self._deadline.why)
+        logger.debug("client connection ended early: %s", self._late)
         self._front._balance.closed()
 
     def _settle(self) -> None:

@@ -265,7 +265,11 @@ impl Arrival {
     fn new(fd: RawFd, event_loop: Py<PyAny>, handler: Py<PyAny>, captured: bool) -> PyResult<Self> {
         Ok(Self {
             core: Some(Core::new(owned_fd(fd)?, None)),
-            phase: if captured { Phase::Tunnel } else { Phase::Request },
+            phase: if captured {
+                Phase::Tunnel
+            } else {
+                Phase::Request
+            },
             watcher: Watcher::new(event_loop),
             handler: Some(handler),
             hung_up: false,
@@ -357,15 +361,20 @@ impl Arrival {
         requests: bool,
     ) -> PyResult<Py<Stream>> {
         let py = slf.py();
-        let stream = {
+        let (stream, waiting) = {
             let mut arrival = slf.borrow_mut();
-            arrival.expect(&[Phase::Request, Phase::Tunnel, Phase::Secured], "make a stream")?;
+            arrival.expect(
+                &[Phase::Request, Phase::Tunnel, Phase::Secured],
+                "make a stream",
+            )?;
+            // What came first is still in the socket, unless the handshake read it.
+            let waiting = arrival.phase != Phase::Secured;
             let watcher = arrival.watcher.hand_over(py);
             arrival.over(py)?;
             let core = arrival.core.take().expect("checked above");
-            Bound::new(py, Stream::of(core, watcher))?
+            (Bound::new(py, Stream::of(core, watcher))?, waiting)
         };
-        Stream::start(&stream, protocol, requests, false)?;
+        Stream::begin(&stream, protocol, requests, false, waiting)?;
         Ok(stream.unbind())
     }
 

@@ -435,6 +435,44 @@ impl Stream {
         }
     }
 
+    /// `start`, and with `waiting` the bytes known to wait in the socket (an arrival
+    /// peeked at them) read on the loop's next turn.
+    pub(crate) fn begin(
+        slf: &Bound<'_, Self>,
+        protocol: Py<PyAny>,
+        requests: bool,
+        responses: bool,
+        waiting: bool,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        {
+            let mut stream = slf.borrow_mut();
+            stream.protocol = Some(protocol.clone_ref(py));
+            let fd = stream.core.raw();
+            stream.watcher.bind(slf.as_any(), fd)?;
+            stream.parser = if responses {
+                Some(Parser::responses())
+            } else {
+                requests.then(Parser::default)
+            };
+        }
+        if let Err(error) = protocol.call_method1(py, "connection_made", (slf,)) {
+            // A protocol that cannot start hears nothing more: the connection closes, and
+            // the loop stops watching it (a watch handed over is on already).
+            let mut stream = slf.borrow_mut();
+            let fd = stream.core.raw();
+            stream.watcher.stop(py, fd)?;
+            stream.core.shut();
+            stream.protocol = None;
+            return Err(error);
+        }
+        // A request that came with the handshake's last flight is inside the TLS
+        // session already, which the socket's readiness does not say.
+        let mut stream = slf.borrow_mut();
+        let held = waiting || stream.core.holds_plaintext();
+        stream.reading_on(py, held)
+    }
+
     fn watch_reads(&mut self, py: Python<'_>, on: bool) -> PyResult<()> {
         self.watcher.reads(py, self.core.raw(), on)
     }
@@ -482,17 +520,31 @@ impl Stream {
     /// Reading goes on (the protocol asked for it, or starts); `held`: bytes are held
     /// already that no readiness of the socket will announce, so `readable` runs on the
     /// loop's next turn as well.
+    /// Read again, and go on reading. With `held` (bytes wait in the socket or the TLS
+    /// session), `readable` is called on the loop's next turn and the loop watches
+    /// the socket only if the connection is still open after it (`keep_watching`): a
+    /// client that sends its one request and is answered at once (a new connection per
+    /// file) never has its socket added to the loop's interest list and removed again.
     fn reading_on(&mut self, py: Python<'_>, held: bool) -> PyResult<()> {
         if self.core.closing || self.core.closed() || !self.paused {
             return Ok(());
         }
         self.paused = false;
-        let more_from_socket = !self.eof;
-        self.watch_reads(py, more_from_socket)?;
         if held {
-            self.watcher.read_later(py, 0.0)?;
+            self.watcher.read_later(py, 0.0)
+        } else {
+            let more_from_socket = !self.eof;
+            self.watch_reads(py, more_from_socket)
         }
-        Ok(())
+    }
+
+    /// After `readable`: the loop watches the socket for what comes next, while the
+    /// connection is open and its reading goes on.
+    fn keep_watching(&mut self, py: Python<'_>) -> PyResult<()> {
+        if self.paused || self.eof || self.core.closing || self.core.closed() {
+            return Ok(());
+        }
+        self.watch_reads(py, true)
     }
 
     /// Send `parts` after what waits, and what the protocol must hear of it.
@@ -768,7 +820,12 @@ fn answer_from_table(slf: &Bound<'_, Stream>, head: &Head) -> PyResult<bool> {
         }
         // A captured connection's scope ends where the authority goes: the Host names it.
         let url = if form == TargetForm::Hosted {
-            [scope.as_slice(), head.hosts[0].as_bytes(), head.target.as_slice()].concat()
+            [
+                scope.as_slice(),
+                head.hosts[0].as_bytes(),
+                head.target.as_slice(),
+            ]
+            .concat()
         } else {
             [scope.as_slice(), head.target.as_slice()].concat()
         };
@@ -878,7 +935,9 @@ impl Stream {
     /// queued; `handshake` then completes it.
     fn secure(&mut self, config: PyRef<'_, ClientTls>, server_name: &str) -> PyResult<()> {
         if self.core.tls.is_some() || self.core.closed() || self.core.outbox.queued() > 0 {
-            return Err(PyValueError::new_err("only an open plain stream can be secured"));
+            return Err(PyValueError::new_err(
+                "only an open plain stream can be secured",
+            ));
         }
         let name = ServerName::try_from(server_name.to_owned())
             .map_err(|_| PyValueError::new_err(format!("not a server name: {server_name:?}")))?;
@@ -910,39 +969,13 @@ impl Stream {
     /// `message_complete`, `response_refused`, `unasked_received`); else its bytes
     /// (`data_received`).
     #[pyo3(signature = (protocol, requests=false, responses=false))]
-    pub(crate) fn start(
+    fn start(
         slf: &Bound<'_, Self>,
         protocol: Py<PyAny>,
         requests: bool,
         responses: bool,
     ) -> PyResult<()> {
-        let py = slf.py();
-        {
-            let mut stream = slf.borrow_mut();
-            stream.protocol = Some(protocol.clone_ref(py));
-            let fd = stream.core.raw();
-            stream.watcher.bind(slf.as_any(), fd)?;
-            stream.parser = if responses {
-                Some(Parser::responses())
-            } else {
-                requests.then(Parser::default)
-            };
-        }
-        if let Err(error) = protocol.call_method1(py, "connection_made", (slf,)) {
-            // A protocol that cannot start hears nothing more: the connection closes, and
-            // the loop stops watching it (a watch handed over is on already).
-            let mut stream = slf.borrow_mut();
-            let fd = stream.core.raw();
-            stream.watcher.stop(py, fd)?;
-            stream.core.shut();
-            stream.protocol = None;
-            return Err(error);
-        }
-        // A request that came with the handshake's last flight is inside the TLS
-        // session already, which the socket's readiness does not say.
-        let mut stream = slf.borrow_mut();
-        let decrypted = stream.core.holds_plaintext();
-        stream.reading_on(py, decrypted)
+        Self::begin(slf, protocol, requests, responses, false)
     }
 
     /// The loop's reader callback: read what arrived, then hand over what it makes.
@@ -1047,7 +1080,7 @@ impl Stream {
             }
             deliver(slf, notices)?;
         }
-        Ok(())
+        slf.borrow_mut().keep_watching(py)
     }
 
     /// A request with `method` is about to be sent: its response is parsed next.
@@ -1331,10 +1364,16 @@ fn handshake_error(error: rustls::Error, client: bool) -> io::Error {
     let peer = if client { "origin" } else { "client" };
     let message = match &error {
         rustls::Error::AlertReceived(alert) => {
-            format!("the {peer} sent alert {}", alert_name(&format!("{alert:?}")))
+            format!(
+                "the {peer} sent alert {}",
+                alert_name(&format!("{alert:?}"))
+            )
         }
         rustls::Error::InvalidCertificate(why) if client => {
-            return io::Error::new(io::ErrorKind::InvalidData, Marked::Rejected(why.to_string()));
+            return io::Error::new(
+                io::ErrorKind::InvalidData,
+                Marked::Rejected(why.to_string()),
+            );
         }
         other => other.to_string(),
     };
@@ -1380,7 +1419,10 @@ mod tests {
 
     fn core(fd: OwnedFd) -> Core {
         let config = crate::tls::server_config(CHAIN, KEY).unwrap();
-        Core::new(fd, Some(session_of(ServerConnection::new(config).unwrap().into())))
+        Core::new(
+            fd,
+            Some(session_of(ServerConnection::new(config).unwrap().into())),
+        )
     }
 
     #[test]
@@ -1497,8 +1539,14 @@ mod tests {
     #[test]
     fn an_origin_is_verified_and_its_end_told_from_a_cut() {
         let reply = b"HTTP/1.1 200 OK\r\n\r\nbody";
-        assert_eq!(from_origin("localhost", reply, true).unwrap(), (reply.to_vec(), false));
-        assert_eq!(from_origin("localhost", reply, false).unwrap(), (reply.to_vec(), true));
+        assert_eq!(
+            from_origin("localhost", reply, true).unwrap(),
+            (reply.to_vec(), false)
+        );
+        assert_eq!(
+            from_origin("localhost", reply, false).unwrap(),
+            (reply.to_vec(), true)
+        );
     }
 
     #[test]
@@ -1521,9 +1569,12 @@ mod tests {
     #[test]
     fn an_origin_certificate_for_another_name_is_rejected() {
         let error = from_origin("elsewhere.test", b"", true).unwrap_err();
-        assert!(matches!(
-            error.get_ref().and_then(|e| e.downcast_ref::<Marked>()),
-            Some(Marked::Rejected(why)) if why.contains("elsewhere.test")
-        ), "{error}");
+        assert!(
+            matches!(
+                error.get_ref().and_then(|e| e.downcast_ref::<Marked>()),
+                Some(Marked::Rejected(why)) if why.contains("elsewhere.test")
+            ),
+            "{error}"
+        );
     }
 }
