@@ -9,17 +9,24 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
-/// Bytes read from a body file per step: a few TLS records, one pread.
-pub const FILE_CHUNK: usize = 64 * 1024;
-
 /// Where plaintext goes: a plain socket, or a TLS session over one.
 pub trait Sink {
+    /// Bytes of a body file sent per step: by default a few TLS records, one pread.
+    const FILE_CHUNK: usize = 64 * 1024;
+
     /// Send what was accepted earlier and still waits; true once nothing waits.
     fn flush(&mut self) -> io::Result<bool>;
 
     /// Accept up to `data.len()` bytes; `WouldBlock` when none can be taken now. What
     /// is accepted may wait for `flush`, so that a head and its body leave together.
     fn send(&mut self, data: &[u8]) -> io::Result<usize>;
+
+    /// `send`, with more bytes queued right behind `data`: a plain socket holds a part
+    /// of a segment back for them (MSG_MORE), so that a head leaves with the start of
+    /// its body instead of in a segment of its own, which the client wakes for alone.
+    fn send_with_more(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.send(data)
+    }
 
     /// Send bytes [pos, pos + len) of the file `fd`; how many were taken.
     fn send_file(
@@ -166,19 +173,28 @@ impl Outbox {
         // Whatever the sink still holds leaves before what is sent now, and with it,
         // in one system call (a TLS session's tickets with the response they waited for).
         loop {
+            let queued_behind = self.items.len() > 1;
             let Some(front) = self.items.front_mut() else {
                 return sink.flush();
             };
             let (taken, done) = match front {
-                Item::Bytes { data, sent } => match sink.send(&data[*sent..]) {
-                    Ok(n) => {
-                        *sent += n;
-                        (n, *sent == data.len())
+                Item::Bytes { data, sent } => {
+                    let rest = &data[*sent..];
+                    let taken = if queued_behind {
+                        sink.send_with_more(rest)
+                    } else {
+                        sink.send(rest)
+                    };
+                    match taken {
+                        Ok(n) => {
+                            *sent += n;
+                            (n, *sent == data.len())
+                        }
+                        Err(e) => return would_block(e),
                     }
-                    Err(e) => return would_block(e),
-                },
+                }
                 Item::File { fd, pos, end } => {
-                    let len = (*end - *pos).min(FILE_CHUNK as u64) as usize;
+                    let len = (*end - *pos).min(S::FILE_CHUNK as u64) as usize;
                     match sink.send_file(fd.as_raw_fd(), *pos, len, &mut self.scratch) {
                         Ok(n) => {
                             *pos += n as u64;
@@ -272,6 +288,46 @@ mod tests {
         assert!(rounds > 5, "the sink blocked along the way");
         assert_eq!(outbox.queued(), 0);
         assert!(outbox.is_empty());
+    }
+
+    /// Takes everything, and remembers which bytes were sent with more to come.
+    #[derive(Default)]
+    struct Recording {
+        sends: Vec<(Vec<u8>, bool)>,
+    }
+
+    impl Sink for Recording {
+        fn flush(&mut self) -> io::Result<bool> {
+            Ok(true)
+        }
+        fn send(&mut self, data: &[u8]) -> io::Result<usize> {
+            self.sends.push((data.to_vec(), false));
+            Ok(data.len())
+        }
+        fn send_with_more(&mut self, data: &[u8]) -> io::Result<usize> {
+            self.sends.push((data.to_vec(), true));
+            Ok(data.len())
+        }
+    }
+
+    #[test]
+    fn bytes_with_more_queued_behind_them_are_sent_as_more_to_come() {
+        let mut outbox = Outbox::default();
+        outbox.push_bytes(b"HEAD ");
+        outbox.push_file(body_file("more", b"body"), 0, 4);
+        outbox.push_bytes(b" tail");
+        let mut sink = Recording::default();
+        assert!(outbox.pump(&mut sink).unwrap());
+        let more: Vec<(&[u8], bool)> = sink.sends.iter().map(|(d, m)| (&d[..], *m)).collect();
+        // The file goes through `send` too (the default `send_file` reads it).
+        assert_eq!(
+            more,
+            [
+                (&b"HEAD "[..], true),
+                (&b"body"[..], false),
+                (&b" tail"[..], false)
+            ]
+        );
     }
 
     #[test]
