@@ -338,8 +338,9 @@ def sha256(data: bytes) -> str:
 
 
 PY_TWICE = (
-    "python3 -c 'import shutil\n{imports}\n"
+    "python3 -c 'import os, shutil, time\n{imports}\n"
     'for name in ("first", "second"):\n'
+    '    while name == "second" and not {ready}: time.sleep(0.05)\n'
     f'    with {{open}}("{URL}"{{args}}) as r, open("/out/" + name, "wb") as f:\n'
     "        shutil.copyfileobj(r{raw}, f)\n'"
 )
@@ -347,21 +348,45 @@ PIP_DOWNLOAD = (
     "pip download --no-deps --no-cache-dir --disable-pip-version-check --quiet -d /out/{name} "
     + WHEEL_URL
 )
-# Each client downloads a dataset file twice, as its users write it.
-TWICE = {
-    "wget": f"wget -q -O /out/first {URL} && wget -q -O /out/second {URL}",
-    "curl": f"curl -sS --fail -o /out/first {URL} && curl -sS --fail -o /out/second {URL}",
-    "urllib": PY_TWICE.format(
-        imports="import urllib.request", open="urllib.request.urlopen", args=", timeout=60", raw=""
-    ),
-    "requests": PY_TWICE.format(
-        imports="import requests",
-        open="requests.get",
-        args=", stream=True, timeout=60",
-        raw=".raw",
-    ),
-    "pip": " && ".join(PIP_DOWNLOAD.format(name=name) for name in ("first", "second")),
-}
+# Made by the test once the first download's object is stored (`let_second_go`).
+STORED = "/out/stored"
+
+
+def twice(client: str, after_stored: bool = False) -> str:
+    """The app's command: `client` downloads a dataset file twice, as its users write it.
+    With `after_stored`, the second download waits until the test has seen the first one
+    stored, so that it asks for a stored object rather than racing the commit of the
+    first (which a busy machine can make last longer than a client's next request)."""
+    shell_wait = f" && while [ ! -e {STORED} ]; do sleep 0.05; done" if after_stored else ""
+    python_ready = f'os.path.exists("{STORED}")' if after_stored else "True"
+    commands = {
+        "wget": f"wget -q -O /out/first {URL}{shell_wait} && wget -q -O /out/second {URL}",
+        "curl": f"curl -sS --fail -o /out/first {URL}{shell_wait}"
+        f" && curl -sS --fail -o /out/second {URL}",
+        "urllib": PY_TWICE.format(imports="import urllib.request", ready=python_ready,
+                                  open="urllib.request.urlopen", args=", timeout=60", raw=""),
+        "requests": PY_TWICE.format(imports="import requests", ready=python_ready,
+                                    open="requests.get", args=", stream=True, timeout=60",
+                                    raw=".raw"),
+        "pip": PIP_DOWNLOAD.format(name="first") + shell_wait + " && "
+        + PIP_DOWNLOAD.format(name="second"),
+    }  # fmt: skip
+    return commands[client]
+
+
+CLIENTS = ("wget", "curl", "urllib", "requests", "pip")
+
+
+def let_second_go(pod: PodRun, rendered: dict[str, Any]) -> None:
+    """Once the sidecar has stored the first download's object, let the second begin."""
+
+    def stored() -> bool:
+        if pod.running["app"].process.poll() is not None:
+            raise AssertionError(f"the app exited first: {pod.log('app')}")
+        return bool(pod.stats(admin_port(rendered))["entries"] == 1)
+
+    wait_until(stored, "the first download stored", 120)
+    (pod.volume_dir("out") / Path(STORED).name).touch()
 
 
 def downloaded(out: Path, client: str, name: str) -> bytes:
@@ -370,16 +395,18 @@ def downloaded(out: Path, client: str, name: str) -> bytes:
 
 
 @pytest.mark.parametrize("mode", CAPTURE_MODES)
-@pytest.mark.parametrize("client", list(TWICE))
+@pytest.mark.parametrize("client", CLIENTS)
 def test_unmodified_client_downloads_through_the_sidecar(
     client: str, mode: str, run_pod: Any, tmp_path: Path, dataset: Path
 ) -> None:
-    pod_spec = app_pod(f"{client}-pod", [{"name": "app", "command": ["sh", "-c", TWICE[client]]}])
+    command = twice(client, after_stored=True)
+    pod_spec = app_pod(f"{client}-pod", [{"name": "app", "command": ["sh", "-c", command]}])
     rendered = render(pod_spec, tmp_path, config=f"capture: {mode}\n")
     app_env = {e["name"] for e in rendered["spec"]["containers"][0]["env"]}
     # Only proxy-env sets proxy variables: the other modes capture without them.
     assert ("https_proxy" in app_env) == (mode == "proxy-env"), app_env
     pod, origin = run_pod(rendered)
+    let_second_go(pod, rendered)
 
     assert pod.wait("app") == 0, pod.log("app") + pod.log(names.CONTAINER)
     name = WHEEL if client == "pip" else "data.bin"
@@ -405,10 +432,11 @@ def test_plain_http_downloads_through_the_sidecar(
     absolute-form requests, hostAliases' :80 by the Host, the transparent listener by
     the original destination and the Host. One miss, then a hit the core answers; the
     origin saw the file once."""
-    command = f"wget -q -O /out/first {PLAIN_URL} && wget -q -O /out/second {PLAIN_URL}"
+    command = twice("wget", after_stored=True).replace(URL, PLAIN_URL)
     pod_spec = app_pod("plain-pod", [{"name": "app", "command": ["sh", "-c", command]}])
     rendered = render(pod_spec, tmp_path, config=f"capture: {mode}\n")
     pod, origin = run_pod(rendered)
+    let_second_go(pod, rendered)
     assert pod.wait("app") == 0, pod.log("app") + pod.log(names.CONTAINER)
     expected = (dataset / "data.bin").read_bytes()
     for copy in ("first", "second"):
@@ -475,7 +503,7 @@ def test_app_container_cannot_read_the_ca_key(run_pod: Any, tmp_path: Path) -> N
 def test_pods_own_init_containers_download_through_the_native_sidecar(
     mode: str, run_pod: Any, tmp_path: Path
 ) -> None:
-    pod_spec = app_pod("init", [{"name": "app", "command": ["sh", "-c", TWICE["curl"]]}])
+    pod_spec = app_pod("init", [{"name": "app", "command": ["sh", "-c", twice("curl")]}])
     pod_spec["spec"]["initContainers"] = [
         {
             "name": "prefetch",
@@ -502,7 +530,7 @@ def test_pods_own_init_containers_download_through_the_native_sidecar(
 def test_classic_sidecar_primes_trust_for_init_containers_then_captures(
     mode: str, run_pod: Any, tmp_path: Path
 ) -> None:
-    pod_spec = app_pod("classic", [{"name": "app", "command": ["sh", "-c", TWICE["urllib"]]}])
+    pod_spec = app_pod("classic", [{"name": "app", "command": ["sh", "-c", twice("urllib")]}])
     pod_spec["spec"]["initContainers"] = [
         {
             # Before the classic sidecar exists: trust, but no proxy and no redirect yet (a
