@@ -50,7 +50,7 @@ from sidecar.shared import NOT_ACCEPTING
 from sidecar.wire import hello, tunnel
 from sidecar.wire.client import UpstreamError
 from sidecar.wire.rejections import CLIENT_REJECTED_CA, Rejections, handshake_refusal
-from sidecar.wire.server import Forwarded, Hosted, Http1Connection, Tunnel
+from sidecar.wire.server import Forwarded, Hosted, Http1Connection, Idleness, Tunnel
 from sidecar.wire.tunnel import NOT_INTERCEPTED, Tunnels
 
 logger = logging.getLogger(__name__)
@@ -195,6 +195,7 @@ class Front:
         self._tasks: set[asyncio.Task[None]] = set()
         self._arrivals: set[_Arrival] = set()
         self._sweeping: asyncio.TimerHandle | None = None
+        self._idleness = Idleness()
 
     async def accept(self, listener: int, sock: socket.socket, entrance: Entrance) -> None:
         """Accept on `sock` until cancelled; `entrance`: how its clients name their
@@ -261,7 +262,9 @@ class Front:
     def _serve_requests(self, arrival: native.Arrival, tunnel: Tunnel | Forwarded | Hosted) -> None:
         """The lean server answers the requests inside the tunnel, or those sent to the
         proxy itself, the core's table of answers first where it can."""
-        protocol = Http1Connection(tunnel, self._router, self._balance.closed, self._router.answers)
+        protocol = Http1Connection(
+            tunnel, self._router, self._balance.closed, self._idleness, self._router.answers
+        )
         arrival.take_stream(protocol, requests=True)
 
     async def _tunnel(self, client: int, to: Tunnel, reason: str) -> None:
@@ -311,6 +314,7 @@ class Front:
     async def close(self) -> None:
         if self._sweeping is not None:
             self._sweeping.cancel()
+        self._idleness.close()
         for arrival in list(self._arrivals):
             arrival.abort()
         for task in list(self._tasks):
