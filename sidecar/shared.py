@@ -27,10 +27,11 @@ stored object whose index row was found at start and is not checked yet is verif
 the worker that serves it first (`keeper.Buffer`); until the store has opened the
 index, every row counts as found at start and unchecked.
 
-The table of answers is written by any worker, each entry under a sequence lock of its
-own (see `sidecar/core/src/answers.rs`), and answers recorded under an older index
-generation are not used. Its size follows `--index-objects` (`settings.index_memory`);
-only the pages answers are written into take memory.
+The table of answers is written by any worker under `lock`, one at a time, and read
+without it, each entry a sequence lock of its own (see `sidecar/core/src/answers.rs`);
+answers recorded under an older index generation are not used. Its size follows
+`--index-objects` (`settings.index_memory`); only the pages answers are written into
+take memory.
 
 The clients' table and the region are written by any process, but only under `lock`:
 the core's `SharedLock`, a process-shared, robust pthread mutex in the file itself,
@@ -67,7 +68,7 @@ class Shared:
         self.workers = workers = int.from_bytes(self.memory[4 * _SLOT : 5 * _SLOT], "little")
         self._slots = memoryview(self.memory)[: (workers + _COMMON) * _SLOT].cast("q")
         # The lock follows the slots, the tables the lock, the region the tables.
-        lock_at = (workers + _COMMON) * _SLOT
+        self.lock_at = lock_at = (workers + _COMMON) * _SLOT
         self.clients = lock_at + native.SHARED_LOCK_BYTES
         self.answers = self.clients + CLIENTS_TABLE
         self.region = self.answers + int(self._slots[5])

@@ -46,13 +46,15 @@ class Answers:
     memory file `fd`: `size` bytes from byte `start`, entries for `objects` answers and
     an arena their URLs, heads and paths share (ValueError if it is under 16 KiB or the
     table does not fit the file), valid while the index generation word at byte
-    `generation` stays; `deciding`: the request fields a hit's decision reads (a request
-    with any of them is never answered from it)."""
+    `generation` stays, written under the `SharedLock` at byte `lock` (one writer at a
+    time); `deciding`: the request fields a hit's decision reads (a request with any of
+    them is never answered from it)."""
 
     def __init__(
         self,
         fd: int,
         generation: int,
+        lock: int,
         start: int,
         size: int,
         objects: int,

@@ -140,14 +140,15 @@ class Balance:
     delay in turn, and waited for the delay themselves.
 
     Each worker's slot holds its open connections times two, plus NOT_ACCEPTING while
-    it is not accepting: one word, written only by its worker (and by the supervisor
-    while the worker is gone).
+    it is not accepting on one of its listeners at least: one word, written only by its
+    worker (and by the supervisor while the worker is gone).
     """
 
     def __init__(self, counts: memoryview | list[int], index: int) -> None:
         """`counts`: a shared array with one slot per worker; `index`: ours."""
         self._counts = counts
         self._index = index
+        self._paused = 0  # listeners of this worker's not accepting at the moment
 
     def eligible(self) -> bool:
         """Whether to accept at once: no worker that is accepting has fewer open
@@ -157,9 +158,22 @@ class Balance:
             return True  # the common case, without a loop of Python's
         return all(slot >= mine or slot & NOT_ACCEPTING for slot in self._counts)
 
-    def accepting(self, accepting: bool) -> None:
+    def started(self) -> None:
+        """A listener of this worker accepts from now on."""
+        self._mark()
+
+    def paused(self) -> None:
+        """A listener of this worker accepts nothing for a moment."""
+        self._paused += 1
+        self._mark()
+
+    def resumed(self) -> None:
+        self._paused -= 1
+        self._mark()
+
+    def _mark(self) -> None:
         slot = self._counts[self._index] & ~NOT_ACCEPTING
-        self._counts[self._index] = slot if accepting else slot | NOT_ACCEPTING
+        self._counts[self._index] = slot | NOT_ACCEPTING if self._paused else slot
 
     def opened(self) -> None:
         self._counts[self._index] += 2
@@ -227,19 +241,19 @@ class Front:
 
         def pause(seconds: float, then_take: bool) -> None:
             loop.remove_reader(fd)
-            self._balance.accepting(False)
+            self._balance.paused()
             loop.call_later(seconds, resume, then_take)
 
         def resume(now: bool) -> None:
             if accepting.done():
                 return
-            self._balance.accepting(True)
+            self._balance.resumed()
             if now:
                 take()
             loop.add_reader(fd, acceptable)
 
         loop.add_reader(fd, acceptable)
-        self._balance.accepting(True)
+        self._balance.started()
         try:
             await accepting
         finally:

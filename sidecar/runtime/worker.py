@@ -121,6 +121,7 @@ async def run(settings: Settings, inherited: Inherited) -> None:
     answers = native.Answers(
         shared.fd,
         GENERATION_AT,
+        shared.lock_at,
         shared.answers,
         shared.region - shared.answers,
         settings.index_capacity,

@@ -330,26 +330,37 @@ def test_a_client_hello_changed_at_random_ends_its_connection_at_once_and_nothin
 def test_a_busier_worker_waits_only_for_a_worker_that_is_accepting() -> None:
     """Kept-alive connections spread: a worker with more open connections lets a new
     one go to a less busy worker, but never to one that accepts nothing at the moment
-    (letting a connection go itself, or not running), or no worker accepts: a new
-    connection per file then waited out every worker's delay in turn."""
+    (letting a connection go itself, on any of its listeners, or not running), or no
+    worker accepts: a new connection per file then waited out every worker's delay in
+    turn."""
     shared = Shared.create(3)
     slots = shared.connections
     busy, idle, third = (front.Balance(slots, index) for index in range(3))
-    for balance in (busy, idle, third):
-        balance.accepting(True)
+    # Not running yet: nobody waits for them.
+    busy.started()
     busy.opened()
+    assert busy.eligible()
+    for balance in (idle, third):
+        balance.started()
     busy.opened()
     idle.opened()
     third.opened()
     assert idle.eligible() and third.eligible()
     assert not busy.eligible()
-    idle.accepting(False)
+    idle.paused()
     assert not busy.eligible()  # the third still accepts, with fewer open
-    third.accepting(False)
+    third.paused()
     assert busy.eligible()
-    third.accepting(True)
+    # Two listeners of one worker let connections go at once: it accepts again only
+    # when both do.
+    third.paused()
+    third.resumed()
+    assert busy.eligible()
+    third.resumed()
+    assert not busy.eligible()
     third.closed()
     shared.worker_gone(2)  # exited: its slot accepts nothing until it runs again
-    assert busy.eligible()
-    idle.accepting(True)
+    idle.resumed()
     assert not busy.eligible()
+    idle.paused()
+    assert busy.eligible()

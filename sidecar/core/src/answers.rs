@@ -28,8 +28,12 @@
 //! valid until reservations pass them by the arena's size, so a reader that copied them
 //! checks the word after the copy, and drops an answer the ring overwrote meanwhile.
 //! Every word is read and written as an atomic, so readers racing a writer see a torn
-//! copy at worst, and discard it. A writer that dies mid-write leaves its entry odd:
-//! that entry is no longer used, and its URLs go to Python.
+//! copy at worst, and discard it. Writers take the shared file's lock (`lock`), one at a
+//! time, while they reserve, write and publish an answer: a writer preempted
+//! mid-write while others went a whole lap around the ring would otherwise finish
+//! writing into a newer answer's bytes, which no reservation check can see. A writer
+//! that dies mid-write leaves its entry odd: that entry is no longer used, and its URLs
+//! go to Python; the lock passes to the next writer.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -40,6 +44,7 @@ use pyo3::prelude::*;
 
 use crate::clock::now;
 use crate::http1::Head;
+use crate::lock::SharedLock;
 use crate::mapping::{Mapping, python_error};
 
 /// Bytes of one entry: eight words.
@@ -118,6 +123,7 @@ pub struct Answers {
     arena: usize,      // byte offset of the arena
     arena_size: usize, // its bytes, a multiple of 8
     deciding: Vec<Vec<u8>>,
+    writing: SharedLock, // held by the one process that writes an answer
     hits: AtomicU64,
     bytes: AtomicU64,
     displaced: AtomicU64,
@@ -298,9 +304,11 @@ impl Answers {
 
     /// The table in the shared memory file `fd` (see `new`): InvalidInput if it does
     /// not fit the file.
+    #[allow(clippy::too_many_arguments)] // the table's place in the file, word by word
     pub fn map(
         fd: RawFd,
         generation: usize,
+        lock: usize,
         start: usize,
         size: usize,
         objects: usize,
@@ -328,6 +336,7 @@ impl Answers {
             arena: start + HEADER + count * ENTRY,
             arena_size,
             deciding: deciding.into_iter().map(String::into_bytes).collect(),
+            writing: SharedLock::map(fd, lock, false)?,
             hits: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             displaced: AtomicU64::new(0),
@@ -424,13 +433,37 @@ impl Answers {
             .map_or(copies[0].0, |&(entry, _)| entry)
     }
 
-    /// Write an answer into the sets of its URL (see `entry_for`). False if it is too
-    /// long, or another process is writing that entry.
-    pub fn write(&self, url: &[u8], head: &[u8], path: &[u8], answer: &Recorded) -> bool {
+    /// Write an answer into the sets of its URL (see `entry_for`), holding the writers'
+    /// lock, taken through `wait` (given the blocking call, which it makes) while another
+    /// process holds it. False if it is too long, or its entry was left mid-write by a
+    /// writer that died.
+    pub fn write(
+        &self,
+        url: &[u8],
+        head: &[u8],
+        path: &[u8],
+        answer: &Recorded,
+        wait: impl FnOnce(&(dyn Fn() -> libc::c_int + Sync)) -> libc::c_int,
+    ) -> io::Result<bool> {
         let length = url.len() + head.len() + path.len();
         if length > LONGEST || url.is_empty() {
-            return false;
+            return Ok(false);
         }
+        self.writing.lock(wait)?;
+        let written = self.write_alone(url, head, path, answer, length);
+        self.writing.unlock()?;
+        Ok(written)
+    }
+
+    /// `write`, by the one writer that holds the lock.
+    fn write_alone(
+        &self,
+        url: &[u8],
+        head: &[u8],
+        path: &[u8],
+        answer: &Recorded,
+        length: usize,
+    ) -> bool {
         let hash = fnv1a(url);
         let entry = self.entry_for(url);
         let sequence = self.entry_word(entry, SEQUENCE);
@@ -492,14 +525,17 @@ impl Answers {
     /// The table in the shared memory file `fd`: `size` bytes from byte `start`, with
     /// entries for `objects` answers (whole sets of WAYS) and, past them, the arena their
     /// URLs, heads and paths share (at least LONGEST bytes), under the index generation
-    /// word at byte `generation`; `deciding`: the names of the request fields a hit's
-    /// decision reads (a request with any of them goes to Python); `track_touches`:
-    /// remember which URLs it answered, for `touched`.
+    /// word at byte `generation`, written under the `SharedLock` at byte `lock`;
+    /// `deciding`: the names of the request fields a hit's decision reads (a request
+    /// with any of them goes to Python); `track_touches`: remember which URLs it
+    /// answered, for `touched`.
     #[new]
-    #[pyo3(signature = (fd, generation, start, size, objects, deciding, track_touches=false))]
+    #[pyo3(signature = (fd, generation, lock, start, size, objects, deciding, track_touches=false))]
+    #[allow(clippy::too_many_arguments)] // as `map`
     fn new(
         fd: RawFd,
         generation: usize,
+        lock: usize,
         start: usize,
         size: usize,
         objects: usize,
@@ -509,6 +545,7 @@ impl Answers {
         Self::map(
             fd,
             generation,
+            lock,
             start,
             size,
             objects,
@@ -524,25 +561,26 @@ impl Answers {
     /// (None: no Age), `generation` the index generation the object was found under.
     /// False if it was not recorded (too long, or the slot busy).
     #[pyo3(signature = (url, head, path, size, born, generation))]
+    #[allow(clippy::too_many_arguments)] // the answer, field by field
     fn record(
         &self,
+        py: Python<'_>,
         url: &[u8],
         head: &[u8],
         path: &[u8],
         size: u64,
         born: Option<f64>,
         generation: i64,
-    ) -> bool {
-        self.write(
-            url,
-            head,
-            path,
-            &Recorded {
-                size,
-                born,
-                generation,
-            },
-        )
+    ) -> PyResult<bool> {
+        let answer = Recorded {
+            size,
+            born,
+            generation,
+        };
+        // Another process holds the lock for the few microseconds of one answer; a
+        // thread of this one that holds it may need the GIL to let go.
+        self.write(url, head, path, &answer, |wait| py.detach(wait))
+            .map_err(python_error)
     }
 
     /// The URLs this process answered from the table since the last call, in order,
@@ -646,25 +684,35 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 mod tests {
     use super::*;
     use crate::http1::{Event, Parser};
+    use crate::lock;
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
     const SLOTS: usize = 2 * WAYS;
 
-    /// A table in a memory file of its own: the generation word, then `objects` entries
-    /// and an arena of `arena` bytes.
+    /// A table in a memory file of its own: the generation word, the writers' lock, then
+    /// `objects` entries and an arena of `arena` bytes.
     fn sized(objects: usize, arena: usize) -> (OwnedFd, Answers) {
         // SAFETY: a new memory file, owned at once.
         let fd = unsafe { OwnedFd::from_raw_fd(libc::memfd_create(c"answers".as_ptr(), 0)) };
         let size = HEADER + entries_for(objects) * ENTRY + arena;
+        let start = 8 + lock::BYTES;
         // SAFETY: the descriptor is open.
         assert_eq!(
-            unsafe { libc::ftruncate(fd.as_raw_fd(), (8 + size) as i64) },
+            unsafe { libc::ftruncate(fd.as_raw_fd(), (start + size) as i64) },
             0
         );
+        SharedLock::map(fd.as_raw_fd(), 8, true).expect("lock made");
         let deciding = vec!["range".to_owned(), "if-none-match".to_owned()];
-        let answers =
-            Answers::map(fd.as_raw_fd(), 0, 8, size, objects, deciding, true).expect("mapped");
+        let answers = Answers::map(fd.as_raw_fd(), 0, 8, start, size, objects, deciding, true)
+            .expect("mapped");
         (fd, answers)
+    }
+
+    /// Write an answer, waiting for the lock as long as it takes.
+    fn put(answers: &Answers, url: &[u8], head: &[u8], path: &[u8], answer: &Recorded) -> bool {
+        answers
+            .write(url, head, path, answer, |wait| wait())
+            .expect("the lock")
     }
 
     fn table() -> (OwnedFd, Answers) {
@@ -704,7 +752,13 @@ mod tests {
     fn an_answer_is_found_by_its_url_while_the_generation_stays() {
         let (_fd, answers) = table();
         let head = b"HTTP/1.1 200 OK\r\nETag: \"a\"\r\n";
-        assert!(answers.write(b"https://h/a", head, b"/b/objects/1", &recorded(5, 0)));
+        assert!(put(
+            &answers,
+            b"https://h/a",
+            head,
+            b"/b/objects/1",
+            &recorded(5, 0)
+        ));
         let found = answers.find(b"https://h/a").expect("recorded");
         assert_eq!(found.head, head);
         assert_eq!(
@@ -729,7 +783,13 @@ mod tests {
             .map(|i| format!("https://h/{i}").into_bytes())
             .collect();
         for url in &urls {
-            assert!(answers.write(url, b"HTTP/1.1 200 OK\r\n", b"/p", &recorded(1, 0)));
+            assert!(put(
+                &answers,
+                url,
+                b"HTTP/1.1 200 OK\r\n",
+                b"/p",
+                &recorded(1, 0)
+            ));
         }
         let kept = urls
             .iter()
@@ -741,7 +801,13 @@ mod tests {
         assert_eq!(answers.displaced(), (3 * SLOTS - answers.count) as u64);
         let last = urls.last().expect("urls");
         assert!(answers.find(last).is_some(), "the newest is kept");
-        assert!(answers.write(last, b"HTTP/1.1 200 OK\r\nX: 2\r\n", b"/q", &recorded(2, 0)));
+        assert!(put(
+            &answers,
+            last,
+            b"HTTP/1.1 200 OK\r\nX: 2\r\n",
+            b"/q",
+            &recorded(2, 0)
+        ));
         let found = answers.find(last).expect("still recorded");
         assert_eq!((found.path.as_slice(), found.size), (&b"/q"[..], 2));
         assert_eq!(
@@ -758,7 +824,8 @@ mod tests {
         let (_fd, answers) = sized(objects, objects * 128);
         for i in 0..objects {
             let url = format!("https://datasets.example.org/train/{i:08}.jpg");
-            assert!(answers.write(
+            assert!(put(
+                &answers,
                 url.as_bytes(),
                 b"HTTP/1.1 200 OK\r\n",
                 b"/p",
@@ -782,8 +849,15 @@ mod tests {
     fn what_is_too_long_or_is_being_written_is_not_recorded() {
         let (_fd, answers) = table();
         let long = vec![b'x'; LONGEST];
-        assert!(!answers.write(b"https://h/a", &long, b"/p", &recorded(1, 0)));
-        assert!(answers.write(
+        assert!(!put(
+            &answers,
+            b"https://h/a",
+            &long,
+            b"/p",
+            &recorded(1, 0)
+        ));
+        assert!(put(
+            &answers,
             b"https://h/a",
             b"HTTP/1.1 200 OK\r\n",
             b"/p",
@@ -796,7 +870,8 @@ mod tests {
             .entry_word(entry, SEQUENCE)
             .fetch_add(1, Ordering::AcqRel);
         assert_eq!(answers.find(b"https://h/a"), None);
-        assert!(answers.write(
+        assert!(put(
+            &answers,
             b"https://h/a",
             b"HTTP/1.1 200 OK\r\n",
             b"/q",
@@ -821,7 +896,7 @@ mod tests {
             .map(|i| format!("https://h/{i}").into_bytes())
             .collect();
         for url in &urls {
-            assert!(answers.write(url, &head, b"/p", &recorded(1, 0)));
+            assert!(put(&answers, url, &head, b"/p", &recorded(1, 0)));
         }
         let found: Vec<bool> = urls.iter().map(|url| answers.find(url).is_some()).collect();
         // 1,016-byte records, 16 of them in 16 KiB: the ring holds the last 15 whole.
@@ -837,6 +912,35 @@ mod tests {
         // An entry whose bytes were overwritten is free for the next URL of its set:
         // nothing that still answers was displaced.
         assert_eq!(answers.displaced(), 0);
+    }
+
+    #[test]
+    fn a_writer_waits_while_another_writes_so_that_none_is_lapped_mid_write() {
+        let (_fd, answers) = table();
+        let answers = std::sync::Arc::new(answers);
+        // Another process's writer, mid-write.
+        assert!(!answers.writing.lock(|wait| wait()).expect("locked"));
+        let writer = {
+            let answers = answers.clone();
+            std::thread::spawn(move || {
+                put(
+                    &answers,
+                    b"https://h/a",
+                    b"HTTP/1.1 200 OK\r\n",
+                    b"/p",
+                    &recorded(1, 0),
+                )
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(
+            !writer.is_finished(),
+            "the second writer waits for the first"
+        );
+        assert!(answers.find(b"https://h/a").is_none());
+        answers.writing.unlock().expect("unlocked");
+        assert!(writer.join().expect("writer"));
+        assert!(answers.find(b"https://h/a").is_some());
     }
 
     #[test]
@@ -862,7 +966,8 @@ mod tests {
                     for round in 0..300 {
                         for url in urls.iter().skip(w).step_by(2) {
                             let (head, path) = answer_of(url);
-                            answers.write(
+                            put(
+                                &answers,
                                 url,
                                 head.as_bytes(),
                                 path.as_bytes(),
