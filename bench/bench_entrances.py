@@ -167,9 +167,7 @@ def run(profile: Profile, lab: Lab) -> Result:
     cores = len(os.sched_getaffinity(0))
     for capture in CAPTURES:
         for entrance in capture.entrances:
-            reference = f"nginx, {cores} workers, " + (
-                "HTTPS" if entrance.scheme == "https" else "plain HTTP"
-            )
+            reference = _reference(entrance, cores)
             for shape in shapes(profile):
                 for label, unit, figure, required in (
                     ("throughput", "files/s", "files/s", shape.required),
@@ -206,12 +204,9 @@ def _first_epoch_rows(
     forward = CAPTURES[0].entrances[0]
     for shape in shapes(profile):
         what = f"first epoch, {shape.name}"
-        reference = f"nginx, {cores} workers, " + (
-            "HTTPS" if entrance.scheme == "https" else "plain HTTP"
-        )
         rows.append(
             _row(measured, entrance, what, f"{what}, throughput", "files/s", "files/s",
-                 f"{reference}, read directly", None)
+                 f"{_reference(entrance, cores)}, read directly", None)
         )  # fmt: skip
         if entrance != forward:
             rows.append(
@@ -225,6 +220,11 @@ def _first_epoch_rows(
                 )
             )
     return rows
+
+
+def _reference(entrance: Entrance, cores: int) -> str:
+    """The nginx an entrance is measured against: its HTTPS, or its plain HTTP."""
+    return f"nginx, {cores} workers, " + ("HTTPS" if entrance.scheme == "https" else "plain HTTP")
 
 
 def _ratios(measured: Measured, entrance: Entrance, what: str) -> list[float]:

@@ -159,7 +159,9 @@ class Balance:
         return all(slot >= mine or slot & NOT_ACCEPTING for slot in self._counts)
 
     def started(self) -> None:
-        """A listener of this worker accepts from now on."""
+        """This worker accepts from the loop's next turn on: said before the supervisor
+        hears it is ready, so that no other worker takes a first client meant for it
+        while its listeners' loops are about to begin."""
         self._mark()
 
     def paused(self) -> None:
@@ -253,7 +255,6 @@ class Front:
             loop.add_reader(fd, acceptable)
 
         loop.add_reader(fd, acceptable)
-        self._balance.started()
         try:
             await accepting
         finally:

@@ -166,6 +166,7 @@ async def run(settings: Settings, inherited: Inherited) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     tasks.append(asyncio.create_task(_stop_when_parent_gone(keeper, stop)))
+    balance.started()
     keeper.notify("ready")
     if stage_in is not None:
         tasks.append(asyncio.create_task(_stage(stage_in)))

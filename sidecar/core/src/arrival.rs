@@ -265,11 +265,7 @@ impl Arrival {
     fn new(fd: RawFd, event_loop: Py<PyAny>, handler: Py<PyAny>, captured: bool) -> PyResult<Self> {
         Ok(Self {
             core: Some(Core::new(owned_fd(fd)?, None)),
-            phase: if captured {
-                Phase::Tunnel
-            } else {
-                Phase::Request
-            },
+            phase: if captured { Phase::Tunnel } else { Phase::Request },
             watcher: Watcher::new(event_loop),
             handler: Some(handler),
             hung_up: false,
@@ -363,10 +359,7 @@ impl Arrival {
         let py = slf.py();
         let (stream, waiting) = {
             let mut arrival = slf.borrow_mut();
-            arrival.expect(
-                &[Phase::Request, Phase::Tunnel, Phase::Secured],
-                "make a stream",
-            )?;
+            arrival.expect(&[Phase::Request, Phase::Tunnel, Phase::Secured], "make a stream")?;
             // What came first is still in the socket, unless the handshake read it.
             let waiting = arrival.phase != Phase::Secured;
             let watcher = arrival.watcher.hand_over(py);

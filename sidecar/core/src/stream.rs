@@ -517,14 +517,12 @@ impl Stream {
         Ok(())
     }
 
-    /// Reading goes on (the protocol asked for it, or starts); `held`: bytes are held
-    /// already that no readiness of the socket will announce, so `readable` runs on the
-    /// loop's next turn as well.
-    /// Read again, and go on reading. With `held` (bytes wait in the socket or the TLS
-    /// session), `readable` is called on the loop's next turn and the loop watches
-    /// the socket only if the connection is still open after it (`keep_watching`): a
-    /// client that sends its one request and is answered at once (a new connection per
-    /// file) never has its socket added to the loop's interest list and removed again.
+    /// Reading goes on (the protocol asked for it, or starts). With `held` (bytes wait in
+    /// the socket or the TLS session), `readable` runs on the loop's next turn and the
+    /// loop watches the socket only if the connection is still open after it
+    /// (`keep_watching`): a client that sends its one request and is answered at once (a
+    /// new connection per file) never has its socket added to the loop's interest list
+    /// and removed again.
     fn reading_on(&mut self, py: Python<'_>, held: bool) -> PyResult<()> {
         if self.core.closing || self.core.closed() || !self.paused {
             return Ok(());
@@ -820,12 +818,7 @@ fn answer_from_table(slf: &Bound<'_, Stream>, head: &Head) -> PyResult<bool> {
         }
         // A captured connection's scope ends where the authority goes: the Host names it.
         let url = if form == TargetForm::Hosted {
-            [
-                scope.as_slice(),
-                head.hosts[0].as_bytes(),
-                head.target.as_slice(),
-            ]
-            .concat()
+            [scope.as_slice(), head.hosts[0].as_bytes(), head.target.as_slice()].concat()
         } else {
             [scope.as_slice(), head.target.as_slice()].concat()
         };
@@ -935,9 +928,7 @@ impl Stream {
     /// queued; `handshake` then completes it.
     fn secure(&mut self, config: PyRef<'_, ClientTls>, server_name: &str) -> PyResult<()> {
         if self.core.tls.is_some() || self.core.closed() || self.core.outbox.queued() > 0 {
-            return Err(PyValueError::new_err(
-                "only an open plain stream can be secured",
-            ));
+            return Err(PyValueError::new_err("only an open plain stream can be secured"));
         }
         let name = ServerName::try_from(server_name.to_owned())
             .map_err(|_| PyValueError::new_err(format!("not a server name: {server_name:?}")))?;
