@@ -125,6 +125,10 @@ class Shared:
         two, plus NOT_ACCEPTING while it accepts none."""
         return self._slots[_COMMON:]
 
+    def client_connections(self) -> int:
+        """The client connections open in every worker."""
+        return sum(slot & ~NOT_ACCEPTING for slot in self.connections) // 2
+
     def worker_gone(self, index: int) -> None:
         """Worker `index` is not running (not started yet, or exited): no connections,
         none accepted until it runs again."""

@@ -7,6 +7,7 @@ from typing import Any
 HELLO_PEEK: int
 SHARED_LOCK_BYTES: int
 REQUEST_PEEK: int
+TLS_HANDSHAKE_RECORD: bytes  # the first byte of every TLS connection
 HANDSHAKE_DONE: int
 WANTS_READ: int
 WANTS_WRITE: int
@@ -90,6 +91,37 @@ def accept(listener: int) -> int:
     """A client accepted on the listening socket `listener`: its descriptor,
     non-blocking, close-on-exec, TCP_NODELAY. BlockingIOError when none waits."""
 
+def forwarded_request(head: bytes) -> bool | None:
+    """Is what came first on the proxy port (`head`) a request for the proxy itself to
+    forward, the lean server's? Anything but a request whose target is in origin form
+    or asterisk form (which mitmproxy answers): an absolute-form request, or bytes whose
+    request line the core's parser refuses. None while what came is a method and no
+    target has begun."""
+
+class Door:
+    """A listener's door for plain HTTP: a client whose first bytes are a plain-HTTP
+    request for the lean server (`forwarded_request` on the forward proxy; anything but
+    TLS on a `captured` listener) is served by a stream from its accept on, the table
+    `answers` first under `scope` (`Stream.answer_from`). Its stream calls `reception`:
+    `protocol()` makes the lean server's protocol once the stream needs one (a request
+    the table cannot answer, or one the parser refuses), `closed()` hears that the
+    connection closed without ever needing it, `watch_stream(stream)` and
+    `forget_stream(stream)` start and end the idle watch of a connection the table
+    answered while it stays open."""
+
+    def __init__(
+        self,
+        event_loop: asyncio.AbstractEventLoop,
+        captured: bool,
+        answers: Answers,
+        scope: bytes,
+        reception: Any,
+    ) -> None: ...
+    def serve(self, fd: int) -> bool:
+        """Serve the accepted client `fd` if what it sent first is plain HTTP for the
+        lean server: True if its stream took the socket over; False, the socket
+        untouched and still the caller's, for anything else (or nothing yet)."""
+
 class Arrival:
     """A client of the lean front end until its first request: the accepted socket `fd`
     (taken over), driven by `event_loop`. It peeks at what the client sends and asks
@@ -130,7 +162,7 @@ class Arrival:
 class Stream:
     """A connection: the socket `fd` (taken over), driven by `event_loop`, plain until
     `secure` starts the client side of TLS (towards an origin), or made by an `Arrival`
-    (a client of the lean front end); the slice of `asyncio.Transport` its protocols
+    or a `Door` (a client of the lean front end); the slice of `asyncio.Transport` its protocols
     use."""
 
     def __init__(self, fd: int, event_loop: asyncio.AbstractEventLoop) -> None: ...

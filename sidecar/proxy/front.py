@@ -51,6 +51,7 @@ from sidecar.wire import hello, tunnel
 from sidecar.wire.client import UpstreamError
 from sidecar.wire.rejections import CLIENT_REJECTED_CA, Rejections, handshake_refusal
 from sidecar.wire.server import Forwarded, Hosted, Http1Connection, Idleness, Tunnel
+from sidecar.wire.sweep import Sweep
 from sidecar.wire.tunnel import NOT_INTERCEPTED, Tunnels
 
 logger = logging.getLogger(__name__)
@@ -67,8 +68,6 @@ TLS_HANDSHAKE_TIMEOUT = 30.0  # seconds
 ACCEPT_DELAY = 0.002  # seconds
 # After an accept failed for want of descriptors or memory, before the next try.
 ACCEPT_BACKOFF = 0.1  # seconds
-# The first byte of every TLS connection: a handshake record (RFC 8446 §5.1).
-_TLS_HANDSHAKE_RECORD = b"\x16"
 
 
 def sweep_interval() -> float:
@@ -83,22 +82,6 @@ class Connect:
 
     tunnel: Tunnel
     head_length: int
-
-
-def forwarded_request(head: bytes) -> bool | None:
-    """Is what came first on the proxy port a request for the proxy itself to forward,
-    the lean server's? Anything but a request whose target is in origin form or
-    asterisk form (`GET /path`, `OPTIONS *`: what a proxy is not asked, RFC 9112 §3.2),
-    which mitmproxy answers: an absolute-form request (`GET http://host/path`), or
-    bytes whose request line the core's parser refuses, as strictly as any request's.
-    None while what came is a method (letters) and no target has begun."""
-    line = head.split(b"\n", 1)[0].replace(b"\t", b" ")
-    method, _, rest = line.partition(b" ")
-    target = rest.lstrip(b" ")
-    if not target:
-        waiting = b"\n" not in head and len(head) < native.REQUEST_PEEK
-        return None if waiting and (not method or method.isalpha()) else True
-    return target[:1] not in (b"/", b"*")
 
 
 def parse_connect(head: bytes) -> Connect | None:
@@ -196,12 +179,16 @@ class Front:
         balance: Balance,
         tunnels: Tunnels,
         rejections: Rejections,
+        answers: native.Answers | None,
     ) -> None:
         """`tls_config(host)`: the TLS server side of an intercepted host;
         `to_mitmproxy(listener, sock)`: hands a connection of listener number
         `listener` to mitmproxy (a coroutine); `tunnels`: where tunnels are counted;
-        `rejections`: the clients that refused the certificate, tunnelled."""
+        `rejections`: the clients that refused the certificate, tunnelled; `answers`:
+        the core's table of answers (the router's), which answers plain-HTTP clients
+        from their accept on (`native.Door`), and every lean server's requests first."""
         self._router = router
+        self._answers = answers
         self._tunnels = tunnels
         self._rejections = rejections
         self._intercept = intercept
@@ -209,15 +196,17 @@ class Front:
         self._to_mitmproxy = to_mitmproxy
         self._balance = balance
         self._tasks: set[asyncio.Task[None]] = set()
-        self._arrivals: set[_Arrival] = set()
-        self._sweeping: asyncio.TimerHandle | None = None
+        self._arrivals: Sweep[_Arrival] = Sweep(sweep_interval(), _Arrival.expire_by)
         self._idleness = Idleness()
 
     async def accept(self, listener: int, sock: socket.socket, entrance: Entrance) -> None:
         """Accept on `sock` until cancelled; `entrance`: how its clients name their
-        origin. The loop calls back for each connection: no task or future per accept."""
+        origin. The loop calls back for each connection: no task or future per accept. A
+        plain-HTTP client is served at the door when its request is there at once; any
+        other goes through an arrival."""
         loop = asyncio.get_running_loop()
         fd = sock.fileno()
+        door = self._door(entrance)
         accepting = loop.create_future()  # never set: cancelled when the worker stops
 
         def take() -> None:
@@ -232,7 +221,8 @@ class Front:
                 pause(ACCEPT_BACKOFF, False)
                 return
             self._balance.opened()
-            _Arrival(self, listener, client, entrance)
+            if door is None or not door.serve(client):
+                _Arrival(self, listener, client, entrance)
 
         def acceptable() -> None:
             if self._balance.eligible():
@@ -274,13 +264,31 @@ class Front:
 
         self._spawn(hand_off())
 
-    def _serve_requests(self, arrival: native.Arrival, tunnel: Tunnel | Forwarded | Hosted) -> None:
-        """The lean server answers the requests inside the tunnel, or those sent to the
-        proxy itself, the core's table of answers first where it can."""
-        protocol = Http1Connection(
-            tunnel, self._router, self._balance.closed, self._idleness, self._router.answers
+    def _door(self, entrance: Entrance) -> native.Door | None:
+        """Where the core serves the plain-HTTP clients of `entrance` from their accept
+        on; None without a table of answers."""
+        if self._answers is None:
+            return None
+        served = FORWARDED if entrance == "forward" else HOSTED
+        return native.Door(
+            asyncio.get_running_loop(),
+            entrance != "forward",
+            self._answers,
+            served.scope.encode(),
+            _Reception(self, served),
         )
-        arrival.take_stream(protocol, requests=True)
+
+    def _lean_server(self, served: Tunnel | Forwarded | Hosted) -> Http1Connection:
+        """The lean server's protocol for one connection, the core's table of answers
+        first where it can."""
+        return Http1Connection(
+            served, self._router, self._balance.closed, self._idleness, self._answers
+        )
+
+    def _serve_requests(self, arrival: native.Arrival, served: Tunnel | Forwarded | Hosted) -> None:
+        """The lean server answers the requests inside the tunnel, or those sent to the
+        proxy itself."""
+        arrival.take_stream(self._lean_server(served), requests=True)
 
     async def _tunnel(self, client: int, to: Tunnel, reason: str) -> None:
         """Relay the client's own TLS (the socket `client`, taken over) to the origin
@@ -310,31 +318,38 @@ class Front:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _watch(self, arrival: _Arrival) -> None:
-        """Keep `arrival` until it settles, and close it if its deadline passes first."""
-        self._arrivals.add(arrival)
-        if self._sweeping is None:
-            self._sweeping = asyncio.get_running_loop().call_later(sweep_interval(), self._sweep)
-
-    def _sweep(self) -> None:
-        """Close the arrivals whose deadline has passed: one timer for all of them, where
-        one per connection cost a new connection per file a twelfth of its CPU."""
-        now = time.monotonic()
-        for arrival in list(self._arrivals):
-            arrival.expire_by(now)
-        self._sweeping = None
-        if self._arrivals:
-            self._sweeping = asyncio.get_running_loop().call_later(sweep_interval(), self._sweep)
-
     async def close(self) -> None:
-        if self._sweeping is not None:
-            self._sweeping.cancel()
+        self._arrivals.close()
         self._idleness.close()
-        for arrival in list(self._arrivals):
+        for arrival in self._arrivals.watched():
             arrival.abort()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class _Reception:
+    """What the streams of a listener's door (`native.Door`) call in Python: the lean
+    server's protocol once a stream needs one, the end of a connection that never did,
+    and the idle watch of one the table answered while it stays open."""
+
+    __slots__ = ("_front", "_served")
+
+    def __init__(self, front: Front, served: Forwarded | Hosted) -> None:
+        self._front = front
+        self._served = served
+
+    def protocol(self) -> Http1Connection:
+        return self._front._lean_server(self._served)
+
+    def closed(self) -> None:
+        self._front._balance.closed()
+
+    def watch_stream(self, stream: native.Stream) -> None:
+        self._front._idleness.watch_stream(stream)
+
+    def forget_stream(self, stream: native.Stream) -> None:
+        self._front._idleness.forget_stream(stream)
 
 
 class _Arrival:
@@ -385,7 +400,8 @@ class _Arrival:
         self._deadline = time.monotonic() + FIRST_BYTES_TIMEOUT
         self._late = "no request within the first-bytes timeout"
         self._arrival = native.Arrival(client, loop, self, captured=entrance != "forward")
-        front._watch(self)
+        # Kept until it settles, and closed if its deadline passes first.
+        front._arrivals.watch(self)
         self._arrival.start()
 
     def request(self, head: bytes) -> None:
@@ -397,7 +413,7 @@ class _Arrival:
             return
         connect = parse_connect(head)
         if connect is None:
-            forwarded = forwarded_request(head)
+            forwarded = native.forwarded_request(head)
             if forwarded is None:
                 self._arrival.peek_later(_PEEK_INTERVAL)
                 return
@@ -426,7 +442,7 @@ class _Arrival:
     def tunnelled(self, first: bytes) -> None:
         """What came first inside the tunnel, or on a captured connection: plain HTTP,
         or a ClientHello (whole, or its start)."""
-        if first[:1] != _TLS_HANDSHAKE_RECORD:
+        if first[:1] != native.TLS_HANDSHAKE_RECORD:
             self._settle()
             if self._tunnel is None:
                 self._front._serve_requests(self._arrival, HOSTED)
@@ -521,7 +537,7 @@ class _Arrival:
 
     def _settle(self) -> None:
         """Someone else owns the connection from now on, or nobody."""
-        self._front._arrivals.discard(self)
+        self._front._arrivals.forget(self)
 
 
 FORWARDED = Forwarded()

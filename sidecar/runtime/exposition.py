@@ -64,6 +64,7 @@ class _Exporter(Collector):
 _GAUGE_HELP = {
     "buffer_available": "1 while the buffer stores objects; 0 once it failed (see /stats).",
     "workers": "Worker processes serving (--workers).",
+    "client_connections": "Client connections open, tunnels and captured ones included.",
     "entries": "Complete objects stored in the buffer.",
     "unverified_entries": "Objects found at start that the background check has not reached.",
     "buffer_bytes": "Body bytes of the stored objects.",

@@ -203,7 +203,8 @@ class Workers:
 
     async def counters(self) -> tuple[dict[str, Any], dict[str, int]]:
         """Every worker's counters added up (those of exited workers and the keeper's
-        included), and the gauges workers report (stage-in progress)."""
+        included), the gauges workers report (stage-in progress), and the workers' and
+        their open client connections."""
         replies = await asyncio.gather(
             *(self._ask_stats(worker) for worker in self._workers), return_exceptions=True
         )
@@ -216,6 +217,7 @@ class Workers:
         keeper = [self._keeper.metrics.snapshot()] if self._keeper is not None else []
         counters = add_snapshots([*keeper, *self._retired, *(w.last for w in self._workers)])
         gauges["workers"] = sum(worker.ready for worker in self._workers)
+        gauges["client_connections"] = self._shared.client_connections()
         return counters, gauges
 
     async def _ask_stats(self, worker: _Worker) -> Message:

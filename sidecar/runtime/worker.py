@@ -156,6 +156,7 @@ async def run(settings: Settings, inherited: Inherited) -> None:
         balance,
         tunnels,
         rejections,
+        router.answers,
     )
     tasks = [
         asyncio.create_task(front.accept(number, sock, listener.entrance))

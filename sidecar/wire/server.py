@@ -30,6 +30,7 @@ import contextlib
 import logging
 import os
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -39,6 +40,7 @@ from sidecar.core import native
 from sidecar.wire.client import Response, UpstreamError
 from sidecar.wire.exchange import BodyFile, ClientGone, Handler, Immediate, Request
 from sidecar.wire.framing import ends_by_close, faulty_framing, request_head_error
+from sidecar.wire.sweep import Sweep
 
 logger = logging.getLogger(__name__)
 
@@ -301,35 +303,37 @@ class _Pending:
 
 
 class Idleness:
-    """Closes the lean server's connections that went IDLE_TIMEOUT without a request: one
-    timer for all of one loop's connections, checked every tenth of the timeout, where a
-    timer of each connection's own cost a new connection per file a twentieth of its
-    CPU. A connection is closed within a tenth of the timeout after it is due."""
+    """Closes the lean server's connections that went IDLE_TIMEOUT without a request, in
+    one sweep of one loop's connections every tenth of the timeout: each is closed
+    within a tenth of the timeout after it is due. Those a listener's door served
+    without a protocol (`native.Door`) are streams, idle since the table last answered
+    them."""
 
     def __init__(self) -> None:
-        self._open: set[Http1Connection] = set()
-        self._sweeping: asyncio.TimerHandle | None = None
+        interval = IDLE_TIMEOUT / 10
+        self._connections: Sweep[Http1Connection] = Sweep(interval, Http1Connection.close_if_idle)
+        self._streams: Sweep[native.Stream] = Sweep(interval, _close_if_idle)
 
     def watch(self, connection: Http1Connection) -> None:
-        self._open.add(connection)
-        if self._sweeping is None:
-            self._sweeping = asyncio.get_running_loop().call_later(IDLE_TIMEOUT / 10, self._sweep)
+        self._connections.watch(connection)
 
     def forget(self, connection: Http1Connection) -> None:
-        self._open.discard(connection)
+        self._connections.forget(connection)
 
-    def _sweep(self) -> None:
-        now = asyncio.get_running_loop().time()
-        for connection in list(self._open):
-            connection.close_if_idle(now)
-        self._sweeping = None
-        if self._open:
-            self._sweeping = asyncio.get_running_loop().call_later(IDLE_TIMEOUT / 10, self._sweep)
+    def watch_stream(self, stream: native.Stream) -> None:
+        self._streams.watch(stream)
+
+    def forget_stream(self, stream: native.Stream) -> None:
+        self._streams.forget(stream)
 
     def close(self) -> None:
-        if self._sweeping is not None:
-            self._sweeping.cancel()
-            self._sweeping = None
+        self._connections.close()
+        self._streams.close()
+
+
+def _close_if_idle(stream: native.Stream, now: float) -> None:
+    if now - stream.answered_at >= IDLE_TIMEOUT:
+        stream.close()
 
 
 class Http1Connection(asyncio.Protocol):
@@ -359,9 +363,8 @@ class Http1Connection(asyncio.Protocol):
         self._worker: asyncio.Task[None] | None = None  # while it is suspended
         self._writable: asyncio.Event = asyncio.Event()
         self._writable.set()
-        self._loop = asyncio.get_running_loop()
-        # Since when no request was asked (`loop.time`); None while one is answered.
-        self._idle_since: float | None = self._loop.time()
+        # Since when no request was asked (`time.monotonic`); None while one is answered.
+        self._idle_since: float | None = time.monotonic()
         self._closed = False
         self._refused = False  # a refusal was sent ahead of its request's answer
         self._reading = True
@@ -519,7 +522,7 @@ class Http1Connection(asyncio.Protocol):
             self._current = None
             self._answering = False
             self._worker = None
-            self._idle_since = self._loop.time()
+            self._idle_since = time.monotonic()
             self._idle()
 
     def _answer_now(self, immediate: Immediate, close: bool) -> None:
@@ -531,7 +534,7 @@ class Http1Connection(asyncio.Protocol):
             os.close(body.fd)
         else:
             self._transport.send_file(head, body.fd, body.start, body.end)
-        self._idle_since = self._loop.time()
+        self._idle_since = time.monotonic()
         if close:
             self._close()
 
@@ -703,7 +706,7 @@ class Http1Connection(asyncio.Protocol):
 
     def close_if_idle(self, now: float) -> None:
         """Close the connection if it has gone IDLE_TIMEOUT without a request by `now`
-        (`loop.time`)."""
+        (`time.monotonic`)."""
         if self._closed or self._idle_since is None:
             return
         if self._transport is not None:

@@ -27,7 +27,7 @@ from sidecar.proxy.router import Representation, answer
 from sidecar.wire.exchange import Request
 from sidecar.wire.fields import Fields
 from tests.sidecar.conftest import FILES, curl
-from tests.sidecar.test_strict import Client, RawOrigin
+from tests.sidecar.test_strict import BOUND, Client, RawOrigin
 
 pytestmark = pytest.mark.e2e
 
@@ -189,6 +189,32 @@ def recorded_over_raw_connections(sidecar: Sidecar, raw_origin: RawOrigin, name:
         assert client.replies(1, linger=0).bodies == [body]
         client.close()
     assert by_core(sidecar) == 1
+
+
+def test_a_connection_per_file_through_the_proxy_is_answered_at_the_door_and_counted_closed(
+    sidecar: Sidecar, raw_origin: RawOrigin
+) -> None:
+    """A data loader's other shape, plain HTTP through the forward proxy: a new
+    connection per file, ended by the request or by the client after its answer. Each
+    is answered by the core as it is accepted (`native.Door`), and each counts as open
+    until it closes, whoever closes it."""
+    recorded_over_raw_connections(sidecar, raw_origin, "door")
+    for ending in ("Connection: close\r\n", ""):
+        for _ in range(3):
+            client = Client(sidecar, "forwarded", raw_origin.port)
+            head = GET.format(client.target("door"), client.authority)
+            client.send(head.replace("\r\n\r\n", f"\r\n{ending}\r\n").encode())
+            reply = client.replies(1, linger=0)
+            assert reply.bodies == [b"door"]
+            if not ending:
+                assert sidecar.stats()["client_connections"] == 1  # kept alive
+            client.close()
+    assert by_core(sidecar) == 7
+    assert raw_origin.count("door") == 1
+    deadline = time.monotonic() + BOUND
+    while sidecar.stats()["client_connections"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sidecar.stats()["client_connections"] == 0
 
 
 def test_a_body_of_unknown_length_is_recorded_at_its_commit_too(

@@ -74,6 +74,7 @@ def serve(
         balance=front.Balance(counts, 0),
         tunnels=None,  # type: ignore[arg-type]
         rejections=Rejections(Shared.create(1), 60, None),
+        answers=None,
     )
 
     async def main() -> None:

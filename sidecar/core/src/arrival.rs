@@ -183,7 +183,7 @@ fn advance(slf: &Bound<'_, Arrival>) -> PyResult<()> {
 }
 
 /// The bytes waiting in `fd`, at most `limit`, left there; None when none has come.
-fn peek(fd: RawFd, limit: usize) -> io::Result<Option<Vec<u8>>> {
+pub(crate) fn peek(fd: RawFd, limit: usize) -> io::Result<Option<Vec<u8>>> {
     let mut data: Vec<u8> = Vec::with_capacity(limit);
     // SAFETY: `data` has room for `limit` bytes; recv writes at most that many.
     let n = unsafe { libc::recv(fd, data.as_mut_ptr().cast(), limit, libc::MSG_PEEK) };

@@ -18,6 +18,7 @@ pub mod answers;
 pub mod arrival;
 pub mod clock;
 pub mod digest;
+pub mod door;
 pub mod framed;
 pub mod http1;
 pub mod lock;
@@ -35,6 +36,7 @@ use pyo3::prelude::*;
 fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<stream::Stream>()?;
     module.add_class::<arrival::Arrival>()?;
+    module.add_class::<door::Door>()?;
     module.add_class::<answers::Answers>()?;
     module.add_class::<lock::SharedLock>()?;
     module.add_class::<stream::TlsConfig>()?;
@@ -44,6 +46,7 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<framed::Framed>()?;
     module.add_class::<framed::Message>()?;
     module.add_function(wrap_pyfunction!(arrival::accept, module)?)?;
+    module.add_function(wrap_pyfunction!(door::forwarded_request, module)?)?;
     module.add_function(wrap_pyfunction!(stream::relayed_bytes, module)?)?;
     module.add_function(wrap_pyfunction!(framed::frame, module)?)?;
     module.add("CertificateRejected", module.py().get_type::<stream::CertificateRejected>())?;
@@ -51,6 +54,7 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("SHARED_LOCK_BYTES", lock::BYTES)?;
     module.add("HELLO_PEEK", arrival::HELLO_PEEK)?;
     module.add("REQUEST_PEEK", arrival::REQUEST_PEEK)?;
+    module.add("TLS_HANDSHAKE_RECORD", [door::TLS_HANDSHAKE_RECORD].as_slice())?;
     module.add("HANDSHAKE_DONE", stream::HANDSHAKE_DONE)?;
     module.add("WANTS_READ", stream::WANTS_READ)?;
     module.add("WANTS_WRITE", stream::WANTS_WRITE)?;

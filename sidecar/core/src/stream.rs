@@ -379,6 +379,12 @@ pub struct Stream {
     core: Core,
     watcher: Watcher,
     protocol: Option<Py<PyAny>>,
+    /// Until the protocol is made, for a client served from its accept on
+    /// (`begin_at`): what makes it, and hears of the end of a connection that never
+    /// needed one.
+    reception: Option<Py<PyAny>>,
+    /// Such a connection the table answered is watched for idleness.
+    idle_watched: bool,
     /// Requests parsed for the protocol; None: bytes handed over as they come (a
     /// relay after an upgrade, or a protocol of bytes).
     parser: Option<Parser>,
@@ -421,6 +427,8 @@ impl Stream {
             core,
             watcher,
             protocol: None,
+            reception: None,
+            idle_watched: false,
             parser: None,
             paused: true,
             eof: false,
@@ -456,21 +464,96 @@ impl Stream {
                 requests.then(Parser::default)
             };
         }
-        if let Err(error) = protocol.call_method1(py, "connection_made", (slf,)) {
-            // A protocol that cannot start hears nothing more: the connection closes, and
-            // the loop stops watching it (a watch handed over is on already).
-            let mut stream = slf.borrow_mut();
-            let fd = stream.core.raw();
-            stream.watcher.stop(py, fd)?;
-            stream.core.shut();
-            stream.protocol = None;
-            return Err(error);
-        }
+        Self::introduce(slf, &protocol)?;
         // A request that came with the handshake's last flight is inside the TLS
         // session already, which the socket's readiness does not say.
         let mut stream = slf.borrow_mut();
         let held = waiting || stream.core.holds_plaintext();
         stream.reading_on(py, held)
+    }
+
+    /// Serve a client's requests from its first bytes on, which wait in the socket: the
+    /// table answers what it can (`answer_from`), and the protocol is made only when it
+    /// must hear something. `reception`, in Python, is called for it: `protocol()`
+    /// makes the protocol; `closed()` hears that the connection closed without one;
+    /// `watch_stream(stream)` and `forget_stream(stream)` start and end the idle watch
+    /// of a connection the table answered that stays open.
+    pub(crate) fn begin_at(slf: &Bound<'_, Self>, reception: Py<PyAny>) -> PyResult<()> {
+        {
+            let mut stream = slf.borrow_mut();
+            let fd = stream.core.raw();
+            stream.watcher.bind(slf.as_any(), fd)?;
+            stream.parser = Some(Parser::default());
+            stream.reception = Some(reception);
+            stream.paused = false;
+        }
+        Self::readable(slf)
+    }
+
+    /// Tell `protocol`, the stream's now, that it is connected. A protocol that cannot
+    /// start hears nothing more: the connection closes, and the loop stops watching it.
+    fn introduce(slf: &Bound<'_, Self>, protocol: &Py<PyAny>) -> PyResult<()> {
+        let py = slf.py();
+        let Err(error) = protocol.call_method1(py, "connection_made", (slf,)) else {
+            return Ok(());
+        };
+        let mut stream = slf.borrow_mut();
+        let fd = stream.core.raw();
+        stream.watcher.stop(py, fd)?;
+        stream.core.shut();
+        stream.protocol = None;
+        Err(error)
+    }
+
+    /// The protocol of a stream `begin_at` started, made now: the stream leaves the
+    /// reception's watch for idleness (the protocol keeps its own), and a protocol made
+    /// while the client's buffer is full hears so.
+    fn make_protocol(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
+        let Some(reception) = slf.borrow_mut().reception.take() else {
+            return Ok(());
+        };
+        Self::unwatch_idle(slf, &reception)?;
+        let protocol = reception.call_method0(py, "protocol")?;
+        slf.borrow_mut().protocol = Some(protocol.clone_ref(py));
+        Self::introduce(slf, &protocol)?;
+        if slf.borrow().core.writing_paused {
+            protocol.call_method0(py, "pause_writing")?;
+        }
+        Ok(())
+    }
+
+    /// After the table answered a client of `begin_at`'s: a connection that stays open
+    /// is watched for idleness, as the protocol would watch it.
+    fn watch_idle(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let py = slf.py();
+        let reception = {
+            let mut stream = slf.borrow_mut();
+            let open = !stream.core.closing && !stream.core.closed();
+            let reception = match stream.reception.as_ref() {
+                Some(reception) if open && !stream.idle_watched => reception.clone_ref(py),
+                _ => return Ok(()),
+            };
+            stream.idle_watched = true;
+            reception
+        };
+        reception.call_method1(py, "watch_stream", (slf,)).map(drop)
+    }
+
+    fn unwatch_idle(slf: &Bound<'_, Self>, reception: &Py<PyAny>) -> PyResult<()> {
+        if !std::mem::take(&mut slf.borrow_mut().idle_watched) {
+            return Ok(());
+        }
+        reception.call_method1(slf.py(), "forget_stream", (slf,)).map(drop)
+    }
+
+    /// A client of `begin_at`'s closed without its protocol.
+    fn leave_reception(slf: &Bound<'_, Self>) -> PyResult<()> {
+        let Some(reception) = slf.borrow_mut().reception.take() else {
+            return Ok(());
+        };
+        Self::unwatch_idle(slf, &reception)?;
+        reception.call_method0(slf.py(), "closed").map(drop)
     }
 
     fn watch_reads(&mut self, py: Python<'_>, on: bool) -> PyResult<()> {
@@ -713,6 +796,7 @@ fn decrypt_arrived(
 /// longer borrowed.
 fn tell(slf: &Bound<'_, Stream>, event: Event) -> PyResult<()> {
     let py = slf.py();
+    Stream::make_protocol(slf)?;
     let (protocol, responses, tee, ended) = {
         let mut stream = slf.borrow_mut();
         let responses = stream.parser.as_ref().is_some_and(Parser::reads_responses);
@@ -843,6 +927,7 @@ fn answer_from_table(slf: &Bound<'_, Stream>, head: &Head) -> PyResult<bool> {
         stream.flush(py, &mut notices)?;
     }
     deliver(slf, notices)?;
+    Stream::watch_idle(slf)?;
     Ok(true)
 }
 
@@ -850,6 +935,21 @@ fn answer_from_table(slf: &Bound<'_, Stream>, head: &Head) -> PyResult<bool> {
 fn deliver(slf: &Bound<'_, Stream>, notices: Vec<Notice>) -> PyResult<()> {
     let py = slf.py();
     for notice in notices {
+        if slf.borrow().reception.is_some() {
+            match &notice {
+                Notice::Eof => {
+                    Stream::close(slf)?;
+                    continue;
+                }
+                Notice::Lost(_) => {
+                    Stream::leave_reception(slf)?;
+                    continue;
+                }
+                // Nobody but the table has written.
+                Notice::PauseWriting | Notice::ResumeWriting => continue,
+                Notice::Data(_) => Stream::make_protocol(slf)?,
+            }
+        }
         let protocol = match slf.borrow().protocol.as_ref() {
             Some(protocol) => protocol.clone_ref(py),
             None => return Ok(()),
@@ -901,6 +1001,7 @@ impl Stream {
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         self.watcher.traverse(&visit)?;
         visit.call(&self.protocol)?;
+        visit.call(&self.reception)?;
         visit.call(&self.tee)?;
         if let Some(forward) = &self.forward {
             visit.call(&forward.to)?;
@@ -910,6 +1011,7 @@ impl Stream {
 
     fn __clear__(&mut self) {
         self.protocol = None;
+        self.reception = None;
         self.tee = None;
         self.forward = None;
         self.watcher.clear();
@@ -1145,7 +1247,7 @@ impl Stream {
     /// scheme alone (`http://`) for a captured connection, whose requests' Host names
     /// their origin; or empty for a client of the forward proxy itself, whose targets
     /// are whole URLs.
-    fn answer_from(&mut self, answers: Py<Answers>, scope: &[u8]) {
+    pub(crate) fn answer_from(&mut self, answers: Py<Answers>, scope: &[u8]) {
         self.answers = Some((answers, scope.to_vec()));
     }
 
