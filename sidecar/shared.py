@@ -28,7 +28,7 @@ the worker that serves it first (`keeper.Buffer`); until the store has opened th
 index, every row counts as found at start and unchecked.
 
 The table of answers is written by any worker under `lock`, one at a time, and read
-without it, each entry a sequence lock of its own (see `sidecar/core/src/answers.rs`);
+without it, each entry a sequence lock of its own (see `sidecar/core/src/buffer/answers.rs`);
 answers recorded under an older index generation are not used. Its size follows
 `--index-objects` (`settings.index_memory`); only the pages answers are written into
 take memory.

@@ -1,7 +1,7 @@
 """The sidecar's HTTP/1.1 client: pooled connections to origins, parents and a proxy.
 
 A cache has to know exactly where each response ends, so the client frames responses
-itself: the Rust core's stream parses them (`sidecar/core/src/http1.rs`, as it parses the
+itself: the Rust core's stream parses them (`sidecar/core/src/wire/http1.rs`, as it parses the
 front end's requests) and hands each head over in one call, then its body and its end:
 
 - A body longer than its `Content-Length` is cut at `Content-Length`, as Squid, nginx,

@@ -1,4 +1,4 @@
-"""The core's table of answers (`sidecar/core/src/answers.rs`) on a real sidecar.
+"""The core's table of answers (`sidecar/core/src/buffer/answers.rs`) on a real sidecar.
 
 Python decides a hit and records its answer; the same request later, on any
 connection and in any worker, is answered by the core from the table, with the same

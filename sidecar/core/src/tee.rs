@@ -20,7 +20,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::digest::{Digest, hex};
+use crate::buffer::digest::{Digest, hex};
 use crate::stream::Stream;
 
 /// The body and its digest, apart from Python objects.

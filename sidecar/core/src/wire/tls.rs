@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
 use rustls::crypto::{CryptoProvider, ring};
 use rustls::{CipherSuite, ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
@@ -75,6 +77,37 @@ pub fn client_config(roots_pem: &[u8], alpn: &[Vec<u8>]) -> Result<Arc<ClientCon
         .with_no_client_auth();
     config.alpn_protocols = alpn.to_vec();
     Ok(Arc::new(config))
+}
+
+/// A client-side TLS configuration: the roots certificates are verified against.
+#[pyclass(module = "sidecar.core.native", frozen)]
+pub struct ClientTls {
+    pub(crate) config: Arc<rustls::ClientConfig>,
+}
+
+#[pymethods]
+impl ClientTls {
+    #[new]
+    #[pyo3(signature = (roots_pem, alpn=Vec::new()))]
+    fn new(roots_pem: &[u8], alpn: Vec<Vec<u8>>) -> PyResult<Self> {
+        let config = client_config(roots_pem, &alpn).map_err(PyValueError::new_err)?;
+        Ok(Self { config })
+    }
+}
+
+/// A server-side TLS configuration: the leaf chain and key for one intercepted host.
+#[pyclass(module = "sidecar.core.native", frozen)]
+pub struct TlsConfig {
+    pub(crate) config: Arc<rustls::ServerConfig>,
+}
+
+#[pymethods]
+impl TlsConfig {
+    #[new]
+    fn new(chain_pem: &[u8], key_pem: &[u8]) -> PyResult<Self> {
+        let config = server_config(chain_pem, key_pem).map_err(PyValueError::new_err)?;
+        Ok(Self { config })
+    }
 }
 
 #[cfg(test)]

@@ -43,9 +43,9 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering, fence};
 use pyo3::prelude::*;
 
 use crate::clock::now;
-use crate::http1::Head;
-use crate::lock::SharedLock;
-use crate::mapping::{Mapping, python_error};
+use crate::shared::lock::SharedLock;
+use crate::shared::mapping::{Mapping, python_error};
+use crate::wire::http1::Head;
 
 /// Bytes of one entry: eight words.
 pub const ENTRY: usize = 64;
@@ -683,8 +683,8 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http1::{Event, Parser};
-    use crate::lock;
+    use crate::shared::lock;
+    use crate::wire::http1::{Event, Parser};
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
     const SLOTS: usize = 2 * WAYS;

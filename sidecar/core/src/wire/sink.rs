@@ -5,7 +5,7 @@ use std::os::fd::RawFd;
 
 use rustls::Connection;
 
-use crate::outbox::Sink;
+use crate::wire::outbox::Sink;
 
 /// Plaintext handed to the TLS session per send: four full records.
 pub const TLS_BATCH: usize = 64 * 1024;

@@ -16,7 +16,7 @@ use std::os::fd::RawFd;
 use pyo3::prelude::*;
 use pyo3::types::PyAny;
 
-use crate::mapping::{Mapping, python_error};
+use crate::shared::mapping::{Mapping, python_error};
 
 /// Bytes the lock takes in the file (a `pthread_mutex_t`, with room to spare).
 pub const BYTES: usize = 64;

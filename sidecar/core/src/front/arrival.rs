@@ -35,10 +35,10 @@ use pyo3::types::PyBytes;
 use pyo3::{PyTraverseError, PyVisit};
 use rustls::ServerConnection;
 
-use crate::stream::{
-    Core, HANDSHAKE_DONE, Stream, TlsConfig, WANTS_READ, owned_fd, py_error, session_of,
-};
+use crate::stream::Stream;
 use crate::watch::Watcher;
+use crate::wire::connection::{Core, HANDSHAKE_DONE, WANTS_READ, owned_fd, py_error, session_of};
+use crate::wire::tls::TlsConfig;
 
 /// Bytes peeked for a request head: a longer CONNECT head is not the front end's.
 pub const REQUEST_PEEK: usize = 8192;

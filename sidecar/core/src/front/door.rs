@@ -17,10 +17,11 @@ use std::os::fd::RawFd;
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
-use crate::answers::Answers;
-use crate::arrival::{REQUEST_PEEK, peek};
-use crate::stream::{Core, Stream, owned_fd};
+use crate::buffer::answers::Answers;
+use crate::front::arrival::{REQUEST_PEEK, peek};
+use crate::stream::Stream;
 use crate::watch::Watcher;
+use crate::wire::connection::{Core, owned_fd};
 
 /// The first byte of every TLS connection: a handshake record (RFC 8446 §5.1).
 pub const TLS_HANDSHAKE_RECORD: u8 = 0x16;

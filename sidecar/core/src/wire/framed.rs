@@ -6,7 +6,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::http1::{Event, Parser};
+use crate::wire::http1::{Event, Parser};
 
 /// One message as the parser framed it.
 #[pyclass(module = "sidecar.core.native", frozen, get_all)]
