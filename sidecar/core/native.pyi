@@ -201,9 +201,6 @@ class Stream:
         never)."""
     def expect_response(self, method: str) -> None:
         """A request with `method` is about to be sent: its response is parsed next."""
-    def body_into(self, tee: Tee) -> None:
-        """The rest of the current response's body goes into `tee`, not to the protocol
-        (which still hears of its end)."""
     def forward_to(self, to: Stream, chunked: bool = False, head: bytes | None = None) -> None:
         """What this stream reads goes to `to`, not to the protocol, after `head` (in one
         write with the first of it): all its bytes (a stream of bytes), or the rest of
@@ -248,6 +245,9 @@ class Tee:
         """`fd`: the partial file, written at each piece's place (the tee keeps a
         descriptor of its own); `cap`: followers get no byte at or past it until
         `publish` (None: the whole body)."""
+    def take_body(self, stream: Stream) -> None:
+        """The rest of the body of the response `stream` is reading comes into this tee,
+        not to the stream's protocol (which still hears of its end)."""
     def write(self, data: bytes) -> None:
         """The body's next bytes (those that came before the origin's stream fed it);
         all of a small body at once is kept as this very object, not copied."""

@@ -530,7 +530,7 @@ class _Connection(asyncio.Protocol):
         self._buffered = 0
         self._resume_reading()
         if not self.complete and self.transport is not None:
-            self.transport.body_into(tee)
+            tee.take_body(self.transport)
 
     def feed(self, tee: native.Tee, ended: Callable[[], None]) -> None:
         """See `Response.feed`."""

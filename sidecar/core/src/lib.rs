@@ -58,3 +58,59 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("WANTS_WRITE", wire::connection::WANTS_WRITE)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod layers {
+    use std::path::Path;
+
+    /// The crate's modules, bottom to top, as declared above.
+    const LAYERS: [&[&str]; 7] = [
+        &["clock", "watch"],
+        &["wire"],
+        &["shared"],
+        &["buffer"],
+        &["stream"],
+        &["tee"],
+        &["front"],
+    ];
+
+    fn layer(module: &str) -> usize {
+        LAYERS
+            .iter()
+            .position(|modules| modules.contains(&module))
+            .unwrap_or_else(|| panic!("{module} is in no layer"))
+    }
+
+    /// Each `crate::MODULE` that `text` names.
+    fn named(text: &str) -> impl Iterator<Item = &str> {
+        text.split("crate::").skip(1).map(|rest| {
+            let end = rest.find(|c: char| !c.is_ascii_alphanumeric() && c != '_');
+            &rest[..end.unwrap_or(rest.len())]
+        })
+    }
+
+    #[test]
+    fn each_module_uses_only_those_at_or_below_its_layer() {
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = vec![source.clone()];
+        let mut checked = 0;
+        while let Some(path) = files.pop() {
+            if path.is_dir() {
+                files.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+                continue;
+            }
+            let relative = path.strip_prefix(&source).unwrap();
+            if path.extension().is_none_or(|e| e != "rs") || relative == Path::new("lib.rs") {
+                continue;
+            }
+            let top = relative.components().next().unwrap().as_os_str().to_str().unwrap();
+            let own = layer(top.trim_end_matches(".rs"));
+            let text = std::fs::read_to_string(&path).unwrap();
+            for module in named(&text) {
+                assert!(layer(module) <= own, "{} uses crate::{module}", relative.display());
+            }
+            checked += 1;
+        }
+        assert!(checked > 10, "only {checked} modules found");
+    }
+}

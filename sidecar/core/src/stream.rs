@@ -43,7 +43,6 @@ use rustls_pki_types::ServerName;
 
 use crate::buffer::answers::{Answers, TargetForm};
 use crate::clock::{monotonic, now};
-use crate::tee::Tee;
 use crate::watch::Watcher;
 use crate::wire::connection::{
     Core, DEFAULT_HIGH_WATER, Marked, Notice, owned_fd, py_error, session_of,
@@ -85,11 +84,19 @@ pub struct Stream {
     answered_at: f64,
     /// Where the rest of the current response's body goes instead of the protocol
     /// (`body_into`).
-    tee: Option<Py<Tee>>,
+    body_to: Option<BodyTaker>,
     /// Where what is read goes instead of the protocol (`forward_to`).
     forward: Option<Forward>,
     /// Bytes forwarded so far (of a body: without its chunked framing).
     forwarded: u64,
+}
+
+/// What takes the body of the response being read instead of the protocol: an object of
+/// a layer above the stream's (a fill's tee, `Tee.take_body`), and its function that takes
+/// each piece.
+pub(crate) struct BodyTaker {
+    pub(crate) to: Py<PyAny>,
+    pub(crate) take: fn(&Bound<'_, PyAny>, &[u8]) -> PyResult<()>,
 }
 
 /// Another stream that gets what this one reads: its bytes, or the body of the response
@@ -119,7 +126,7 @@ impl Stream {
             busy: false,
             skip_end: false,
             answered_at: 0.0,
-            tee: None,
+            body_to: None,
             forward: None,
             forwarded: 0,
         }
@@ -236,6 +243,16 @@ impl Stream {
         };
         Self::unwatch_idle(slf, &reception)?;
         reception.call_method0(slf.py(), "closed").map(drop)
+    }
+
+    /// The rest of the body of the response being read goes to `taker`, not to the
+    /// protocol, which hears of its end as before (`message_complete`).
+    pub(crate) fn body_into(&mut self, taker: BodyTaker) -> PyResult<()> {
+        if !self.parser.as_ref().is_some_and(Parser::reads_responses) {
+            return Err(PyValueError::new_err("the stream does not read responses"));
+        }
+        self.body_to = Some(taker);
+        Ok(())
     }
 
     fn watch_reads(&mut self, py: Python<'_>, on: bool) -> PyResult<()> {
@@ -419,22 +436,25 @@ impl Stream {
 fn tell(slf: &Bound<'_, Stream>, event: Event) -> PyResult<()> {
     let py = slf.py();
     Stream::make_protocol(slf)?;
-    let (protocol, responses, tee, ended) = {
+    let (protocol, responses, taker, ended) = {
         let mut stream = slf.borrow_mut();
         let responses = stream.parser.as_ref().is_some_and(Parser::reads_responses);
-        // A body's end is its tee's and its forward's too: the next response is the
+        // A body's end is its taker's and its forward's too: the next response is the
         // protocol's again.
-        let (tee, ended) = match event {
-            Event::Body(_) => (stream.tee.as_ref().map(|tee| tee.clone_ref(py)), None),
-            _ => (stream.tee.take(), stream.forward.take()),
+        let (taker, ended) = match event {
+            Event::Body(_) => {
+                let taker = stream.body_to.as_ref();
+                (taker.map(|taker| (taker.to.clone_ref(py), taker.take)), None)
+            }
+            _ => (stream.body_to.take().map(|taker| (taker.to, taker.take)), stream.forward.take()),
         };
         match stream.protocol.as_ref() {
-            Some(protocol) => (protocol.clone_ref(py), responses, tee, ended),
+            Some(protocol) => (protocol.clone_ref(py), responses, taker, ended),
             None => return Ok(()),
         }
     };
-    if let (Event::Body(data), Some(tee)) = (&event, &tee) {
-        return Tee::feed(tee.bind(py), data);
+    if let (Event::Body(data), Some((to, take))) = (&event, &taker) {
+        return take(to.bind(py), data);
     }
     if let Event::Body(data) = &event {
         if Stream::forward_piece(slf, data)? {
@@ -624,7 +644,9 @@ impl Stream {
         self.watcher.traverse(&visit)?;
         visit.call(&self.protocol)?;
         visit.call(&self.reception)?;
-        visit.call(&self.tee)?;
+        if let Some(taker) = &self.body_to {
+            visit.call(&taker.to)?;
+        }
         if let Some(forward) = &self.forward {
             visit.call(&forward.to)?;
         }
@@ -634,7 +656,7 @@ impl Stream {
     fn __clear__(&mut self) {
         self.protocol = None;
         self.reception = None;
-        self.tee = None;
+        self.body_to = None;
         self.forward = None;
         self.watcher.clear();
     }
@@ -803,22 +825,12 @@ impl Stream {
         match self.parser.as_mut() {
             Some(parser) if parser.reads_responses() => {
                 parser.expect(method);
-                self.tee = None;
+                self.body_to = None;
                 self.forward = None;
                 Ok(())
             }
             _ => Err(PyValueError::new_err("the stream does not read responses")),
         }
-    }
-
-    /// The rest of the body of the response being read goes into `tee`, not to the
-    /// protocol, which hears of its end as before (`message_complete`).
-    fn body_into(&mut self, tee: Py<Tee>) -> PyResult<()> {
-        if !self.parser.as_ref().is_some_and(Parser::reads_responses) {
-            return Err(PyValueError::new_err("the stream does not read responses"));
-        }
-        self.tee = Some(tee);
-        Ok(())
     }
 
     /// What this stream reads goes to `to` from here on, not to the protocol, after

@@ -5,7 +5,7 @@
 //! place (`Tee(size, fd)`), and its fill hears how far the file has come after each
 //! piece (`on_progress`), for the readers that follow the file rather than the tee.
 //!
-//! The origin's stream feeds it (`Stream.body_into`) instead of handing each piece of
+//! The origin's stream feeds it (`Tee.take_body`) instead of handing each piece of
 //! the body to Python; the clients' streams send what it gives them as any other bytes
 //! (or, for a client that does not keep up with a larger body, as ranges of its file).
 //! Python hears of the body's end (`message_complete`), takes its digest, and stores it.
@@ -21,7 +21,7 @@ use pyo3::types::PyBytes;
 use pyo3::{PyTraverseError, PyVisit};
 
 use crate::buffer::digest::{Digest, hex};
-use crate::stream::Stream;
+use crate::stream::{BodyTaker, Stream};
 
 /// The body and its digest, apart from Python objects.
 pub struct Body {
@@ -171,8 +171,13 @@ pub struct Tee {
 type Part = (Py<Stream>, Range<usize>);
 
 impl Tee {
+    /// `feed`, for the stream that takes the body (`take_body`).
+    fn feed_any(tee: &Bound<'_, PyAny>, data: &[u8]) -> PyResult<()> {
+        Self::feed(tee.cast::<Self>()?, data)
+    }
+
     /// Take the next bytes of the body, and send every follower its part of them.
-    pub(crate) fn feed(slf: &Bound<'_, Self>, data: &[u8]) -> PyResult<()> {
+    fn feed(slf: &Bound<'_, Self>, data: &[u8]) -> PyResult<()> {
         if slf.borrow().written.is_some() {
             return Self::write_piece(slf, data);
         }
@@ -259,6 +264,13 @@ impl Tee {
 
 #[pymethods]
 impl Tee {
+    /// The rest of the body of the response `stream` is reading comes into this tee,
+    /// not to the stream's protocol, which hears of its end as before.
+    fn take_body(slf: &Bound<'_, Self>, stream: &Bound<'_, Stream>) -> PyResult<()> {
+        let to = slf.clone().into_any().unbind();
+        stream.borrow_mut().body_into(BodyTaker { to, take: Self::feed_any })
+    }
+
     /// A body of `size` bytes: kept in memory (only for small ones), or written into
     /// the file `fd` at each piece's place, its followers offered no byte at or past
     /// `cap` until `publish` (the whole body when None).

@@ -1,7 +1,7 @@
 //! A connection's socket and its TLS session (rustls), apart from Python: what arrives,
 //! read and decrypted; what waits to be sent (bytes and stored files' ranges), encrypted
 //! and sent as the socket takes it; the TLS handshake, a step at a time; and the notices
-//! a protocol must hear of them (`Notice`). `crate::stream::Stream` drives one for
+//! a protocol must hear of them (`Notice`). A stream (`native.Stream`) drives one for
 //! Python's protocols on the event loop.
 
 use std::cell::RefCell;
