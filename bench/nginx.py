@@ -30,8 +30,9 @@ DEBIAN_PACKAGE = "nginx-light"
 
 # Plain static serving, tuned only where the defaults would make nginx look slower than
 # it is: one worker per core the benchmark asks for (one where a single sequential
-# client is measured), no access log, and keep-alive long enough for the small-object
-# run on one connection.
+# client is measured), no access log, keep-alive long enough for the small-object run
+# on one connection, and connections accepted once their first bytes are in
+# (`deferred`, as the sidecar's listeners are).
 CONFIG = """\
 daemon off;
 master_process on;
@@ -54,8 +55,8 @@ http {{
     keepalive_timeout 60s;
 {http}
     server {{
-        listen 127.0.0.1:{port} ssl;
-        listen 127.0.0.1:{plain_port};
+        listen 127.0.0.1:{port} ssl deferred;
+        listen 127.0.0.1:{plain_port} deferred;
 {origin_listen}
         ssl_certificate {dir}/server.pem;
         ssl_certificate_key {dir}/server.key;
@@ -143,7 +144,8 @@ def start_nginx(
     given, as an origin that a name resolves to is reached (in a network namespace of
     a benchmark's own, where those ports are free)."""
     origin_listen = (
-        f"        listen {origin_address}:443 ssl;\n        listen {origin_address}:80;"
+        f"        listen {origin_address}:443 ssl deferred;\n"
+        f"        listen {origin_address}:80 deferred;"
         if origin_address
         else ""
     )

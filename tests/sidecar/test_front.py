@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from bench.harness import OriginServer, Sidecar
 from sidecar.core import native
-from sidecar.proxy import front
+from sidecar.proxy import front, listeners
 from sidecar.shared import Shared
 from sidecar.wire.rejections import Rejections
 from tests.sidecar.test_hello import client_hello
@@ -365,3 +365,34 @@ def test_a_busier_worker_waits_only_for_a_worker_that_is_accepting() -> None:
     assert not busy.eligible()
     idle.paused()
     assert busy.eligible()
+
+
+def test_a_listener_hands_a_connection_over_once_its_first_bytes_are_in() -> None:
+    """The sidecar's listening sockets defer each accept until the client has sent
+    something (TCP_DEFER_ACCEPT), so that the core's door finds a request there and not
+    an empty socket; a client that sends nothing is accepted all the same, later."""
+    with listeners.listen("127.0.0.1", 0) as sock:
+        quiet = socket.create_connection(sock.getsockname())
+        speaking = socket.create_connection(sock.getsockname())
+        try:
+            time.sleep(0.2)  # both handshakes are done
+            with pytest.raises(BlockingIOError):
+                sock.accept()
+            speaking.sendall(b"GET")
+            time.sleep(0.05)
+            accepted, _ = sock.accept()
+            with accepted:
+                assert accepted.recv(3, socket.MSG_PEEK) == b"GET"
+            started = time.monotonic()
+            while time.monotonic() - started < 5 * listeners.DEFER_ACCEPT:
+                try:
+                    sock.accept()[0].close()
+                    break
+                except BlockingIOError:
+                    time.sleep(0.05)
+            else:
+                pytest.fail("a client that sent nothing was never accepted")
+            assert time.monotonic() - started >= 0.5 * listeners.DEFER_ACCEPT
+        finally:
+            quiet.close()
+            speaking.close()
