@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Iterable
 
 from sidecar.core import native
 
@@ -124,6 +125,22 @@ class Shared:
         """Each worker's slot of `front.Balance`: its open client connections times
         two, plus NOT_ACCEPTING while it accepts none."""
         return self._slots[_COMMON:]
+
+    def answers_table(
+        self, objects: int, deciding: Iterable[str], track_touches: bool = False
+    ) -> native.Answers:
+        """The core's table of answers in this memory, for `objects` answers; `deciding`:
+        the request fields a hit's decision reads (`native.Answers`)."""
+        return native.Answers(
+            self.fd,
+            GENERATION_AT,
+            self.lock_at,
+            self.answers,
+            self.region - self.answers,
+            objects,
+            sorted(deciding),
+            track_touches=track_touches,
+        )
 
     def client_connections(self) -> int:
         """The client connections open in every worker."""

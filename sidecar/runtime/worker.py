@@ -48,7 +48,7 @@ from sidecar.proxy.listeners import listeners
 from sidecar.proxy.router import Router
 from sidecar.runtime.supervisor import Inherited
 from sidecar.settings import Settings, parse
-from sidecar.shared import GENERATION_AT, Shared
+from sidecar.shared import Shared
 from sidecar.wire.client import Pool
 from sidecar.wire.rejections import Rejections
 from sidecar.wire.tunnel import Tunnels
@@ -118,15 +118,8 @@ async def run(settings: Settings, inherited: Inherited) -> None:
         index, keeper, shared, claims, inherited.index, track_recency=settings.eviction == "lru"
     )
     fills = Fills(buffer, upstream, metrics, settings.parallel_fetch, settings.access_log)
-    answers = native.Answers(
-        shared.fd,
-        GENERATION_AT,
-        shared.lock_at,
-        shared.answers,
-        shared.region - shared.answers,
-        settings.index_capacity,
-        sorted(policy.HIT_FIELDS),
-        track_touches=settings.eviction == "lru",
+    answers = shared.answers_table(
+        settings.index_capacity, policy.HIT_FIELDS, track_touches=settings.eviction == "lru"
     )
     router = Router(settings, buffer, fills, upstream, metrics, answers)
     if settings.stage_in and inherited.index == 0:

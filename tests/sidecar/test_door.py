@@ -19,7 +19,7 @@ import pytest
 
 from sidecar.cache import policy
 from sidecar.core import native
-from sidecar.shared import GENERATION_AT, Shared
+from sidecar.shared import Shared
 from sidecar.wire import server
 
 TIMEOUT = 0.5  # seconds: the lean server's idle timeout, for the test
@@ -79,15 +79,7 @@ class Visitors:
 def answers(tmp_path: Path) -> native.Answers:
     """A table of answers holding one: STORED, whose body is in a file."""
     shared = Shared.create(1, answers=256 * 1024)
-    table = native.Answers(
-        shared.fd,
-        GENERATION_AT,
-        shared.lock_at,
-        shared.answers,
-        shared.region - shared.answers,
-        64,
-        sorted(policy.HIT_FIELDS),
-    )
+    table = shared.answers_table(64, policy.HIT_FIELDS)
     body = tmp_path / "body"
     body.write_bytes(BODY)
     assert table.record(STORED.encode(), HEAD, str(body).encode(), len(BODY), None, 0)
