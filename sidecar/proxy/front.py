@@ -1,5 +1,10 @@
 """The front end: accepts every client connection and decides who terminates it.
 
+- A plain-HTTP client whose request is there when it is accepted (the listeners hand a
+  connection over once its first bytes are in) and is the lean server's, as below: the
+  listener's door (`sidecar.core.native.Door`) serves it from its accept on, the core's
+  table first, and the lean server's protocol is made only when a request needs it. A
+  new connection per file that the table answers costs no Python object.
 - A CONNECT to an intercepted host on the proxy port: the Rust core peeks at it,
   answers it and does the TLS handshake with the host's leaf certificate
   (`sidecar.core.native.Arrival`), asking this module at each decision; then its stream
