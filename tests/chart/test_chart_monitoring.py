@@ -78,6 +78,7 @@ def test_the_dashboard_has_the_panels_operators_look_for() -> None:
         "Upstream errors",
         "Injector admission latency",
         "Admission reviews by outcome",
+        "Client connections",
     ]
     for panel in dashboard["panels"]:
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
