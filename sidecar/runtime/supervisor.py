@@ -203,8 +203,8 @@ class Workers:
 
     async def counters(self) -> tuple[dict[str, Any], dict[str, int]]:
         """Every worker's counters added up (those of exited workers and the keeper's
-        included), the gauges workers report (stage-in progress), and the workers' and
-        their open client connections."""
+        included), the gauges workers report (stage-in progress), how many workers are
+        ready, and the client connections open in all of them."""
         replies = await asyncio.gather(
             *(self._ask_stats(worker) for worker in self._workers), return_exceptions=True
         )
