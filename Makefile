@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 CORE := sidecar/core
 # The core's sources too: an editable install builds the extension once, so a change
 # of the Rust is built by installing again.
-CORE_SOURCES := $(CORE)/Cargo.toml $(CORE)/Cargo.lock $(wildcard $(CORE)/src/*.rs)
+CORE_SOURCES := $(CORE)/Cargo.toml $(CORE)/Cargo.lock $(shell find $(CORE)/src -name "*.rs")
 # cargo's tests link the core against the venv's Python (>= 3.12, as the module's ABI).
 CARGO := cd $(CORE) && PYO3_PYTHON=$(abspath $(PY)) cargo
 

@@ -61,8 +61,9 @@ DEFAULT_INTERCEPT: tuple[str, ...] = (
 MAX_OBJECTS = 1_000_000
 # Shared memory of the core's index of answers (`--index-objects`), per object: 80 bytes
 # of entries (64 each, a fifth of them spare) and, on average, 432 bytes of its answer's
-# URL, status line, fields and body path (a plain server's answer takes about 300, a
-# cloud store's up to 900; the longer ones share the room of the shorter).
+# status line, fields and body path behind half its key's digest (a plain server's answer
+# takes about 230, a cloud store's up to 800; the longer ones share the room of the
+# shorter).
 INDEX_MEMORY_PER_OBJECT = 512
 # By default the index has room for one object per INDEX_OBJECT_SIZE of --buffer-size
 # (a buffer of smaller files is indexed as far as it goes, the rest answered by Python),

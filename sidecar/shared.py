@@ -127,10 +127,15 @@ class Shared:
         return self._slots[_COMMON:]
 
     def answers_table(
-        self, objects: int, deciding: Iterable[str], track_touches: bool = False
+        self,
+        objects: int,
+        deciding: Iterable[str],
+        keys: native.KeyRules,
+        track_touches: bool = False,
     ) -> native.Answers:
         """The core's table of answers in this memory, for `objects` answers; `deciding`:
-        the request fields a hit's decision reads (`native.Answers`)."""
+        the request fields a hit's decision reads; `keys`: the rule of the key a
+        request's answer is found by (`native.Answers`)."""
         return native.Answers(
             self.fd,
             GENERATION_AT,
@@ -139,6 +144,7 @@ class Shared:
             self.region - self.answers,
             objects,
             sorted(deciding),
+            keys,
             track_touches=track_touches,
         )
 

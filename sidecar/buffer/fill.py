@@ -382,7 +382,7 @@ class UnsizedFill:
         reserved: tuple[str, int, int],
         kept: policy.Kept,
         log_objects: bool,
-        on_stored: Callable[[str, str, StoredObject, int], None],
+        on_stored: Callable[[str, StoredObject, int], None],
     ) -> None:
         """`reserved`: the keeper's room (rid, its size) and the partial body open for
         writing; `kept`: what is kept of the origin's response; `on_stored`: told once it is
@@ -483,7 +483,7 @@ class UnsizedFill:
             return
         self._rid = None
         self._stored = True
-        self._on_stored(self._url, self._key, stored, generation)
+        self._on_stored(self._key, stored, generation)
         if self._log_objects:
             elapsed = time.monotonic() - self._started
             logger.info(
@@ -576,9 +576,9 @@ class Fills:
         self._claiming: dict[str, asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_memory = 0  # bytes of the small bodies of running fills (IN_MEMORY)
-        # Told of each object a fill committed: its URL, its key, what the index holds
-        # and the generation it was committed under.
-        self.on_stored: Callable[[str, str, StoredObject, int], None] | None = None
+        # Told of each object a fill committed: its key, what the index holds and the
+        # generation it was committed under.
+        self.on_stored: Callable[[str, StoredObject, int], None] | None = None
 
     def __len__(self) -> int:
         return len(self._active)
@@ -924,11 +924,11 @@ class Fills:
                 self._buffer.abort(rid)
             self._end(fill, failure)
         if stored is not None:
-            self._tell_stored(fill.url, fill.key, stored, generation)
+            self._tell_stored(fill.key, stored, generation)
 
-    def _tell_stored(self, url: str, key: str, stored: StoredObject, generation: int) -> None:
+    def _tell_stored(self, key: str, stored: StoredObject, generation: int) -> None:
         if self.on_stored is not None:
-            self.on_stored(url, key, stored, generation)
+            self.on_stored(key, stored, generation)
 
     async def _copy(
         self, fill: Fill, head: Head, response: Response

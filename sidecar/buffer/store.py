@@ -66,7 +66,6 @@ import collections
 import concurrent.futures
 import contextlib
 import functools
-import hashlib
 import logging
 import os
 import shutil
@@ -112,9 +111,6 @@ SQLITE_CACHE_KIB = 4096
 # The index's format (`Buffer.format`): an index of another one is emptied at start
 # (3: bodies' digests are BLAKE3, where 2's were SHA-256).
 FORMAT = 3
-# Bytes of the key digest that names an object in the index: 128 bits, so that a
-# collision among a million keys is about as likely as 10^-26.
-_KEY_BYTES = 16
 # A packed index value: body file (`body_name`'s 16 bytes), digest, size, stored_at,
 # generated_at, lifetime; then the fields, names and values separated by NUL, which
 # no field may hold (RFC 9110 §5.5).
@@ -838,10 +834,11 @@ def _open_index(directory: Path) -> diskcache.Cache:
 
 @functools.lru_cache(maxsize=1024)
 def key_digest(key: str) -> bytes:
-    """The index's key for a cache key: a digest of fixed size, however long the URL.
-    Remembered for the last keys: a miss asks for its key's four times (the lookup, the
-    claim, the commit, the row)."""
-    return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=_KEY_BYTES).digest()
+    """The index's key for a cache key: a digest of fixed size, however long the URL,
+    the one the core's table of answers finds the key by (`native.key_digest`: BLAKE2b
+    of 16 bytes). Remembered for the last keys: a miss asks for its key's four times (the
+    lookup, the claim, the commit, the row)."""
+    return native.key_digest(key.encode("utf-8", "surrogatepass"))
 
 
 def _adopt(connection: sqlite3.Connection) -> bool:

@@ -69,13 +69,13 @@ from __future__ import annotations
 
 import enum
 import functools
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
-from urllib.parse import unquote_plus, urljoin, urlsplit
+from urllib.parse import urljoin, urlsplit
 
 from sidecar.cache import endpoints
+from sidecar.core import native
 from sidecar.settings import host_matches
 from sidecar.wire import conditionals, dates, ranges
 from sidecar.wire.fields import (
@@ -109,9 +109,6 @@ class _SigningFamily:
     hosts: tuple[str, ...]  # globs, as in --intercept (`*` spans dots)
     names: frozenset[str]  # lower-case parameter names
     prefixes: tuple[str, ...] = ()  # lower-case name prefixes
-
-    def is_signing(self, name: str) -> bool:
-        return name in self.names or name.startswith(self.prefixes)
 
 
 _SIGNING_FAMILIES: tuple[_SigningFamily, ...] = (
@@ -149,18 +146,20 @@ _SIGNING_FAMILIES: tuple[_SigningFamily, ...] = (
 )
 
 
-def _strip_signing(host: str, query: str) -> str:
-    if not query:
-        return query
-    family = next((f for f in _SIGNING_FAMILIES if host_matches(host, f.hosts)), None)
-    kept: list[str] = []
-    for item in query.split("&"):
-        if not item:
-            continue
-        name = unquote_plus(item.partition("=")[0]).lower()
-        if family is None or not family.is_signing(name):
-            kept.append(item)
-    return "&".join(kept)
+def _signing_family(host: str) -> int | None:
+    """The index in _SIGNING_FAMILIES of the family `host` (lower-case) belongs to."""
+    return next(
+        (i for i, family in enumerate(_SIGNING_FAMILIES) if host_matches(host, family.hosts)),
+        None,
+    )
+
+
+# The key's rule, one implementation for Python and the core's streams alike: a plain
+# URL is read by the core; any other is split here, and its parts keyed by the core.
+KEYS = native.KeyRules(
+    [(sorted(family.names), list(family.prefixes)) for family in _SIGNING_FAMILIES],
+    _signing_family,
+)
 
 
 # A data loader asks for the same URLs epoch after epoch: their keys are remembered.
@@ -170,10 +169,7 @@ def cache_key(url: str) -> str:
 
     Raises ValueError for anything but an absolute http or https URL with a host.
     """
-    scheme, host, port, path, query = _plain_parts(url) or _split_parts(url)
-    netloc = host if port is None or port == _DEFAULT_PORTS[scheme] else f"{host}:{port}"
-    query = _strip_signing(host, query)
-    return f"{scheme}://{netloc}{path or '/'}" + (f"?{query}" if query else "")
+    return KEYS.key(url) or KEYS.key_of_parts(*_split_parts(url))
 
 
 class _URLParts(NamedTuple):
@@ -184,28 +180,8 @@ class _URLParts(NamedTuple):
     query: str
 
 
-# The URLs nearly every client asks for: a lower-case scheme, a host name, maybe a port,
-# then a path and query of printable ASCII, no fragment. They are read without urlsplit,
-# at a fifth of its cost (every first request of an object computes its key); anything
-# else takes urlsplit's way, which they would take to the same parts.
-_PLAIN_URL = re.compile(r"(https?)://([A-Za-z0-9._-]+)(?::([0-9]{1,5}))?([/?][!-\"$-~]*)?")
-
-
-def _plain_parts(url: str) -> _URLParts | None:
-    """The parts of a plain URL (`_PLAIN_URL`), or None for any other."""
-    match = _PLAIN_URL.fullmatch(url)
-    if match is None:
-        return None
-    scheme, host, digits, rest = match.groups()
-    host = host.lower().rstrip(".")
-    port = None if digits is None else int(digits)
-    if not host or (port is not None and port > 65535):
-        return None
-    path, _, query = (rest or "").partition("?")
-    return _URLParts(scheme, host, port, path, query)
-
-
 def _split_parts(url: str) -> _URLParts:
+    """The parts of a URL the core does not read (`native.KeyRules.key`)."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     host = (parts.hostname or "").rstrip(".")

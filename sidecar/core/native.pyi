@@ -42,14 +42,38 @@ class SharedLock:
     def __enter__(self) -> None: ...
     def __exit__(self, kind: object, error: object, trace: object) -> None: ...
 
+class KeyRules:
+    """The buffer's key of a URL, the rule `sidecar.cache.policy.cache_key` states: a
+    plain URL (a lower-case scheme, a host name, maybe a port, a path and query of
+    printable ASCII) is read here; any other is split by the caller (`key_of_parts`).
+    `families`: each signing family's lower-case parameter names and name prefixes;
+    `family_of(host)`: the index of the family a lower-case host belongs to, or None
+    (should it raise, the error is reported as unraisable and the host has none)."""
+
+    def __init__(
+        self,
+        families: list[tuple[list[str], list[str]]],
+        family_of: Callable[[str], int | None],
+    ) -> None: ...
+    def key(self, url: str) -> str | None:
+        """The key of a plain URL; None for any other."""
+    def key_of_parts(
+        self, scheme: str, host: str, port: int | None, path: str, query: str
+    ) -> str:
+        """The key of a URL split elsewhere: `host` lower-case, no trailing dot."""
+
+def key_digest(key: bytes) -> bytes:
+    """A key's digest, as the index and the table of answers name it: BLAKE2b, 16 bytes."""
+
 class Answers:
     """The table of answers Python gave to plain GETs of stored objects, in the shared
     memory file `fd`: `size` bytes from byte `start`, entries for `objects` answers and
-    an arena their URLs, heads and paths share (ValueError if it is under 16 KiB or the
-    table does not fit the file), valid while the index generation word at byte
-    `generation` stays, written under the `SharedLock` at byte `lock` (one writer at a
-    time); `deciding`: the request fields a hit's decision reads (a request with any of
-    them is never answered from it)."""
+    an arena their heads and paths share (ValueError if it is under 16 KiB or the
+    table does not fit the file), found by their key's digest (`keys` gives a request's
+    key), valid while the index generation word at byte `generation` stays, written
+    under the `SharedLock` at byte `lock` (one writer at a time); `deciding`: the
+    request fields a hit's decision reads (a request with any of them is never answered
+    from it)."""
 
     def __init__(
         self,
@@ -60,17 +84,25 @@ class Answers:
         size: int,
         objects: int,
         deciding: list[str],
+        keys: KeyRules,
         track_touches: bool = False,
     ) -> None: ...
     def record(
-        self, url: bytes, head: bytes, path: bytes, size: int, born: float | None, generation: int
+        self,
+        digest: bytes,
+        head: bytes,
+        path: bytes,
+        size: int,
+        born: float | None,
+        generation: int,
     ) -> bool:
-        """Record the answer to a GET of `url` with no deciding field: `head` the status
-        line and fields up to the Age (each line with its CRLF), `path` and `size` the
-        body file, `born` when the origin generated it (None: no Age), `generation` the
-        one the object was found under; False if not recorded."""
-    def touched(self) -> list[bytes]:
-        """The URLs this process answered from the table since the last call, with
+        """Record the answer to a GET with no deciding field of any URL whose key has
+        this `digest` (`key_digest`): `head` the status line and fields up to the Age
+        (each line with its CRLF), `path` and `size` the body file, `born` when the
+        origin generated it (None: no Age), `generation` the one the object was found
+        under; False if not recorded."""
+    def touched(self) -> list[str]:
+        """The keys this process answered from the table since the last call, with
         `track_touches` (else none)."""
     @property
     def displaced(self) -> int:

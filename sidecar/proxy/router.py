@@ -35,7 +35,7 @@ from sidecar.buffer.fill import (
     UnsizedFill,
 )
 from sidecar.buffer.keeper import BUFFER_UNAVAILABLE, UNSIZED, Buffer
-from sidecar.buffer.store import StoredObject, StoreError
+from sidecar.buffer.store import StoredObject, StoreError, key_digest
 from sidecar.cache import endpoints, policy
 from sidecar.core import native
 from sidecar.metrics import Metrics
@@ -674,7 +674,7 @@ class Router:
         ):
             # The same request gets the same answer while the generation stays: the
             # core's table sends it from now on, in every worker.
-            self._record(request.url, key, entry, self.buffer.generation, representation)
+            self._record(key, entry, self.buffer.generation, representation)
         counters = self.metrics.counters
         counters.hits += 1
         counters.bytes_from_buffer += size
@@ -684,17 +684,16 @@ class Router:
 
     def _record(
         self,
-        url: str,
         key: str,
         entry: StoredObject,
         generation: int,
         representation: Representation | None = None,
     ) -> None:
         """Record the whole 200 of `entry` (its `representation`, when the caller has
-        it) for a GET of `url` with no field the decision reads in the core's table,
-        valid while the index stays at `generation`: after `hit_now` answered it so, and
-        after a fill of `url` was committed (the answer `hit_now` would give), so that
-        the first request after a miss is the table's."""
+        it) for a GET of any URL of `key` with no field the decision reads in the core's
+        table, valid while the index stays at `generation`: after `hit_now` answered it
+        so, and after a fill of `key` was committed (the answer `hit_now` would give), so
+        that the first request after a miss is the table's."""
         if self.answers is None or self._by_freshness(key):
             return
         if endpoints.rules(key).part is not None:
@@ -702,7 +701,7 @@ class Router:
         if representation is None:
             representation = self._representation(key, entry)
         self.answers.record(
-            url.encode(),
+            key_digest(key),
             representation.head_lines,
             self.buffer.body_path(entry).encode(),
             entry.size,

@@ -119,7 +119,10 @@ async def run(settings: Settings, inherited: Inherited) -> None:
     )
     fills = Fills(buffer, upstream, metrics, settings.parallel_fetch, settings.access_log)
     answers = shared.answers_table(
-        settings.index_capacity, policy.HIT_FIELDS, track_touches=settings.eviction == "lru"
+        settings.index_capacity,
+        policy.HIT_FIELDS,
+        policy.KEYS,
+        track_touches=settings.eviction == "lru",
     )
     router = Router(settings, buffer, fills, upstream, metrics, answers)
     if settings.stage_in and inherited.index == 0:
@@ -209,7 +212,7 @@ async def _report_uses(buffer: Buffer, answers: native.Answers) -> None:
     keys go to the keeper with the router's, at the same pace."""
     while True:
         await asyncio.sleep(TOUCH_INTERVAL)
-        buffer.touch(policy.cache_key(url.decode()) for url in answers.touched())
+        buffer.touch(answers.touched())
 
 
 async def _collect_garbage() -> None:

@@ -38,7 +38,9 @@ from bench.harness import (
 )
 from sidecar.core import native
 
-TEST_HOSTS = ("origin.test", "tunnel.test", "badcert.test")
+# A bucket's host of the S3 signing family (`cache.policy`), served by the test origin.
+SIGNING_HOST = "datasets.s3.amazonaws.com"
+TEST_HOSTS = ("origin.test", "tunnel.test", "badcert.test", SIGNING_HOST)
 ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
 CLIENT_TIMEOUT = 60  # seconds for one download
 
@@ -73,7 +75,10 @@ def origin(
 ) -> Iterator[OriginServer]:
     """The dataset host: trusted through the sidecar's --upstream-ca."""
     server = start_origin(
-        dataset, origin_ca, ["origin.test", "tunnel.test"], tmp_path_factory.mktemp("origin")
+        dataset,
+        origin_ca,
+        ["origin.test", "tunnel.test", SIGNING_HOST],
+        tmp_path_factory.mktemp("origin"),
     )
     yield server
     server.process.stop()

@@ -26,7 +26,7 @@ from sidecar.cache import policy
 from sidecar.proxy.router import Representation, answer
 from sidecar.wire.exchange import Request
 from sidecar.wire.fields import Fields
-from tests.sidecar.conftest import FILES, curl
+from tests.sidecar.conftest import FILES, SIGNING_HOST, curl
 from tests.sidecar.test_strict import BOUND, Client, RawOrigin
 
 pytestmark = pytest.mark.e2e
@@ -96,6 +96,34 @@ def test_a_miss_recorded_at_its_commit_is_answered_by_the_core_in_every_worker_w
         theirs = last_head(download.stdout).splitlines()
         assert [re.sub(r"^age: \d+", "age: N", line.lower()) for line in theirs] == ours
         assert int(head_of(download.stdout)["age"]) >= int(head_of(python.stdout)["age"])
+
+
+def test_a_url_signed_anew_finds_its_keys_answer_in_the_core(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    """A presigned URL carries a new signature each time it is signed; the key drops it
+    (`policy.cache_key`), and so does the table's lookup, which the core makes by the
+    same rule: a URL signed anew is answered by the core, with the stored bytes."""
+    sidecar = start_sidecar("--intercept", f"origin.test,{SIGNING_HOST}")
+
+    def signed(signature: str) -> str:
+        query = {"versionId": "7", "X-Amz-Date": signature, "X-Amz-Signature": signature}
+        return origin.url(SMALL, host=SIGNING_HOST, **query)
+
+    expected = (dataset / SMALL).read_bytes()
+    first = curl(sidecar, signed("one"))
+    assert first.returncode == 0 and first.body == expected
+    sidecar.wait_for_entries(1)
+    for signature in ("two", "three"):
+        again = curl(sidecar, signed(signature))
+        assert again.returncode == 0 and again.body == expected
+    assert by_core(sidecar) == 2
+    stats = sidecar.stats()
+    assert (stats["misses"], stats["hits"]) == (1, 2)
+    # Another version is another key: the origin's, not the table's.
+    other = origin.url(SMALL, host=SIGNING_HOST, versionId="8", **{"X-Amz-Signature": "four"})
+    assert curl(sidecar, other).body == expected
+    assert by_core(sidecar) == 2 and sidecar.stats()["misses"] == 2
 
 
 @pytest.mark.parametrize(

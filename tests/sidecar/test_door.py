@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.buffer.store import key_digest
 from sidecar.cache import policy
 from sidecar.core import native
 from sidecar.shared import Shared
@@ -79,10 +80,11 @@ class Visitors:
 def answers(tmp_path: Path) -> native.Answers:
     """A table of answers holding one: STORED, whose body is in a file."""
     shared = Shared.create(1, answers=256 * 1024)
-    table = shared.answers_table(64, policy.HIT_FIELDS)
+    table = shared.answers_table(64, policy.HIT_FIELDS, policy.KEYS)
     body = tmp_path / "body"
     body.write_bytes(BODY)
-    assert table.record(STORED.encode(), HEAD, str(body).encode(), len(BODY), None, 0)
+    digest = key_digest(policy.cache_key(STORED))
+    assert table.record(digest, HEAD, str(body).encode(), len(BODY), None, 0)
     return table
 
 

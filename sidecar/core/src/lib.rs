@@ -10,8 +10,9 @@
 //! protocol, sends stored body files to a client without Python touching them, and
 //! forwards what it reads to another stream (tunnels, upgrades, bodies that pass);
 //! the table of answers Python recorded, which any worker's streams send again
-//! (`Answers`); and a small body on its way from an origin into the buffer, which the
-//! origin's stream feeds and the clients' streams send on as it comes (`Tee`); the
+//! (`Answers`), found by the buffer's key of a URL (`KeyRules`, `key_digest`); a small
+//! body on its way from an origin into the buffer, which the origin's stream feeds and
+//! the clients' streams send on as it comes (`Tee`); the
 //! digest stored bodies are checked against (`Digest`); the lock every process takes to
 //! change what they share (`SharedLock`); and, for the tests, the HTTP/1.1 parser
 //! framing the bytes it is given (`frame`).
@@ -35,6 +36,7 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<front::arrival::Arrival>()?;
     module.add_class::<front::door::Door>()?;
     module.add_class::<buffer::answers::Answers>()?;
+    module.add_class::<buffer::key::KeyRules>()?;
     module.add_class::<shared::lock::SharedLock>()?;
     module.add_class::<wire::tls::TlsConfig>()?;
     module.add_class::<wire::tls::ClientTls>()?;
@@ -44,6 +46,7 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<wire::framed::Message>()?;
     module.add_function(wrap_pyfunction!(front::arrival::accept, module)?)?;
     module.add_function(wrap_pyfunction!(front::door::forwarded_request, module)?)?;
+    module.add_function(wrap_pyfunction!(buffer::key::py_key_digest, module)?)?;
     module.add_function(wrap_pyfunction!(stream::relayed_bytes, module)?)?;
     module.add_function(wrap_pyfunction!(wire::framed::frame, module)?)?;
     let py = module.py();

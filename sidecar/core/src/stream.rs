@@ -548,14 +548,17 @@ fn answer_from_table(slf: &Bound<'_, Stream>, head: &Head) -> PyResult<bool> {
         } else {
             [scope.as_slice(), head.target.as_slice()].concat()
         };
-        let Some(found) = answers.find(&url) else {
+        let Some((key, digest)) = answers.key_of(&url) else {
+            return Ok(false);
+        };
+        let Some(found) = answers.find(&digest) else {
             return Ok(false);
         };
         // A body removed since its generation was read is Python's to miss.
         let Ok(file) = File::open(OsStr::from_bytes(&found.path)) else {
             return Ok(false);
         };
-        answers.count(&url, found.size);
+        answers.count(key, found.size);
         let close = !head.keep_alive;
         stream.core.outbox.push_bytes(&found.head_at(now(), close));
         stream.core.outbox.push_file(file.into(), 0, found.size);
