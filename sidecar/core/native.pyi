@@ -121,7 +121,8 @@ def relayed_bytes() -> int:
 
 def accept(listener: int) -> int:
     """A client accepted on the listening socket `listener`: its descriptor,
-    non-blocking, close-on-exec, TCP_NODELAY. BlockingIOError when none waits."""
+    non-blocking, close-on-exec, with the listener's options (TCP_NODELAY:
+    `proxy.listeners`). BlockingIOError when none waits."""
 
 def forwarded_request(head: bytes) -> bool | None:
     """Is what came first on the proxy port (`head`) a request for the proxy itself to

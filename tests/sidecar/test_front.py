@@ -370,7 +370,8 @@ def test_a_busier_worker_waits_only_for_a_worker_that_is_accepting() -> None:
 def test_a_listener_hands_a_connection_over_once_its_first_bytes_are_in() -> None:
     """The sidecar's listening sockets defer each accept until the client has sent
     something (TCP_DEFER_ACCEPT), so that the core's door finds a request there and not
-    an empty socket; a client that sends nothing is accepted all the same, later."""
+    an empty socket; a client that sends nothing is accepted all the same, later. What
+    is accepted has Nagle's delay off already."""
     with listeners.listen("127.0.0.1", 0) as sock:
         quiet = socket.create_connection(sock.getsockname())
         speaking = socket.create_connection(sock.getsockname())
@@ -383,6 +384,8 @@ def test_a_listener_hands_a_connection_over_once_its_first_bytes_are_in() -> Non
             accepted, _ = sock.accept()
             with accepted:
                 assert accepted.recv(3, socket.MSG_PEEK) == b"GET"
+                # Nagle's delay is off from the listener on: no system call per client.
+                assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
             started = time.monotonic()
             while time.monotonic() - started < 5 * listeners.DEFER_ACCEPT:
                 try:

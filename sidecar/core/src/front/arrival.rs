@@ -214,8 +214,9 @@ fn peer_hung_up(fd: RawFd) -> bool {
 }
 
 /// Accept a client on the listening socket `listener`: its descriptor, non-blocking and
-/// close-on-exec, with Nagle's delay off (a response leaves as soon as it is written).
-/// No socket object of Python's per connection: the arrival takes the descriptor.
+/// close-on-exec (with the listener's options, Nagle's delay off among them:
+/// `sidecar.proxy.listeners`). No socket object of Python's per connection: the arrival
+/// takes the descriptor.
 #[pyfunction]
 pub fn accept(listener: RawFd) -> PyResult<RawFd> {
     Ok(accept_client(listener)?)
@@ -228,18 +229,6 @@ fn accept_client(listener: RawFd) -> io::Result<RawFd> {
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
-    let on: libc::c_int = 1;
-    // SAFETY: `fd` is open and `on` outlives the call. A socket that is not TCP's
-    // refuses the option, which is then no matter.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_NODELAY,
-            (&raw const on).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
     Ok(fd)
 }
 
