@@ -17,11 +17,13 @@
 //! change what they share (`SharedLock`); and, for the tests, the HTTP/1.1 parser
 //! framing the bytes it is given (`frame`).
 
-// Bottom to top: what every layer uses, the wire, the shared memory, the buffer, the
-// stream, the tee, the front end. Each module uses only those at or below its layer.
+// Bottom to top: what every layer uses, the wire, the cache's rules, the shared memory,
+// the buffer, the stream, the tee, the front end. Each module uses only those at or below
+// its layer.
 pub mod clock;
 pub mod watch;
 pub mod wire;
+pub mod cache;
 pub mod shared;
 pub mod buffer;
 pub mod stream;
@@ -36,7 +38,7 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<front::arrival::Arrival>()?;
     module.add_class::<front::door::Door>()?;
     module.add_class::<buffer::answers::Answers>()?;
-    module.add_class::<buffer::key::KeyRules>()?;
+    module.add_class::<cache::key::KeyRules>()?;
     module.add_class::<shared::lock::SharedLock>()?;
     module.add_class::<wire::tls::TlsConfig>()?;
     module.add_class::<wire::tls::ClientTls>()?;
@@ -46,7 +48,7 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<wire::framed::Message>()?;
     module.add_function(wrap_pyfunction!(front::arrival::accept, module)?)?;
     module.add_function(wrap_pyfunction!(front::door::forwarded_request, module)?)?;
-    module.add_function(wrap_pyfunction!(buffer::key::py_key_digest, module)?)?;
+    module.add_function(wrap_pyfunction!(cache::key::py_key_digest, module)?)?;
     module.add_function(wrap_pyfunction!(stream::relayed_bytes, module)?)?;
     module.add_function(wrap_pyfunction!(wire::framed::frame, module)?)?;
     let py = module.py();
@@ -67,9 +69,10 @@ mod layers {
     use std::path::Path;
 
     /// The crate's modules, bottom to top, as declared above.
-    const LAYERS: [&[&str]; 7] = [
+    const LAYERS: [&[&str]; 8] = [
         &["clock", "watch"],
         &["wire"],
+        &["cache"],
         &["shared"],
         &["buffer"],
         &["stream"],

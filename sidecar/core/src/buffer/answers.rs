@@ -46,7 +46,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering, fence};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::buffer::key::{DIGEST, KeyRules, Rules, digest};
+use crate::cache::key::{DIGEST, KeyRules, Rules, digest};
 use crate::clock::now;
 use crate::shared::lock::SharedLock;
 use crate::shared::mapping::{Mapping, python_error};
@@ -706,7 +706,7 @@ fn lengths(packed: u64) -> [usize; 2] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::buffer::key;
+    use crate::cache::key;
     use crate::shared::lock;
     use crate::wire::http1::{Event, Parser};
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

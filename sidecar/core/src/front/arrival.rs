@@ -404,10 +404,40 @@ mod tests {
         assert_eq!(peek(fd, 16).unwrap(), Some(Vec::new()));
     }
 
+    /// Nagle's delay of a socket: on (1) or off (0).
+    fn nodelay(fd: super::RawFd) -> libc::c_int {
+        let mut on: libc::c_int = 0;
+        let mut length = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `on` and `length` are valid for the option's size.
+        let got = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_NODELAY,
+                (&raw mut on).cast(),
+                &raw mut length,
+            )
+        };
+        assert_eq!(got, 0);
+        on
+    }
+
     #[test]
-    fn an_accepted_client_is_non_blocking_close_on_exec_and_without_delay() {
+    fn an_accepted_client_is_non_blocking_close_on_exec_with_its_listeners_options() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
+        let on: libc::c_int = 1;
+        // SAFETY: the listener is open and `on` outlives the call.
+        let set = unsafe {
+            libc::setsockopt(
+                listener.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_NODELAY,
+                (&raw const on).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(set, 0);
         let error = accept_client(listener.as_raw_fd()).unwrap_err();
         assert_eq!(error.kind(), std::io::ErrorKind::WouldBlock);
         let _client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
@@ -423,19 +453,8 @@ mod tests {
         };
         assert_ne!(status & libc::O_NONBLOCK, 0);
         assert_ne!(descriptor & libc::FD_CLOEXEC, 0);
-        let mut on: libc::c_int = 0;
-        let mut length = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: `on` and `length` are valid for the option's size.
-        let got = unsafe {
-            libc::getsockopt(
-                fd,
-                libc::IPPROTO_TCP,
-                libc::TCP_NODELAY,
-                (&raw mut on).cast(),
-                &raw mut length,
-            )
-        };
-        assert_eq!((got, on), (0, 1));
+        // The listener's Nagle's delay, off: the sidecar's listeners set it once.
+        assert_eq!(nodelay(fd), 1);
         drop(accepted);
     }
 }

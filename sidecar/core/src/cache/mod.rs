@@ -1,0 +1,5 @@
+//! The cache's rules as the core applies them, each the one implementation of
+//! `sidecar.cache.policy`'s rule or checked against it: the key every stored object is
+//! found by (`key`).
+
+pub mod key;
