@@ -396,6 +396,12 @@ _NOT_REPLAYED = HOP_BY_HOP | frozenset(
 _FRAMING = frozenset(("content-length",))
 
 
+# Fields never relayed to the client whose request started a fill (`_relayed`).
+_NOT_RELAYED = HOP_BY_HOP | _FRAMING | {"alt-svc"}
+# Fields never replayed whatever their name ends with: the CORS ones (`stored_headers`).
+_NOT_REPLAYED_PREFIX = "access-control-"
+
+
 def _relayed(lines: Iterable[tuple[str, str]], named: list[str]) -> list[tuple[str, str]]:
     """The response fields sent to the client whose request started a fill, in order
     (`named`: those `Connection` names).
@@ -405,8 +411,7 @@ def _relayed(lines: Iterable[tuple[str, str]], named: list[str]) -> list[tuple[s
     fields and those `Connection` names, and minus the framing that each answer sets for
     itself. `Alt-Svc` is dropped too: it would send the client around the proxy.
     """
-    dropped = set(HOP_BY_HOP | _FRAMING)
-    dropped.add("alt-svc")
+    dropped = set(_NOT_RELAYED)
     dropped.update(named)
     return [(name, value) for name, value in lines if name.lower() not in dropped]
 
@@ -446,7 +451,7 @@ def _stored(
     kept = []
     for name, value in lines:
         lowered = name.lower()
-        if lowered not in dropped and not lowered.startswith("access-control-"):
+        if lowered not in dropped and not lowered.startswith(_NOT_REPLAYED_PREFIX):
             kept.append((name, value))
     return kept
 
@@ -478,6 +483,10 @@ class Kept(NamedTuple):
     lifetime: float  # `freshness_lifetime` of the stored fields
 
 
+# The common case's judgement, with the names of the fields kept here.
+_COMMON = native.JudgeRules(sorted(_NOT_REPLAYED), _NOT_REPLAYED_PREFIX, sorted(_NOT_RELAYED))
+
+
 def judge_response(
     status: int,
     version: str,
@@ -492,10 +501,31 @@ def judge_response(
     the fill keeps. A signed range's `Content-Range` is kept with it: it says which part
     of the xorb the object is.
 
-    The rules are the functions named in `Kept`; this reads each field of the head once
-    for all of them, which every miss does.
+    The common case (what dataset origins answer: a 200 with a Content-Length, dates and
+    an ETag, nothing that bears on freshness) is judged by the core
+    (`native.JudgeRules`), which a property test holds to `_judge`'s verdicts; every
+    other response by `_judge`.
     """
     lines = field_lines(headers)
+    if not isinstance(lines, list):
+        lines = list(lines)
+    if signed is None:
+        common = _COMMON.judge(status, version, lines, requested, received)
+        if common is not None:
+            return Kept._make(common)
+    return _judge(status, version, lines, requested, received, signed)
+
+
+def _judge(
+    status: int,
+    version: str,
+    lines: Iterable[tuple[str, str]],
+    requested: float,
+    received: float,
+    signed: endpoints.SignedRange | None,
+) -> Verdict | Kept:
+    """`judge_response`, every rule of it: the rules are the functions named in `Kept`;
+    this reads each field of the head once for all of them, which every miss does."""
     fields = Fields.of(lines)
     verdict = _cacheable(status, version, fields, signed)
     if not verdict.cacheable:

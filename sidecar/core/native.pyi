@@ -62,6 +62,39 @@ class KeyRules:
     ) -> str:
         """The key of a URL split elsewhere: `host` lower-case, no trailing dot."""
 
+class JudgeRules:
+    """What a fill keeps of an origin's response in the common case (a 200 of HTTP/1.x
+    with one Content-Length of digits, at most one Date, Last-Modified and ETag, those
+    dates IMF-fixdates, a Connection of tokens, and no Transfer-Encoding,
+    Content-Encoding, Vary, Cache-Control, Expires or Age): never replaying the fields
+    in `not_replayed` (lower-case) or beginning with `not_replayed_prefix`, never
+    relaying those in `not_relayed`."""
+
+    def __init__(
+        self, not_replayed: list[str], not_replayed_prefix: str, not_relayed: list[str]
+    ) -> None: ...
+    def judge(
+        self,
+        status: int,
+        version: str,
+        lines: list[tuple[str, str]],
+        requested: float,
+        received: float,
+    ) -> (
+        tuple[
+            int,
+            tuple[tuple[str, str], ...],
+            tuple[tuple[str, str], ...],
+            str | None,
+            str | None,
+            float,
+            float,
+        ]
+        | None
+    ):
+        """`policy.Kept`'s fields for this response, or None when it is not the common
+        case (then Python's to judge)."""
+
 def key_digest(key: bytes) -> bytes:
     """A key's digest, as the index and the table of answers name it: BLAKE2b, 16 bytes."""
 

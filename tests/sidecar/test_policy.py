@@ -2,14 +2,14 @@ import string
 from email.utils import parsedate_to_datetime
 
 import pytest
-from hypothesis import given
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from mitmproxy.http import Headers
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from sidecar.cache import policy
 from sidecar.cache.policy import Reason, cache_key
-from sidecar.wire import conditionals, fields, ranges
+from sidecar.wire import conditionals, dates, fields, ranges
 from sidecar.wire.ranges import FULL, UNSATISFIABLE, ByteRange, parse_range
 
 # --- headers ---------------------------------------------------------------------------
@@ -866,3 +866,126 @@ def test_directives_remembered_by_value_are_the_same_for_every_reader() -> None:
     again = fields.cache_directives({"cache-control": "max-age=60, no-cache"})
     assert again is first
     assert dict(again) == {"max-age": "60", "no-cache": None}
+
+
+# --- the core's judgement of the common case ---------------------------------------------
+
+_DATES = st.one_of(
+    st.integers(0, 4_102_444_800).map(lambda second: dates.http_date(second)),
+    st.sampled_from(
+        [
+            "sun, 06 Nov 1994 08:49:37 GMT",
+            "Sunday, 06-Nov-94 08:49:37 GMT",
+            "Sun Nov  6 08:49:37 1994",
+            "Fri, 30 Feb 2024 00:00:00 GMT",
+            "Sun, 06 Nov 1994 08:49:99 GMT",
+            "Sun, 06 Nov 0000 08:49:37 GMT",
+            " Sun, 06 Nov 1994 08:49:37 GMT",
+            "soon",
+        ]
+    ),
+)
+_VALUES = {
+    "Date": _DATES,
+    "Last-Modified": _DATES,
+    "Content-Length": st.sampled_from(
+        ["0", "16384", "000123", "5, 5", " 7", "7 ", "abc", "", "99999999999999999999"]
+    ),
+    "ETag": st.sampled_from(['"a"', 'W/"b"', ""]),
+    "Connection": st.sampled_from(
+        ["keep-alive", "close", "Last-Modified", "x-custom, date", '"quoted"', ", ,", "ETag"]
+    ),
+    "Cache-Control": st.sampled_from(["max-age=60", "no-store", 'no-cache="x-custom"']),
+    "Expires": _DATES,
+    "Age": st.sampled_from(["0", "30", "x"]),
+    "Vary": st.sampled_from(["Accept-Encoding", "*", "Cookie"]),
+    "Content-Encoding": st.sampled_from(["identity", "gzip"]),
+    "Transfer-Encoding": st.sampled_from(["chunked"]),
+    "Content-Range": st.sampled_from(["bytes 0-9/10"]),
+    "Pragma": st.sampled_from(["no-cache"]),
+}
+_OTHER_FIELDS = [
+    "Server", "X-Custom", "Set-Cookie", "Set-Cookie2", "Alt-Svc", "Keep-Alive",
+    "Access-Control-Allow-Origin", "Proxy-Connection", "Content-Type", "Trailer",
+]
+_DEFERRED = ("Cache-Control", "Expires", "Age", "Vary", "Content-Encoding", "Transfer-Encoding")
+
+
+def _lines(names: list[str]) -> st.SearchStrategy[tuple[str, str]]:
+    return st.sampled_from(names).flatmap(lambda name: st.tuples(st.just(name), _VALUES[name]))
+
+
+# Most lines of a kind the core judges (a Connection, another Date, a field never
+# replayed), some of a kind it leaves to Python.
+_FIELD = st.one_of(
+    _lines([name for name in _VALUES if name not in _DEFERRED]),
+    st.tuples(st.sampled_from(_OTHER_FIELDS), st.sampled_from(["v", "a=b", ""])),
+    _lines(["Connection"]),
+    _lines(list(_DEFERRED)),
+).flatmap(
+    # A name in any case: the rules read names case-insensitively.
+    lambda line: st.sampled_from([str.lower, str.upper, str]).map(
+        lambda case: (case(line[0]), line[1])
+    )
+)
+# The head nearly every dataset origin sends, which the core judges on its own.
+_COMMON_HEAD = [
+    ("Server", "nginx"),
+    ("Date", "Mon, 07 Dec 2026 23:00:00 GMT"),
+    ("Content-Length", "16384"),
+    ("Last-Modified", "Mon, 07 Dec 2026 22:00:00 GMT"),
+    ("ETag", '"6571b2c0-4000"'),
+]
+
+
+@settings(max_examples=500)
+@given(
+    status=st.sampled_from([200, 200, 200, 200, 206, 304, 404]),
+    version=st.sampled_from(["1.1", "1.1", "1.0"]),
+    # The common head, most of it, with a few lines of any kind among it.
+    head=st.tuples(
+        st.lists(st.sampled_from(_COMMON_HEAD), min_size=2, max_size=5, unique=True),
+        st.lists(_FIELD, max_size=3),
+    ).flatmap(lambda parts: st.permutations(parts[0] + parts[1])),
+    received=st.floats(1.7e9, 1.9e9),
+    round_trip=st.floats(0, 5),
+)
+def test_what_the_core_judges_alone_python_judges_alike(
+    status: int, version: str, head: list[tuple[str, str]], received: float, round_trip: float
+) -> None:
+    """Every response the core's judgement keeps on its own (`native.JudgeRules`: the
+    common case) is kept by Python's own rules (`_judge`) with the same fields stored
+    and relayed, the same validators, the same moment of generation and lifetime; the
+    rest it leaves to Python."""
+    requested = received - round_trip
+    common = policy._COMMON.judge(status, version, head, requested, received)
+    event("judged by the core" if common is not None else "left to Python")
+    if common is not None:
+        assert policy.Kept._make(common) == policy._judge(
+            status, version, head, requested, received, None
+        )
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        _COMMON_HEAD,
+        [*_COMMON_HEAD, ("Connection", "keep-alive"), ("Accept-Ranges", "bytes")],
+        # S3's: fields of its own, and a Set-Cookie that is never replayed.
+        [
+            ("x-amz-id-2", "abc"),
+            ("Date", "Mon, 07 Dec 2026 23:00:00 GMT"),
+            ("Last-Modified", "Sun, 06 Nov 1994 08:49:37 GMT"),
+            ("ETag", '"9b2cf535f27731c974343645a3985328"'),
+            ("x-amz-version-id", "null"),
+            ("Content-Length", "5"),
+            ("Set-Cookie", "a=b"),
+        ],
+    ],
+)
+def test_a_dataset_origins_head_is_judged_by_the_core(head: list[tuple[str, str]]) -> None:
+    now = 1_796_684_400.25
+    common = policy._COMMON.judge(200, "1.1", head, now - 0.5, now)
+    assert common is not None
+    assert policy.Kept._make(common) == policy._judge(200, "1.1", head, now - 0.5, now, None)
+    assert policy.judge_response(200, "1.1", head, now - 0.5, now) == policy.Kept._make(common)

@@ -10,7 +10,8 @@
 //! protocol, sends stored body files to a client without Python touching them, and
 //! forwards what it reads to another stream (tunnels, upgrades, bodies that pass);
 //! the table of answers Python recorded, which any worker's streams send again
-//! (`Answers`), found by the buffer's key of a URL (`KeyRules`, `key_digest`); a small
+//! (`Answers`), found by the buffer's key of a URL (`KeyRules`, `key_digest`); what a
+//! fill keeps of an origin's common response (`JudgeRules`); a small
 //! body on its way from an origin into the buffer, which the origin's stream feeds and
 //! the clients' streams send on as it comes (`Tee`); the
 //! digest stored bodies are checked against (`Digest`); the lock every process takes to
@@ -39,6 +40,7 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<front::door::Door>()?;
     module.add_class::<buffer::answers::Answers>()?;
     module.add_class::<cache::key::KeyRules>()?;
+    module.add_class::<cache::judge::JudgeRules>()?;
     module.add_class::<shared::lock::SharedLock>()?;
     module.add_class::<wire::tls::TlsConfig>()?;
     module.add_class::<wire::tls::ClientTls>()?;
