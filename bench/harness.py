@@ -64,19 +64,29 @@ def ephemeral_ports() -> range:
     return range(int(low), int(high) + 1)
 
 
+# Ports `free_port` handed out in this process: a server may not have bound its port yet
+# when the next is asked for (a sidecar's proxy and admin ports are picked together), and
+# one of them twice failed its start one time in a few thousand.
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A loopback port nothing listens on, for a server about to start. Taken from below
-    the ephemeral range: a port from that range may be taken by any connection's local
-    end between this check and the server's bind (a busy machine makes thousands), one
-    below it only by another server."""
+    """A loopback port nothing listens on, for a server about to start, and none this
+    process handed out before. Taken from below the ephemeral range: a port from that
+    range may be taken by any connection's local end between this check and the
+    server's bind (a busy machine makes thousands), one below it only by another
+    server."""
     below = ephemeral_ports().start
     for _ in range(100 if below > FIXED_PORTS_FROM else 0):
         port = random.randrange(FIXED_PORTS_FROM, below)
+        if port in _handed_out:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _handed_out.add(port)
             return port
     with socket.socket() as s:  # no room below the ephemeral range: the kernel's pick
         s.bind(("127.0.0.1", 0))
