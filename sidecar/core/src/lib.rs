@@ -11,7 +11,8 @@
 //! forwards what it reads to another stream (tunnels, upgrades, bodies that pass);
 //! the table of answers Python recorded, which any worker's streams send again
 //! (`Answers`), found by the buffer's key of a URL (`KeyRules`, `key_digest`); what a
-//! fill keeps of an origin's common response (`JudgeRules`); a small
+//! fill keeps of an origin's common response (`JudgeRules`); which worker fetches which
+//! key, and the room each fills alone (`Claims`); a small
 //! body on its way from an origin into the buffer, which the origin's stream feeds and
 //! the clients' streams send on as it comes (`Tee`); the
 //! digest stored bodies are checked against (`Digest`); the lock every process takes to
@@ -39,6 +40,7 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<front::arrival::Arrival>()?;
     module.add_class::<front::door::Door>()?;
     module.add_class::<buffer::answers::Answers>()?;
+    module.add_class::<buffer::claims::Claims>()?;
     module.add_class::<cache::key::KeyRules>()?;
     module.add_class::<cache::judge::JudgeRules>()?;
     module.add_class::<shared::lock::SharedLock>()?;
@@ -57,6 +59,8 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("CertificateRejected", py.get_type::<wire::connection::CertificateRejected>())?;
     module.add("Truncated", py.get_type::<wire::connection::Truncated>())?;
     module.add("SHARED_LOCK_BYTES", shared::lock::BYTES)?;
+    module.add("CLAIM_SLOTS", buffer::claims::SLOTS)?;
+    module.add("CLAIM_WINDOW", buffer::claims::WINDOW)?;
     module.add("HELLO_PEEK", front::arrival::HELLO_PEEK)?;
     module.add("REQUEST_PEEK", front::arrival::REQUEST_PEEK)?;
     module.add("TLS_HANDSHAKE_RECORD", [front::door::TLS_HANDSHAKE_RECORD].as_slice())?;
