@@ -49,36 +49,50 @@ def fds_on(pid: int, needle: str) -> int:
 def test_clients_on_every_worker_share_one_upstream_fetch(
     start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
 ) -> None:
+    """Six clients at once, some on each worker, make one upstream fetch of the whole
+    object. What is tested is the sharing, which needs clients on both workers: where a
+    loaded machine let one worker take every client (the other not woken in time), the
+    clients read a fresh object again, up to three times."""
     sidecar = start_sidecar("--workers", "2", "--parallel-fetch", "1", "--access-log")
-    url = origin.url("big.bin", case="workers-coalesce", rate=12_000_000)
     expected = (dataset / "big.bin").read_bytes()
     ranges = [None, None, None, "0-99999", f"{BIG - 5000}-", "1000000-3999999"]
-    with ThreadPoolExecutor(len(ranges)) as pool:
-        downloads = list(pool.map(lambda r: curl(sidecar, url, *(("-r", r) if r else ())), ranges))
-    for wanted, download in zip(ranges, downloads, strict=True):
-        assert download.returncode == 0, download.stderr
-        if wanted is None:
-            assert download.body == expected
-        else:
-            start, _, end = wanted.partition("-")
-            assert download.body == expected[int(start) : int(end) + 1 if end else None]
-    assert origin.full_fetches("big.bin", case="workers-coalesce", rate=12_000_000) == 1
-    stats = sidecar.stats()
-    # The tail range starts beyond what the fill will have soon: it is fetched apart
-    # (when it arrives first, the fill it starts is joined by all the others).
-    assert stats["pass_reasons"] == {"range-ahead-of-fill": 1}
-    assert stats["misses"] + stats["coalesced"] == len(ranges) - 1, stats
-    assert stats["misses"] <= 1
-    assert stats["workers"] == 2
-    served_by = {
-        line.split("]")[0].rsplit("[", 1)[1]
-        for line in sidecar.log().splitlines()
-        if "sidecar.proxy.router: coalesced GET" in line or "sidecar.proxy.router: miss GET" in line
-    }
+    served_by: set[str] = set()
+    for attempt in range(3):
+        case = f"workers-coalesce-{attempt}"
+        url = origin.url("big.bin", case=case, rate=12_000_000)
+        logged, before = len(sidecar.log()), sidecar.stats()
+        with ThreadPoolExecutor(len(ranges)) as pool:
+            downloads = list(
+                pool.map(lambda r, u=url: curl(sidecar, u, *(("-r", r) if r else ())), ranges)
+            )
+        for wanted, download in zip(ranges, downloads, strict=True):
+            assert download.returncode == 0, download.stderr
+            if wanted is None:
+                assert download.body == expected
+            else:
+                start, _, end = wanted.partition("-")
+                assert download.body == expected[int(start) : int(end) + 1 if end else None]
+        assert origin.full_fetches("big.bin", case=case, rate=12_000_000) == 1
+        stats = sidecar.stats()
+        # The tail range starts beyond what the fill will have soon: it is fetched apart
+        # (when it arrives first, the fill it starts is joined by all the others).
+        passes = stats["pass_reasons"].get("range-ahead-of-fill", 0)
+        assert passes - before["pass_reasons"].get("range-ahead-of-fill", 0) == 1
+        misses = stats["misses"] - before["misses"]
+        assert misses + stats["coalesced"] - before["coalesced"] == len(ranges) - 1, stats
+        assert misses <= 1
+        assert stats["workers"] == 2
+        served_by = {
+            line.split("]")[0].rsplit("[", 1)[1]
+            for line in sidecar.log()[logged:].splitlines()
+            if "sidecar.proxy.router: coalesced GET" in line
+            or "sidecar.proxy.router: miss GET" in line
+        }
+        if served_by == {"w0", "w1"}:
+            break
     assert served_by == {"w0", "w1"}, "the clients should have landed on both workers"
-    sidecar.wait_for_entries(1)
+    sidecar.wait_for_entries(attempt + 1)
     assert curl(sidecar, url).body == expected
-    assert sidecar.stats()["hits"] == 1
 
 
 def test_a_worker_keeps_at_most_in_memory_of_small_bodies_and_stores_the_rest_in_files(
