@@ -398,7 +398,7 @@ _FRAMING = frozenset(("content-length",))
 
 # Fields never relayed to the client whose request started a fill (`_relayed`).
 _NOT_RELAYED = HOP_BY_HOP | _FRAMING | {"alt-svc"}
-# Fields never replayed whatever their name ends with: the CORS ones (`stored_headers`).
+# The start of the names of fields never replayed: the CORS ones (`stored_headers`).
 _NOT_REPLAYED_PREFIX = "access-control-"
 
 
