@@ -7,15 +7,16 @@ the key claimed waits for that fill, or joins it when others may follow it
 process maps, and every change to it is made under the region's lock, by whichever
 process it concerns: so a small miss costs no message to the main process at all.
 
-The table and the leases are the core's (`native.Claims`, `sidecar/core/src/buffer/
-claims.rs`, where the layout is): one claim is a 32-byte slot, the key's 16-byte digest
-(`store.key_digest`, as the index names it), its owner (a worker's index) and its state,
-in one of WINDOW slots from the one its digest names, found by a search of that window
-rather than by probing until a free slot: so freeing a slot moves no other and leaves
-no tombstone. A slot is written owner and digest first and state last, and freed state
-first, so a process killed half way through either leaves a slot that reads as free,
-and the keeper frees whatever a dead worker owned (`forget`). Each call takes the lock
-once, in the core; this module names the states and turns keys into digests.
+The table and the leases are the core's (`native.Claims`, whose source,
+`sidecar/core/src/buffer/claims.rs`, has the layout): one claim is a 32-byte slot, the
+key's 16-byte digest (`store.key_digest`, as the index names it), its owner (a worker's
+index) and its state, in one of WINDOW slots from the one its digest names, found by a
+search of that window rather than by probing until a free slot: so freeing a slot moves
+no other and leaves no tombstone. A slot is written owner and digest first and state
+last, and freed state first, so a process killed half way through either leaves a slot
+that reads as free, and the keeper frees whatever a dead worker owned (`forget`). Each
+call takes the lock once, in the core; this module names the states and turns keys
+into digests.
 
 | state | set by | meaning | a worker that finds it |
 | --- | --- | --- | --- |
