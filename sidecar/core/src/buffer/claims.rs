@@ -76,6 +76,19 @@ impl Claims {
         HEADER + workers * LEASE + (SLOTS + WINDOW - 1) * SLOT
     }
 
+    /// The claims in the shared memory file `fd` (see `new`): InvalidInput if the
+    /// region does not fit the file.
+    pub fn map(fd: RawFd, lock: usize, region: usize, workers: usize) -> io::Result<Self> {
+        let mapping = Mapping::of(fd)?;
+        let base = mapping.at(region, Self::size(workers), "the claims' region")?;
+        Ok(Self {
+            _mapping: mapping,
+            base,
+            workers,
+            lock: SharedLock::map(fd, lock, false)?,
+        })
+    }
+
     fn word(&self, offset: usize) -> &AtomicI64 {
         // SAFETY: offsets are inside the region (`map` checked its size) and 8-aligned.
         unsafe { &*self.base.add(offset).cast::<AtomicI64>() }
@@ -121,6 +134,20 @@ impl Claims {
         (first % SLOTS..first % SLOTS + WINDOW)
             .map(|index| self.slot(index))
             .find(|&slot| self.digest_of(slot) == wanted && (self.state(slot) == FREE) == free)
+    }
+
+    /// `claim`, by the holder of the lock.
+    fn claim_held(&self, digest: &[u8; DIGEST], worker: i32) -> Option<(i32, i32)> {
+        if let Some(found) = self.find(digest, false) {
+            return Some((self.state(found), self.owner(found)));
+        }
+        let free = self.find(digest, true)?;
+        self.set_owner(free, worker);
+        for (word, value) in self.digest_words(free).into_iter().zip(words(digest)) {
+            word.store(value, Ordering::Relaxed);
+        }
+        self.state_word(free).store(RUNNING, Ordering::Release);
+        Some((FREE, worker))
     }
 
     fn release_slot(&self, slot: usize) {
@@ -236,17 +263,7 @@ impl Claims {
     /// `SharedLock` at byte `lock`.
     #[new]
     fn new(fd: RawFd, lock: usize, region: usize, workers: usize) -> PyResult<Self> {
-        let map = || -> io::Result<Self> {
-            let mapping = Mapping::of(fd)?;
-            let base = mapping.at(region, Self::size(workers), "the claims' region")?;
-            Ok(Self {
-                _mapping: mapping,
-                base,
-                workers,
-                lock: SharedLock::map(fd, lock, false)?,
-            })
-        };
-        map().map_err(python_error)
+        Self::map(fd, lock, region, workers).map_err(python_error)
     }
 
     /// Bytes of region the table and `workers` leases take.
@@ -266,20 +283,7 @@ impl Claims {
     /// (state, owner) of the claim found otherwise, None when its window is full.
     fn claim(&self, py: Python<'_>, digest: &[u8], worker: i32) -> PyResult<Option<(i32, i32)>> {
         let digest = digest_of(digest)?;
-        self.locked(py, || {
-            if let Some(found) = self.find(&digest, false) {
-                return Ok(Some((self.state(found), self.owner(found))));
-            }
-            let Some(free) = self.find(&digest, true) else {
-                return Ok(None);
-            };
-            self.set_owner(free, worker);
-            for (word, value) in self.digest_words(free).into_iter().zip(words(&digest)) {
-                word.store(value, Ordering::Relaxed);
-            }
-            self.state_word(free).store(RUNNING, Ordering::Release);
-            Ok(Some((FREE, worker)))
-        })
+        self.locked(py, || Ok(self.claim_held(&digest, worker)))
     }
 
     /// The state of the claim of the key of `digest` (FREE: none).
@@ -494,5 +498,94 @@ impl Claims {
             settle.call1((lent, spent, stored))?;
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shared::lock;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+    const WORKERS: usize = 2;
+
+    /// The lock, then a region for two workers, in a memory file of its own.
+    fn claims() -> (OwnedFd, Claims) {
+        // SAFETY: a new memory file, owned at once.
+        let fd = unsafe { OwnedFd::from_raw_fd(libc::memfd_create(c"claims".as_ptr(), 0)) };
+        let region = lock::BYTES;
+        let size = region + Claims::size(WORKERS);
+        // SAFETY: the descriptor is open.
+        assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), size as i64) }, 0);
+        SharedLock::map(fd.as_raw_fd(), 0, true).expect("lock made");
+        let claims = Claims::map(fd.as_raw_fd(), 0, region, WORKERS).expect("mapped");
+        (fd, claims)
+    }
+
+    /// A digest whose window starts at slot `first`.
+    fn digest(first: u32, tag: u8) -> [u8; DIGEST] {
+        let mut digest = [tag; DIGEST];
+        digest[..4].copy_from_slice(&first.to_le_bytes());
+        digest
+    }
+
+    /// Claim the key of `digest` for `worker` (as the only process): its slot.
+    fn take_slot(claims: &Claims, digest: &[u8; DIGEST], worker: i32) -> Option<usize> {
+        match claims.claim_held(digest, worker)? {
+            (FREE, owner) if owner == worker => claims.find(digest, false),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_claim_is_found_in_its_window_and_a_freed_slot_serves_the_next() {
+        let (_fd, claims) = claims();
+        // Keys whose windows start at the same slot fill that window, then are declined.
+        let taken: Vec<usize> = (0..WINDOW as u8)
+            .map(|tag| take_slot(&claims, &digest(7, tag + 1), 0).expect("room"))
+            .collect();
+        assert_eq!(taken, (7..7 + WINDOW).map(|i| claims.slot(i)).collect::<Vec<_>>());
+        let declined = digest(7, 200);
+        assert_eq!(claims.find(&declined, true), None);
+        assert_eq!(claims.find(&digest(7, 3), false), Some(claims.slot(9)));
+        // Freeing one moves no other: every other claim is still where it was.
+        claims.release_slot(claims.slot(9));
+        assert_eq!(claims.find(&digest(7, 3), false), None);
+        assert_eq!(claims.find(&digest(7, 4), false), Some(claims.slot(10)));
+        assert_eq!(take_slot(&claims, &declined, 1), Some(claims.slot(9)));
+        assert!(claims.owned(claims.slot(9), 1, Some(RUNNING)));
+    }
+
+    #[test]
+    fn a_half_written_claim_is_neither_found_nor_free() {
+        let (_fd, claims) = claims();
+        let key = digest(0, 9);
+        // Owner and digest written, state not yet: a process killed there.
+        let slot = claims.slot(0);
+        claims.set_owner(slot, 1);
+        for (word, value) in claims.digest_words(slot).into_iter().zip(words(&key)) {
+            word.store(value, Ordering::Relaxed);
+        }
+        assert_eq!(claims.find(&key, false), None);
+        assert_eq!(claims.find(&key, true), Some(claims.slot(1)));
+    }
+
+    #[test]
+    fn leases_fold_what_was_spent_and_stored() {
+        let (_fd, claims) = claims();
+        let change = |granted, held, spent, stored| Lease {
+            granted,
+            held,
+            spent,
+            stored,
+        };
+        claims.add(0, change(1000, 0, 0, 0));
+        claims.add(0, change(0, 100, 0, 0));
+        claims.add(0, change(0, -100, 100, 1));
+        claims.add(1, change(500, 0, 40, 2));
+        assert_eq!(claims.fold_all(), (140, 3));
+        let lease = claims.lease(0);
+        assert_eq!((lease.granted, lease.held, lease.spent, lease.stored), (900, 0, 0, 0));
+        assert_eq!(claims.fold_all(), (0, 0));
     }
 }
