@@ -59,8 +59,8 @@ DEFAULT_INTERCEPT: tuple[str, ...] = (
 
 # The documented maximum of objects one sidecar stores (docs/sidecar.md, `--buffer-size`).
 MAX_OBJECTS = 1_000_000
-# Shared memory of the core's index of answers (`--index-objects`), per object: 80 bytes
-# of entries (64 each, a fifth of them spare) and, on average, 432 bytes of its answer's
+# Shared memory of the core's index of answers (`--index-objects`), per object: 70 bytes
+# of entries (56 each, a fifth of them spare) and, on average, 442 bytes of its answer's
 # status line, fields and body path behind half its key's digest (a plain server's answer
 # takes about 230, a cloud store's up to 800; the longer ones share the room of the
 # shorter).

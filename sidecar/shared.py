@@ -11,7 +11,7 @@ are atomic on the platforms pods run on), so no lock is needed:
 
 | slot | written by | meaning |
 | --- | --- | --- |
-| 0 | the main process | index generation: bumped whenever a stored object is removed |
+| 0 | the main process | index generation: bumped whenever a stored object is removed or changed |
 | 1 | the main process | invalidations: bumped whenever a write invalidates a URL |
 | 2 | the main process | found through: index rows up to this one were there at start |
 | 3 | the main process | checked through: rows found at start up to this one are verified |
@@ -29,7 +29,9 @@ index, every row counts as found at start and unchecked.
 
 The table of answers is written by any worker under `lock`, one at a time, and read
 without it, each entry a sequence lock of its own (see `sidecar/core/src/buffer/answers.rs`);
-answers recorded under an older index generation are not used. Its size follows
+an answer is written only while the index is at the generation its lookup saw, and the
+main process forgets a removed or changed object's answer, that one alone, after bumping
+the generation. Its size follows
 `--index-objects` (`settings.index_memory`); only the pages answers are written into
 take memory.
 

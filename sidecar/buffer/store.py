@@ -210,12 +210,13 @@ class Store:
         directory: Path,
         capacity: int,
         eviction: Eviction,
-        changed: Callable[[], None] = lambda: None,
+        changed: Callable[[bytes], None] = lambda slot: None,
         checks: Callable[[int, int], None] = lambda found, checked: None,
     ) -> None:
-        """`changed()` is called after each object is removed from the index or has its
-        fields changed; `checks(found_through, checked_through)` whenever the background
-        check moves on (`Shared.publish_checks`)."""
+        """`changed(slot)` is called with the index key of each object removed from the
+        index or whose fields changed, after the change; `checks(found_through,
+        checked_through)` whenever the background check moves on
+        (`Shared.publish_checks`)."""
         self.directory = directory
         self._changed = changed
         self.capacity = capacity
@@ -539,13 +540,13 @@ class Store:
         try:
             value, charged = self._require_index().pop(slot, tag=True)
         except (OSError, sqlite3.Error, diskcache.Timeout) as e:
-            self._changed()  # whatever happened, workers look again
+            self._changed(slot)  # whatever happened, workers look again
             raise StoreError(f"cannot remove an object: {_describe(e)}") from e
         if value is None:
             return
         self.entries -= 1
         self.used -= charged if isinstance(charged, int) else 0
-        self._changed()
+        self._changed(slot)
         entry = decode(value) if isinstance(value, bytes) else None
         if entry is not None:
             # Unlinking a large tmpfs file takes tens of milliseconds: not on the event
@@ -575,7 +576,7 @@ class Store:
             raise StoreError(f"cannot write the index: {_describe(e)}") from e
         if headers != entry.headers:
             # Workers forget what they remember; an age alone they may overestimate.
-            self._changed()
+            self._changed(slot)
 
     def close(self) -> None:
         if self._inserter is not None:

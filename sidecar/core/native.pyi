@@ -153,6 +153,10 @@ class Answers:
         keys: KeyRules,
         track_touches: bool = False,
     ) -> None: ...
+    def forget(self, digest: bytes) -> bool:
+        """Forget the answer of the key whose digest this is, if any: its object was
+        removed or changed, and the index generation bumped before. True if there was
+        one."""
     def record(
         self,
         digest: bytes,
@@ -166,7 +170,7 @@ class Answers:
         this `digest` (`key_digest`): `head` the status line and fields up to the Age
         (each line with its CRLF), `path` and `size` the body file, `born` when the
         origin generated it (None: no Age), `generation` the one the object was found
-        under; False if not recorded."""
+        under; False if not recorded (the generation moved on since, among others)."""
     def touched(self) -> list[str]:
         """The keys this process answered from the table since the last call, with
         `track_touches` (else none)."""

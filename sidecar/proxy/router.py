@@ -672,7 +672,7 @@ class Router:
             and request.method == "GET"
             and policy.HIT_FIELDS.isdisjoint(request.fields)
         ):
-            # The same request gets the same answer while the generation stays: the
+            # The same request gets the same answer until the object is removed: the
             # core's table sends it from now on, in every worker.
             self._record(key, entry, self.buffer.generation, representation)
         counters = self.metrics.counters
@@ -691,7 +691,8 @@ class Router:
     ) -> None:
         """Record the whole 200 of `entry` (its `representation`, when the caller has
         it) for a GET of any URL of `key` with no field the decision reads in the core's
-        table, valid while the index stays at `generation`: after `hit_now` answered it
+        table, unless the index moved on from `generation` (what `entry` was found or
+        stored under): after `hit_now` answered it
         so, and after a fill of `key` was committed (the answer `hit_now` would give), so
         that the first request after a miss is the table's."""
         if self.answers is None or self._by_freshness(key):

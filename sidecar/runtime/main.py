@@ -26,6 +26,7 @@ from sidecar import metrics
 from sidecar.buffer.claims import Claims
 from sidecar.buffer.keeper import Keeper
 from sidecar.buffer.store import Store, StoreError, UnusableBufferDir, check_buffer_dir
+from sidecar.cache import policy
 from sidecar.runtime import admin, exposition
 from sidecar.runtime.supervisor import Workers
 from sidecar.settings import Settings
@@ -54,12 +55,19 @@ async def run(
         bundle.write_trust_files(settings.trust_dir, ca.cert_pem, extra_ca)
 
     check_buffer_dir(settings.buffer_dir)
-    # Workers remember stored objects; a removal tells them to look again.
+    answers = shared.answers_table(settings.index_capacity, policy.HIT_FIELDS, policy.KEYS)
+
+    def changed(slot: bytes) -> None:
+        # Workers remember stored objects: a removal or change tells them to look again,
+        # and takes that object's answer, and only it, out of the core's table.
+        shared.bump_generation()
+        answers.forget(slot)
+
     store = Store(
         settings.buffer_dir,
         settings.buffer_size,
         settings.eviction,
-        shared.bump_generation,
+        changed,
         shared.publish_checks,
     )
     try:

@@ -168,7 +168,7 @@ def test_a_removed_object_is_fetched_again_not_answered_from_the_table(
     url = origin.url(SMALL)
     answered_by_core(sidecar, url)
     # A write through the proxy invalidates the URL (RFC 9111 §4.4): the object is
-    # removed, and with it every answer recorded under the old generation.
+    # removed, and its answer with it.
     written = curl(sidecar, url, "-X", "PUT", "--data-binary", f"@{dataset / SMALL}")
     assert written.returncode == 0
     after = curl(sidecar, url)
@@ -378,6 +378,27 @@ def test_under_lru_what_the_table_answers_counts_as_a_use(
     assert sidecar.stats()["misses"] == misses
     assert curl(sidecar, urls[1]).body == expected
     assert sidecar.stats()["misses"] == misses + 1
+
+
+def test_an_eviction_forgets_the_evicted_objects_answer_alone(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path
+) -> None:
+    """Four objects fill the buffer, their misses recording them in the table; a fifth
+    evicts the first. The other three are still the table's, and the first is a miss."""
+    size = FILES[SMALL]
+    sidecar = start_sidecar("--workers", "1", "--buffer-size", f"{4 * size}", "--eviction", "lru")
+    expected = (dataset / SMALL).read_bytes()
+    urls = [origin.url(SMALL, case=f"answers-evicted-{i}") for i in range(5)]
+    for url in urls[:4]:
+        assert curl(sidecar, url).body == expected
+    sidecar.wait_for_entries(4)
+    assert curl(sidecar, urls[4]).body == expected  # evicts the least recently used
+    for url in urls[1:4]:
+        assert curl(sidecar, url).body == expected
+    stats = sidecar.stats()
+    assert (stats["misses"], stats["hits_answered_by_core"]) == (5, 3)
+    assert curl(sidecar, urls[0]).body == expected
+    assert sidecar.stats()["misses"] == 6
 
 
 def test_plain_http_sent_to_the_proxy_is_the_cores_and_another_host_on_it_is_relayed(

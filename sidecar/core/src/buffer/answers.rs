@@ -4,15 +4,18 @@
 //!
 //! Python decides every hit (`sidecar.proxy.router`); when it answers a GET that
 //! carries none of the fields its decision reads (`deciding`: ranges, conditionals,
-//! Cache-Control, ...) with a whole stored body, it records the answer here under the
-//! digest of the object's key (`key`: the index's own, so that a URL signed anew, whose
-//! key drops its signature, finds the answer too): the status line and fields as it
-//! wrote them up to its `Age`, the body file's path and size, the response's generation
-//! time, and the index generation its lookup was valid for. A request for a URL of that
-//! key carrying none of those fields has the same answer for as long as the generation
-//! stays (any removal or change of a stored object bumps it), with the `Age` of the
-//! moment. What the table cannot answer (another key, a changed generation, a deciding
-//! field, a body file gone) goes to Python as before.
+//! Cache-Control, ...) with a whole stored body, and when a fill commits, it records the
+//! answer here under the digest of the object's key (`key`: the index's own, so that a
+//! URL signed anew, whose key drops its signature, finds the answer too): the status
+//! line and fields as it wrote them up to its `Age`, the body file's path and size, and
+//! the response's generation time. A request for a URL of that key carrying none of
+//! those fields has the same answer, with the `Age` of the moment, until the object is
+//! removed or changed: the buffer's keeper then bumps the index generation and forgets
+//! that key's answer (`forget`), and only that one. An answer is recorded only while
+//! the index is still at the generation the lookup that made it saw (checked under the
+//! writers' lock, which `forget` takes too), so that an answer made from an object just
+//! removed is never written after its removal. What the table cannot answer (another
+//! key, a deciding field, a body file gone) goes to Python as before.
 //!
 //! The table is a region of the sidecar's shared memory file (`sidecar.shared`), sized
 //! for the objects the buffer may hold (`--index-objects`): a word (the arena's
@@ -52,8 +55,8 @@ use crate::shared::lock::SharedLock;
 use crate::shared::mapping::{Mapping, python_error};
 use crate::wire::http1::Head;
 
-/// Bytes of one entry: eight words.
-pub const ENTRY: usize = 64;
+/// Bytes of one entry: seven words.
+pub const ENTRY: usize = 56;
 /// Bytes before the entries: the arena's reservations.
 pub const HEADER: usize = 8;
 /// Entries a key may take: the set the first half of its digest names.
@@ -69,12 +72,11 @@ const RESERVED: usize = 0; // arena bytes reserved since the table was made
 // The words of an entry.
 const SEQUENCE: usize = 0;
 const HASH: usize = 1; // the first half of the key's digest
-const GENERATION: usize = 2;
-const BORN: usize = 3; // f64 bits; NaN: the answer carries no Age
-const SIZE: usize = 4;
-const LENGTHS: usize = 5; // head, path: 16 bits each; 0: never written
-const RECORDED: usize = 6; // when: the oldest of a full set gives way
-const AT: usize = 7; // where its bytes start, in bytes reserved since the table was made
+const BORN: usize = 2; // f64 bits; NaN: the answer carries no Age
+const SIZE: usize = 3;
+const LENGTHS: usize = 4; // head, path: 16 bits each; 0: never written, or forgotten
+const RECORDED: usize = 5; // when: the oldest of a full set gives way
+const AT: usize = 6; // where its bytes start, in bytes reserved since the table was made
 /// Keys answered and not yet taken by `touched`, at most: past it, a use goes unheard
 /// by the eviction's recency, which is a preference, not a guarantee.
 const TOUCHES: usize = 65_536;
@@ -238,12 +240,20 @@ impl Answers {
         })
     }
 
-    /// Is this copied entry's answer one `find` would give under `generation`?
-    fn live(&self, words: &Words, generation: i64) -> bool {
+    /// Is this copied entry's answer one `find` may give: written, not forgotten, and
+    /// its bytes not overwritten by the arena's ring?
+    fn live(&self, words: &Words) -> bool {
         words[LENGTHS] != 0
-            && words[GENERATION] as i64 == generation
             && self.header_word(RESERVED).load(Ordering::Relaxed)
                 <= words[AT] + self.arena_size as u64
+    }
+
+    /// Does this copied entry hold the answer of the key whose digest has these halves?
+    fn holds(&self, words: &Words, (hash, second): (u64, u64)) -> bool {
+        words[HASH] == hash
+            && self
+                .bytes_of(words)
+                .is_some_and(|bytes| bytes.starts_with(&second.to_le_bytes()))
     }
 
     /// The key of a URL and its digest, if the URL is plain (`KeyRules`).
@@ -253,11 +263,9 @@ impl Answers {
         Some((key, digest))
     }
 
-    /// The answer recorded for the key of this digest under the current generation, if
-    /// any.
+    /// The answer recorded for the key of this digest, if any.
     pub fn find(&self, digest: &[u8; DIGEST]) -> Option<Found> {
         let (hash, second) = halves(digest);
-        let generation = self.current_generation();
         for entry in self.entries_of(hash) {
             if self.entry_word(entry, HASH).load(Ordering::Relaxed) != hash {
                 continue;
@@ -265,7 +273,7 @@ impl Answers {
             let Some(words) = self.copy(entry) else {
                 continue;
             };
-            if words[HASH] != hash || words[GENERATION] as i64 != generation {
+            if words[HASH] != hash {
                 continue;
             }
             let Some(bytes) = self.bytes_of(&words) else {
@@ -407,29 +415,20 @@ impl Answers {
 
     /// The entry of a key's sets to write its answer into: the entry that holds the
     /// key, else one that no answer `find` would give uses, in the set with fewer of
-    /// those, else the one recorded longest ago. An answer of the current generation
-    /// that gives way (pushed out, or its bytes written over by the arena's ring) is
-    /// counted as displaced.
+    /// those, else the one recorded longest ago. An answer that gives way (pushed out,
+    /// or its bytes written over by the arena's ring) is counted as displaced.
     fn entry_for(&self, digest: &[u8; DIGEST]) -> usize {
-        let generation = self.current_generation();
-        let (hash, second) = halves(digest);
+        let halves = halves(digest);
         let copies: Vec<(usize, Option<Words>)> =
-            self.entries_of(hash).map(|e| (e, self.copy(e))).collect();
-        let holds_key = |words: &Words| {
-            words[HASH] == hash
-                && self
-                    .bytes_of(words)
-                    .is_some_and(|bytes| bytes.starts_with(&second.to_le_bytes()))
-        };
+            self.entries_of(halves.0).map(|e| (e, self.copy(e))).collect();
         if let Some(&(entry, _)) = copies
             .iter()
-            .find(|(_, c)| c.as_ref().is_some_and(holds_key))
+            .find(|(_, c)| c.as_ref().is_some_and(|words| self.holds(words, halves)))
         {
             return entry;
         }
         let free = |(_, copy): &&(usize, Option<Words>)| {
-            copy.as_ref()
-                .is_some_and(|words| !self.live(words, generation))
+            copy.as_ref().is_some_and(|words| !self.live(words))
         };
         let (first, second) = copies.split_at(WAYS.min(copies.len()));
         let roomier = if second.iter().filter(free).count() > first.iter().filter(free).count() {
@@ -438,9 +437,7 @@ impl Answers {
             first
         };
         if let Some(&(entry, copy)) = roomier.iter().find(free) {
-            if copy
-                .is_some_and(|words| words[LENGTHS] != 0 && words[GENERATION] as i64 == generation)
-            {
+            if copy.is_some_and(|words| words[LENGTHS] != 0) {
                 // Still valid but for its bytes, which the arena's ring wrote over: it
                 // gave way for want of room as much as one pushed out of a full set.
                 self.displaced.fetch_add(1, Ordering::Relaxed);
@@ -456,8 +453,10 @@ impl Answers {
 
     /// Write an answer into the sets of the key of this digest (see `entry_for`),
     /// holding the writers' lock, taken through `wait` (given the blocking call, which
-    /// it makes) while another process holds it. False if it is too long, or its entry
-    /// was left mid-write by a writer that died.
+    /// it makes) while another process holds it. False if it is too long, if the index
+    /// generation is no longer the answer's (an object was removed or changed since its
+    /// lookup: perhaps this one), or if its entry was left mid-write by a writer that
+    /// died.
     pub fn write(
         &self,
         digest: &[u8; DIGEST],
@@ -485,6 +484,9 @@ impl Answers {
         answer: &Recorded,
         length: usize,
     ) -> bool {
+        if answer.generation != self.current_generation() {
+            return false;
+        }
         let (hash, second) = halves(digest);
         let entry = self.entry_for(digest);
         let sequence = self.entry_word(entry, SEQUENCE);
@@ -512,7 +514,6 @@ impl Answers {
         let packed = head.len() as u64 | (path.len() as u64) << 16;
         let fixed = [
             (HASH, hash),
-            (GENERATION, answer.generation as u64),
             (BORN, answer.born.unwrap_or(f64::NAN).to_bits()),
             (SIZE, answer.size),
             (LENGTHS, packed),
@@ -524,6 +525,35 @@ impl Answers {
         }
         sequence.store(before + 2, Ordering::Release);
         true
+    }
+
+    /// Forget the answer of the key of this digest, holding the writers' lock (taken as
+    /// `write` takes it): the keeper calls it once it removed or changed that key's
+    /// object and bumped the index generation, so that no answer made before reaches
+    /// the table after. False if it held none.
+    pub fn forget(
+        &self,
+        digest: &[u8; DIGEST],
+        wait: impl FnOnce(&(dyn Fn() -> libc::c_int + Sync)) -> libc::c_int,
+    ) -> io::Result<bool> {
+        self.writing.lock(wait)?;
+        let halves = halves(digest);
+        let mut forgot = false;
+        for entry in self.entries_of(halves.0) {
+            if !self.copy(entry).is_some_and(|words| self.holds(&words, halves)) {
+                continue;
+            }
+            // The one writer: nobody else changes the word while the lock is held.
+            let sequence = self.entry_word(entry, SEQUENCE);
+            let before = sequence.load(Ordering::Relaxed);
+            sequence.store(before + 1, Ordering::Relaxed);
+            fence(Ordering::Release);
+            self.entry_word(entry, LENGTHS).store(0, Ordering::Relaxed);
+            sequence.store(before + 2, Ordering::Release);
+            forgot = true;
+        }
+        self.writing.unlock()?;
+        Ok(forgot)
     }
 
     /// Answers this process made give way to others while still valid: each is
@@ -585,7 +615,7 @@ impl Answers {
     /// `Age` (each line with its CRLF), `path` the body file, `size` its length, `born`
     /// when the origin generated the response (None: no Age), `generation` the index
     /// generation the object was found under. False if it was not recorded (too long,
-    /// or the slot busy).
+    /// the generation moved on since, or the slot busy).
     #[pyo3(signature = (digest, head, path, size, born, generation))]
     #[allow(clippy::too_many_arguments)] // the answer, field by field
     fn record(
@@ -605,10 +635,16 @@ impl Answers {
         };
         // Another process holds the lock for the few microseconds of one answer; a
         // thread of this one that holds it may need the GIL to let go.
-        let digest = digest
-            .try_into()
-            .map_err(|_| PyValueError::new_err("a key's digest is 16 bytes"))?;
-        self.write(digest, head, path, &answer, |wait| py.detach(wait))
+        self.write(digest_of(digest)?, head, path, &answer, |wait| py.detach(wait))
+            .map_err(python_error)
+    }
+
+    /// Forget the answer of the key of this `digest` (`key_digest`), if any: its
+    /// object was removed or changed, and the index generation bumped before (see
+    /// `forget`). True if there was one.
+    #[pyo3(name = "forget")]
+    fn py_forget(&self, py: Python<'_>, digest: &[u8]) -> PyResult<bool> {
+        self.forget(digest_of(digest)?, |wait| py.detach(wait))
             .map_err(python_error)
     }
 
@@ -699,6 +735,13 @@ fn names_authority(target: &[u8], host: &str) -> bool {
         && authority.eq_ignore_ascii_case(host.as_bytes())
 }
 
+/// A key's digest as Python passes it (`key_digest`).
+fn digest_of(bytes: &[u8]) -> PyResult<&[u8; DIGEST]> {
+    bytes
+        .try_into()
+        .map_err(|_| PyValueError::new_err("a key's digest is 16 bytes"))
+}
+
 fn lengths(packed: u64) -> [usize; 2] {
     [0, 16].map(|shift| ((packed >> shift) & 0xffff) as usize)
 }
@@ -780,7 +823,7 @@ mod tests {
     }
 
     #[test]
-    fn an_answer_is_found_by_its_key_while_the_generation_stays() {
+    fn an_answer_is_found_by_its_key_until_it_is_forgotten() {
         let (_fd, answers) = table();
         let head = b"HTTP/1.1 200 OK\r\nETag: \"a\"\r\n";
         assert!(put(
@@ -798,12 +841,44 @@ mod tests {
         );
         assert_eq!(find(&answers, b"https://h/b"), None);
         assert_eq!(find(&answers, b"https://h/a?"), None);
+        assert!(put(
+            &answers,
+            b"https://h/b",
+            head,
+            b"/b/objects/2",
+            &recorded(6, 0)
+        ));
+        // Another object removed: this answer stays; its own removal forgets it alone.
         bump_generation(&answers);
-        assert_eq!(
-            find(&answers, b"https://h/a"),
-            None,
-            "a removal anywhere forgets it"
-        );
+        assert!(find(&answers, b"https://h/a").is_some());
+        let forget = |key: &[u8]| answers.forget(&digest(key), |wait| wait()).expect("lock");
+        assert!(forget(b"https://h/a"));
+        assert_eq!(find(&answers, b"https://h/a"), None);
+        assert!(!forget(b"https://h/a"), "forgotten once");
+        assert_eq!(find(&answers, b"https://h/b").expect("kept").size, 6);
+    }
+
+    #[test]
+    fn an_answer_made_before_the_generation_moved_is_not_recorded() {
+        let (_fd, answers) = table();
+        bump_generation(&answers);
+        // Looked up before a removal (perhaps of this object), written after it.
+        assert!(!put(
+            &answers,
+            b"https://h/a",
+            b"HTTP/1.1 200 OK\r\n",
+            b"/p",
+            &recorded(1, 0)
+        ));
+        assert_eq!(find(&answers, b"https://h/a"), None);
+        assert!(put(
+            &answers,
+            b"https://h/a",
+            b"HTTP/1.1 200 OK\r\n",
+            b"/p",
+            &recorded(1, 1)
+        ));
+        assert!(find(&answers, b"https://h/a").is_some());
     }
 
     #[test]
