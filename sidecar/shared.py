@@ -60,6 +60,8 @@ _UNKNOWN = 2**63 - 1  # "found through" before the store has looked: every row
 CLIENTS_TABLE = 8 * 1024
 # Where the index generation is (slot 0), for the core's table of answers.
 GENERATION_AT = 0
+# The memory file's name (`/memfd:<name>` in a process's maps).
+MEMORY_FILE = "burstbuffer-shared"
 
 
 class Shared:
@@ -82,7 +84,7 @@ class Shared:
     def create(cls, workers: int, region: int = 0, answers: int = 0) -> Shared:
         """Slots for `workers` workers, the clients' table, `answers` bytes of the table
         of answers, then `region` bytes, all zero."""
-        fd = os.memfd_create("burstbuffer-shared", 0)  # inherited by workers on purpose
+        fd = os.memfd_create(MEMORY_FILE, 0)  # inherited by workers on purpose
         slots = (workers + _COMMON) * _SLOT
         size = slots + native.SHARED_LOCK_BYTES + CLIENTS_TABLE + answers + region
         os.ftruncate(fd, size)

@@ -87,7 +87,7 @@ from sidecar.buffer.store import (
     check_body,
     worker_partial,
 )
-from sidecar.cache import endpoints
+from sidecar.cache import endpoints, policy
 from sidecar.ipc import Message
 from sidecar.metrics import Metrics
 from sidecar.shared import Shared
@@ -432,9 +432,12 @@ class Buffer:
         claims: Claims,
         worker: int,
         track_recency: bool,
+        uniform: policy.Uniform,
     ) -> None:
         """`worker`: this worker's index; `track_recency`: report served keys to the
-        keeper (only `lru` needs them)."""
+        keeper (only `lru` needs them); `uniform`: which objects it commits are uniform
+        (the keeper's `Store` decides by the same rules)."""
+        self.uniform = uniform
         self._index = index
         self._keeper = keeper
         self._shared = shared
@@ -712,7 +715,9 @@ class Buffer:
             raise StoreError(reply["error"])
         if "invalidated" in reply:
             return None
-        return StoredObject(rid, size, digest, headers, time.time(), generated_at, lifetime)
+        return StoredObject(
+            rid, size, digest, headers, time.time(), generated_at, lifetime, self.uniform(key)
+        )
 
     def commit_small(
         self,
@@ -731,7 +736,9 @@ class Buffer:
         if len(body) != size:
             raise StoreError(f"body has {len(body)} bytes, expected {size}")
         _write_new(partial, body)
-        entry = StoredObject(rid, size, digest, headers, time.time(), generated_at, lifetime)
+        entry = StoredObject(
+            rid, size, digest, headers, time.time(), generated_at, lifetime, self.uniform(key)
+        )
         stored = self._index.body_path(entry)
 
         def insert() -> None:

@@ -38,7 +38,15 @@ start and not checked yet is verified by the worker that serves it first
 (`keeper.Buffer`), so the check's threads run at a lower priority than the workers
 (BACKGROUND_NICE): a hit never waits for them. New commits get larger rowids, and an
 object moved to the end of the `lru` order (a new rowid) was served, hence verified.
-What was found at start is neither rewritten nor held in memory.
+What was found at start is neither rewritten nor held in memory. The check hands each
+verified object whose whole 200 answers every plain GET of its key (`StoredObject.uniform`,
+decided at its commit by `policy.Uniform`) to `verified`, once its row is seen unchanged
+in the same step of the event loop as the hand-over: the core's table of answers
+(`runtime.main`) gets the object back without waiting for a first hit through Python,
+which a dataset read once per epoch would pay for every file. The rules of that decision
+(the `--http-freshness` hosts) are kept with the index, which a start under other rules
+empties, as one of another format: a verified object is never put back under rules it
+was not decided by.
 
 A row is small because a buffer holds up to a million of them, in the same volume as the
 bodies (and, on tmpfs, in the pod's memory): its key is a 16-byte digest of the cache key
@@ -82,7 +90,7 @@ from typing import NamedTuple
 import diskcache
 
 from sidecar.buffer import progress
-from sidecar.cache import endpoints
+from sidecar.cache import endpoints, policy
 from sidecar.core import native
 from sidecar.settings import Eviction
 
@@ -109,12 +117,13 @@ BACKGROUND_NICE = 10
 # it touched would hold it again. Lookups are one indexed query; the OS caches pages.
 SQLITE_CACHE_KIB = 4096
 # The index's format (`Buffer.format`): an index of another one is emptied at start
-# (3: bodies' digests are BLAKE3, where 2's were SHA-256).
-FORMAT = 3
+# (3: bodies' digests are BLAKE3, where 2's were SHA-256; 4: a record says whether the
+# object is uniform, and the index which rules decided it).
+FORMAT = 4
 # A packed index value: body file (`body_name`'s 16 bytes), digest, size, stored_at,
-# generated_at, lifetime; then the fields, names and values separated by NUL, which
-# no field may hold (RFC 9110 §5.5).
-_RECORD = struct.Struct("<16s32sQddd")
+# generated_at, lifetime, uniform; then the fields, names and values separated by NUL,
+# which no field may hold (RFC 9110 §5.5).
+_RECORD = struct.Struct("<16s32sQddd?")
 _NAME_BYTES = 16  # the body file's name, first in a record
 # Index values are kept in their rows up to this size (diskcache files larger ones): every
 # value of ours, where a worker reads it.
@@ -184,10 +193,22 @@ class StoredObject(NamedTuple):
     generated_at: float = 0.0
     # Seconds it stays fresh (`policy.freshness_lifetime`), for --http-freshness hosts.
     lifetime: float = 0.0
+    # Its whole 200 answers every GET of its key that carries no HIT_FIELDS
+    # (`policy.Uniform`, decided at its commit): the core's table may hold it.
+    uniform: bool = False
 
     @property
     def born(self) -> float:
         return self.generated_at or self.stored_at
+
+
+class Verified(NamedTuple):
+    """A uniform object the background check verified: its index key, its record and
+    its body file."""
+
+    slot: bytes
+    entry: StoredObject
+    path: str
 
 
 class Reservation:
@@ -212,13 +233,20 @@ class Store:
         eviction: Eviction,
         changed: Callable[[bytes], None] = lambda slot: None,
         checks: Callable[[int, int], None] = lambda found, checked: None,
+        uniform: policy.Uniform | None = None,
+        verified: Callable[[list[Verified]], None] = lambda found: None,
     ) -> None:
         """`changed(slot)` is called with the index key of each object removed from the
         index or whose fields changed, after the change; `checks(found_through,
         checked_through)` whenever the background check moves on
-        (`Shared.publish_checks`)."""
+        (`Shared.publish_checks`); `verified(found)` with uniform objects the check
+        verified, unchanged since (see the module docstring);
+        `uniform` decides which objects are, at their commit (by default, with no
+        `--http-freshness` host)."""
         self.directory = directory
         self._changed = changed
+        self._uniform = uniform or policy.Uniform(())
+        self._verified = verified
         self.capacity = capacity
         self.eviction = eviction
         self.objects_dir = directory / "objects"
@@ -269,14 +297,19 @@ class Store:
 
     def _load_index(self) -> None:
         with _writer(self.directory) as writer:
-            if not _adopt(writer):
-                # Written by another version. An emptyDir is only reopened by its own
-                # pod, whose image is the same: start empty (the bodies are deleted as
-                # leftovers by the background check). diskcache makes its table anew.
-                logger.warning("buffer: the index is of another version; starting empty")
+            rules = self._uniform.rules
+            if not _adopt(writer, rules):
+                # Written by another version, or under other rules. An emptyDir is only
+                # reopened by its own pod, whose image and flags are the same: start
+                # empty (the bodies are deleted as leftovers by the background check).
+                # diskcache makes its table anew.
+                logger.warning(
+                    "buffer: the index is of another version or other --http-freshness"
+                    " hosts; starting empty"
+                )
                 self._require_index().close()
                 self._index = _open_index(self.directory)
-                _adopt(writer)
+                _adopt(writer, rules)
             self._opened_at = time.time()
             # A few pages: two one-row lookups and the end of the rowid b-tree.
             ((self.used,),) = writer.execute("SELECT used FROM Buffer")
@@ -323,6 +356,7 @@ class Store:
         objects_dir = str(self.objects_dir)
         with (
             _reader(self.directory) as reader,
+            _reader(self.directory) as rereader,
             concurrent.futures.ThreadPoolExecutor(
                 CHECKERS, thread_name_prefix="check", initializer=_in_background
             ) as pool,
@@ -345,6 +379,8 @@ class Store:
                 for key, rowid in checked.corrupt:
                     logger.warning("buffer: dropping an object that does not match its digest")
                     self._remove_row(key, rowid)
+                if checked.uniform:
+                    self._verified(_unchanged(rereader, checked.uniform, objects_dir))
                 self.unverified = max(0, self.unverified - checked.count)
                 self._checks(self._found_through, checked.last)
 
@@ -479,7 +515,14 @@ class Store:
         self.reserved -= reservation.charged
         name = reservation.name
         entry = StoredObject(
-            name, reservation.size, digest, headers, time.time(), generated_at, lifetime
+            name,
+            reservation.size,
+            digest,
+            headers,
+            time.time(),
+            generated_at,
+            lifetime,
+            self._uniform(key),
         )
         body = os.path.join(self._objects, name)
         try:
@@ -778,6 +821,7 @@ def encode(entry: StoredObject) -> bytes:
         entry.stored_at,
         entry.generated_at,
         entry.lifetime,
+        entry.uniform,
     )
     return record + text.encode("utf-8", "surrogatepass")
 
@@ -785,7 +829,9 @@ def encode(entry: StoredObject) -> bytes:
 def decode(encoded: bytes) -> StoredObject | None:
     """The StoredObject of an index value, or None for anything else."""
     try:
-        file, digest, size, stored_at, generated_at, lifetime = _RECORD.unpack_from(encoded)
+        file, digest, size, stored_at, generated_at, lifetime, uniform = _RECORD.unpack_from(
+            encoded
+        )
         text = encoded[_RECORD.size :].decode("utf-8", "surrogatepass")
     except (struct.error, UnicodeDecodeError):
         return None
@@ -796,7 +842,9 @@ def decode(encoded: bytes) -> StoredObject | None:
     # record on every first hit); their number is even, checked above.
     names_and_values = iter(fields)
     headers = tuple(zip(names_and_values, names_and_values, strict=False))
-    return StoredObject(file.hex(), size, digest.hex(), headers, stored_at, generated_at, lifetime)
+    return StoredObject(
+        file.hex(), size, digest.hex(), headers, stored_at, generated_at, lifetime, uniform
+    )
 
 
 def check_body(fd: int, entry: StoredObject) -> None:
@@ -842,15 +890,16 @@ def key_digest(key: str) -> bytes:
     return native.key_digest(key.encode("utf-8", "surrogatepass"))
 
 
-def _adopt(connection: sqlite3.Connection) -> bool:
-    """Make the index one of FORMAT that keeps its totals (see the module docstring);
-    False if it held rows of another format: they are dropped with diskcache's table,
-    which the caller has diskcache make anew before adopting it again."""
+def _adopt(connection: sqlite3.Connection, rules: str) -> bool:
+    """Make the index one of FORMAT, written under `rules` (`policy.Uniform.rules`), that
+    keeps its totals (see the module docstring); False if it held rows of another format
+    or rules: they are dropped with diskcache's table, which the caller has diskcache
+    make anew before adopting it again."""
     try:
-        ((found,),) = connection.execute("SELECT format FROM Buffer")
+        ((found_format, found_rules),) = connection.execute("SELECT format, rules FROM Buffer")
     except (sqlite3.OperationalError, ValueError):
-        found = None
-    if found == FORMAT:
+        found_format = found_rules = None
+    if (found_format, found_rules) == (FORMAT, rules):
         return True
     connection.execute("BEGIN IMMEDIATE")
     try:
@@ -863,7 +912,7 @@ def _adopt(connection: sqlite3.Connection) -> bool:
         else:
             for statement in _TOTALS:
                 connection.execute(statement)
-            connection.execute("INSERT INTO Buffer VALUES (?, 0)", (FORMAT,))
+            connection.execute("INSERT INTO Buffer VALUES (?, 0, ?)", (FORMAT, rules))
         connection.execute("COMMIT")
     except BaseException:
         connection.execute("ROLLBACK")
@@ -871,10 +920,11 @@ def _adopt(connection: sqlite3.Connection) -> bool:
     return not other
 
 
-# The `Buffer` table and the triggers that keep its total of the bytes charged (`tag`)
-# in the transaction of each change to the index.
+# The `Buffer` table (the index's format and rules, and its total of the bytes charged)
+# and the triggers that keep that total (of each row's `tag`) in the transaction of each
+# change to the index.
 _TOTALS = (
-    "CREATE TABLE Buffer (format INTEGER NOT NULL, used INTEGER NOT NULL)",
+    "CREATE TABLE Buffer (format INTEGER NOT NULL, used INTEGER NOT NULL, rules TEXT NOT NULL)",
     "CREATE TRIGGER IF NOT EXISTS Buffer_used_insert AFTER INSERT ON Cache BEGIN"
     " UPDATE Buffer SET used = used + IFNULL(NEW.tag, 0); END",
     "CREATE TRIGGER IF NOT EXISTS Buffer_used_delete AFTER DELETE ON Cache BEGIN"
@@ -951,12 +1001,14 @@ _Row = tuple[int, bytes, int, object]
 
 @dataclass(frozen=True)
 class _Checked:
-    """One batch of the background check: its last rowid, how many rows it read, and
-    the (key, rowid) of those whose body does not match."""
+    """One batch of the background check: its last rowid, how many rows it read, the
+    (key, rowid) of those whose body does not match, and the rows of uniform objects
+    whose body does."""
 
     last: int
     count: int
     corrupt: list[tuple[bytes, int]]
+    uniform: list[_Row]
 
 
 def _next_rows(reader: sqlite3.Connection, after: int, through: int) -> list[_Row]:
@@ -972,6 +1024,7 @@ def _next_rows(reader: sqlite3.Connection, after: int, through: int) -> list[_Ro
 def _check_rows(objects_dir: str, rows: list[_Row]) -> _Checked:
     """Check the bodies of a batch of rows (run in a thread: it reads and hashes)."""
     corrupt = []
+    uniform = []
     for rowid, key, raw, value in rows:
         entry = decode(value) if raw == 1 and isinstance(value, bytes) else None
         if entry is None:
@@ -986,9 +1039,31 @@ def _check_rows(objects_dir: str, rows: list[_Row]) -> _Checked:
             check_body(fd, entry)
         except Corrupt:
             corrupt.append((key, rowid))
+        else:
+            if entry.uniform:
+                uniform.append((rowid, key, raw, value))
         finally:
             os.close(fd)
-    return _Checked(rows[-1][0], len(rows), corrupt)
+    return _Checked(rows[-1][0], len(rows), corrupt, uniform)
+
+
+def _unchanged(reader: sqlite3.Connection, rows: list[_Row], objects_dir: str) -> list[Verified]:
+    """The objects of `rows` still indexed as they were read: same key, same row, same
+    value (a 304 rewrites the value in place; an `lru` use moves the row, and a removal
+    drops it). One query for the batch."""
+    read = {rowid: (key, value) for rowid, key, _, value in rows}
+    marks = ",".join("?" * len(read))
+    now = reader.execute(
+        f"SELECT rowid, key, value FROM Cache WHERE rowid IN ({marks})",  # noqa: S608
+        tuple(read),
+    ).fetchall()
+    found = []
+    for rowid, key, value in now:
+        if read.get(rowid) == (key, value):
+            entry = decode(value)
+            if entry is not None:
+                found.append(Verified(key, entry, os.path.join(objects_dir, entry.file)))
+    return found
 
 
 def _in_background() -> None:

@@ -266,6 +266,49 @@ HIT_FIELDS = frozenset(
         "if-unmodified-since",
     )
 )
+# Hosts whose `--http-freshness` verdict `Uniform` remembers, at most.
+HOSTS_REMEMBERED = 100_000
+
+
+class Uniform:
+    """Which keys' objects answer every GET of their key that carries none of the
+    HIT_FIELDS with the same whole 200, whoever asks and whenever: those the core's table
+    of answers may hold. Not an API page whose answers move (`endpoints.Kind.FRESHNESS`)
+    or any object of a `--http-freshness` host (`freshness_hosts`): those follow RFC
+    9111 freshness, and their hits are decided each time; not a signed range's part,
+    which answers its ranges only.
+
+    Decided when an object is committed and recorded with it (`StoredObject.uniform`),
+    so that a restarted sidecar puts the answers of the objects it verified back in the
+    table without their keys, which the index does not keep."""
+
+    def __init__(self, freshness_hosts: tuple[str, ...]) -> None:
+        self._freshness_hosts = freshness_hosts
+        self._by_netloc: dict[str, bool] = {}  # host[:port] -> under --http-freshness
+
+    @property
+    def rules(self) -> str:
+        """What decides it besides the code: the index keeps it, and empties itself
+        when a sidecar starts under others (`buffer.store`)."""
+        return "\n".join(sorted(self._freshness_hosts))
+
+    def __call__(self, key: str) -> bool:
+        return endpoints.rules(key).part is None and not self.by_freshness(key)
+
+    def by_freshness(self, key: str) -> bool:
+        """Do objects of this key follow RFC 9111 freshness?"""
+        if endpoints.rules(key).kind is endpoints.Kind.FRESHNESS:
+            return True
+        if not self._freshness_hosts:
+            return False
+        netloc = key.split("/", 3)[2]
+        known = self._by_netloc.get(netloc)
+        if known is None:
+            if len(self._by_netloc) >= HOSTS_REMEMBERED:
+                self._by_netloc.clear()
+            known = host_matches(urlsplit(key).hostname or "", self._freshness_hosts)
+            self._by_netloc[netloc] = known
+        return known
 
 
 class Verdict(NamedTuple):

@@ -172,6 +172,29 @@ def records_answers(settings: Settings) -> bool:
     return not (settings.access_log or settings.revalidate)
 
 
+def record_answer(
+    answers: native.Answers,
+    digest: bytes,
+    entry: StoredObject,
+    path: str,
+    generation: int,
+    representation: Representation | None = None,
+) -> bool:
+    """Record in the core's table the whole 200 of the uniform `entry`, whose key has
+    `digest` and whose body is at `path` (its `representation`, for a caller that has
+    it), found or stored under index `generation`; False if not recorded."""
+    if representation is None:
+        representation = Representation(entry.size, entry.headers, entry.born)
+    return answers.record(
+        digest,
+        representation.head_lines,
+        path.encode(),
+        entry.size,
+        representation.generated_at,
+        generation,
+    )
+
+
 def answer(request: Request, representation: Representation, now: float) -> Answer | None:
     """The response to `request` from a complete representation at time `now`: 412 for a
     failed precondition, 304 for a matching conditional (RFC 9110 §13.2.2), 416 for an
@@ -258,7 +281,6 @@ class Router:
         self.upstream = upstream
         self.metrics = metrics
         self._representations: dict[str, Representation] = {}
-        self._freshness_hosts: dict[str, bool] = {}  # by host[:port]
         self._intercepted_hosts: dict[str, bool] = {}  # by scheme://host[:port]
         # The key `hit_now` just found nothing for: `handle()` of the same request,
         # which follows at once, need not ask the index again (a miss would cost two
@@ -523,21 +545,8 @@ class Router:
         return known
 
     def _by_freshness(self, key: str) -> bool:
-        """Do objects of this key follow RFC 9111 freshness: an API page whose answers
-        move (`endpoints`), or any object of a `--http-freshness` host?"""
-        if endpoints.rules(key).kind is endpoints.Kind.FRESHNESS:
-            return True
-        if not self.settings.http_freshness:
-            return False
-        netloc = key.split("/", 3)[2]
-        known = self._freshness_hosts.get(netloc)
-        if known is None:
-            if len(self._freshness_hosts) >= REMEMBERED:
-                self._freshness_hosts.clear()
-            host = urlsplit(key).hostname or ""
-            known = host_matches(host, self.settings.http_freshness)
-            self._freshness_hosts[netloc] = known
-        return known
+        """Do objects of this key follow RFC 9111 freshness (`policy.Uniform`)?"""
+        return self.buffer.uniform.by_freshness(key)
 
     async def _refreshed(self, key: str, entry: StoredObject, fetched: Fetched) -> StoredObject:
         """The stored object with the fields of the 304 that validated it (RFC 9111
@@ -689,25 +698,23 @@ class Router:
         generation: int,
         representation: Representation | None = None,
     ) -> None:
-        """Record the whole 200 of `entry` (its `representation`, when the caller has
-        it) for a GET of any URL of `key` with no field the decision reads in the core's
-        table, unless the index moved on from `generation` (what `entry` was found or
-        stored under): after `hit_now` answered it
-        so, and after a fill of `key` was committed (the answer `hit_now` would give), so
-        that the first request after a miss is the table's."""
-        if self.answers is None or self._by_freshness(key):
+        """Record the whole 200 of a uniform `entry` (its `representation`, when the
+        caller has it) for a GET of any URL of `key` with no field the decision reads in
+        the core's table, unless the index moved on from `generation` (what `entry` was
+        found or stored under): after `hit_now` answered it so, and after a fill of `key`
+        was committed (the answer `hit_now` would give), so that the first request after
+        a miss is the table's."""
+        if self.answers is None or not entry.uniform:
             return
-        if endpoints.rules(key).part is not None:
-            return  # a part answers ranges only, never the whole 200 the table sends
         if representation is None:
             representation = self._representation(key, entry)
-        self.answers.record(
+        record_answer(
+            self.answers,
             key_digest(key),
-            representation.head_lines,
-            self.buffer.body_path(entry).encode(),
-            entry.size,
-            representation.generated_at,
+            entry,
+            self.buffer.body_path(entry),
             generation,
+            representation,
         )
 
     def _representation(self, key: str, entry: StoredObject) -> Representation:

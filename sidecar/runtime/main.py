@@ -25,8 +25,16 @@ from certs.ca import CAError, load_or_create_ca
 from sidecar import metrics
 from sidecar.buffer.claims import Claims
 from sidecar.buffer.keeper import Keeper
-from sidecar.buffer.store import Store, StoreError, UnusableBufferDir, check_buffer_dir
+from sidecar.buffer.store import (
+    Store,
+    StoreError,
+    UnusableBufferDir,
+    Verified,
+    check_buffer_dir,
+)
 from sidecar.cache import policy
+from sidecar.core import native
+from sidecar.proxy.router import record_answer, records_answers
 from sidecar.runtime import admin, exposition
 from sidecar.runtime.supervisor import Workers
 from sidecar.settings import Settings
@@ -63,12 +71,15 @@ async def run(
         shared.bump_generation()
         answers.forget(slot)
 
+    verified = _answers_back(settings, shared, answers)
     store = Store(
         settings.buffer_dir,
         settings.buffer_size,
         settings.eviction,
         changed,
         shared.publish_checks,
+        policy.Uniform(settings.http_freshness),
+        verified,
     )
     try:
         store.open()
@@ -135,3 +146,23 @@ async def _verify_once_ready(store: Store, ready: Callable[[], str | None]) -> N
     while ready() is not None:
         await asyncio.sleep(READY_POLL)
     await store.verify_existing()
+
+
+def _answers_back(
+    settings: Settings, shared: Shared, answers: native.Answers
+) -> Callable[[list[Verified]], None]:
+    """What to do with the uniform objects the check verified after a restart: record
+    their answers in the core's table (as a first hit through Python would), at most as
+    many as it holds (`--index-objects`: more would only push out the first), and none
+    when the table is not used (`router.records_answers`)."""
+    room = settings.index_capacity if records_answers(settings) else 0
+
+    def verified(found: list[Verified]) -> None:
+        nonlocal room
+        for slot, entry, path in found[:room]:
+            # The generation of this moment: a removal since the row was read again
+            # would have bumped it, and none can come before this loop ends.
+            if record_answer(answers, slot, entry, path, shared.generation):
+                room -= 1
+
+    return verified

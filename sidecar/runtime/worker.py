@@ -115,7 +115,13 @@ async def run(settings: Settings, inherited: Inherited) -> None:
     shared = Shared(inherited.shared.fd)
     claims = Claims(shared)
     buffer = Buffer(
-        index, keeper, shared, claims, inherited.index, track_recency=settings.eviction == "lru"
+        index,
+        keeper,
+        shared,
+        claims,
+        inherited.index,
+        track_recency=settings.eviction == "lru",
+        uniform=policy.Uniform(settings.http_freshness),
     )
     fills = Fills(buffer, upstream, metrics, settings.parallel_fetch, settings.access_log)
     answers = shared.answers_table(

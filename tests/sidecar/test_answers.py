@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import OriginServer, Sidecar, clean_env
+from bench.harness import OriginServer, Sidecar, clean_env, wait_until
 from sidecar.buffer.keeper import TOUCH_INTERVAL
 from sidecar.cache import policy
 from sidecar.proxy.router import Representation, answer
@@ -175,6 +176,42 @@ def test_a_removed_object_is_fetched_again_not_answered_from_the_table(
     assert after.returncode == 0 and after.body == (dataset / SMALL).read_bytes()
     stats = sidecar.stats()
     assert (stats["misses"], stats["hits_answered_by_core"]) == (2, 1)
+
+
+def test_a_restarted_sidecar_answers_what_its_check_verified_from_the_table_at_once(
+    start_sidecar: Callable[..., Sidecar], origin: OriginServer, dataset: Path, tmp_path: Path
+) -> None:
+    """Two objects stored, the sidecar killed, one body spoiled: after the restart's
+    check, the first request for the sound one is the core's, with the head Python
+    gave before the restart (but for its Age), and the spoiled one is fetched again."""
+    directory = tmp_path / "pod"
+    directory.mkdir()
+    sidecar = start_sidecar(directory=directory)
+    urls = {name: origin.url(name, case="answers-restart") for name in ("small.bin", "medium.bin")}
+    heads = {}
+    for name, url in urls.items():
+        assert curl(sidecar, url).body == (dataset / name).read_bytes()
+    sidecar.wait_for_entries(2)
+    for name, url in urls.items():
+        heads[name] = head_of(curl(sidecar, url, "-D", "-").stdout)
+    sidecar.stop(signal.SIGKILL)
+    for body in (sidecar.buffer_dir / "objects").iterdir():
+        if body.stat().st_size == FILES["medium.bin"]:
+            body.write_bytes(bytes(FILES["medium.bin"]))
+
+    again = start_sidecar(directory=directory)
+    wait_until(lambda: again.stats()["unverified_entries"] == 0, "verification after restart")
+    assert again.stats()["entries"] == 1
+    printed = curl(again, urls["small.bin"], "-D", "-")
+    assert printed.body == (dataset / "small.bin").read_bytes()
+    assert by_core(again) == 1
+    head = head_of(printed.stdout)
+    assert {**head, "age": ""} == {**heads["small.bin"], "age": ""}
+    assert curl(again, urls["medium.bin"]).body == (dataset / "medium.bin").read_bytes()
+    assert origin.count("medium.bin", case="answers-restart") == 2
+    assert origin.count("small.bin", case="answers-restart") == 1
+    stats = again.stats()
+    assert (stats["misses"], stats["hits_answered_by_core"]) == (1, 1)
 
 
 def test_a_body_file_gone_behind_the_tables_back_still_downloads_whole(

@@ -20,6 +20,7 @@ from sidecar import ipc
 from sidecar.buffer.claims import Claims
 from sidecar.buffer.keeper import LEASE, SMALL, UNSTORED, Buffer, Keeper, lease_grant
 from sidecar.buffer.store import Index, Store, StoredObject, StoreError, worker_partial
+from sidecar.cache import policy
 from sidecar.ipc import Message
 from sidecar.shared import Shared
 
@@ -80,7 +81,9 @@ async def sidecar_on(
         index = Index(directory)
         index.open()
         indexes.append(index)
-        buffers.append(Buffer(index, channel, shared, Claims(shared), worker, False))
+        buffers.append(
+            Buffer(index, channel, shared, Claims(shared), worker, False, policy.Uniform(()))
+        )
     sidecar = Sidecar(keeper, buffers, indexes, ops)
     await sidecar.settle()  # the leases asked for at start
     try:

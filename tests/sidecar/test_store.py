@@ -14,7 +14,8 @@ import diskcache
 import pytest
 
 from sidecar.buffer import store as store_module
-from sidecar.buffer.store import Index, Store, StoredObject, decode, encode
+from sidecar.buffer.store import Index, Store, StoredObject, Verified, decode, encode, key_digest
+from sidecar.cache import policy
 
 
 def commit(store: Store, key: str, body: bytes) -> StoredObject:
@@ -59,6 +60,66 @@ def test_the_check_drops_a_corrupt_body_and_deletes_leftovers(tmp_path: Path) ->
     assert not again.holds("bad") and again.holds("good")
     assert sorted(p.name for p in (tmp_path / "objects").iterdir()) == [good.file]
     again.close()
+
+
+def test_the_check_hands_back_the_uniform_objects_it_verified(tmp_path: Path) -> None:
+    """After a restart, each object the check verifies whose whole 200 answers every
+    plain GET of its key is handed to `verified` with its body file: not one whose body
+    is spoiled, not one of a `--http-freshness` host, not a signed range's part."""
+    uniform = policy.Uniform(("fresh.example",))
+    store = Store(tmp_path, 2**20, "none", uniform=uniform)
+    store.open()
+    kept = commit(store, "https://data.example/a", b"a" * 100)
+    spoiled = commit(store, "https://data.example/b", b"b" * 100)
+    fresh = commit(store, "https://fresh.example/c", b"c" * 100)
+    part = commit(store, "https://data.example/d#bytes=0-99", b"d" * 100)
+    assert (kept.uniform, fresh.uniform, part.uniform) == (True, False, False)
+    store.close()
+    (tmp_path / "objects" / spoiled.file).write_bytes(b"x" * 100)
+    handed: list[Verified] = []
+    again = Store(tmp_path, 2**20, "none", uniform=uniform, verified=handed.extend)
+    again.open()
+    asyncio.run(again.verify_existing())
+    assert again.entries == 3
+    assert handed == [
+        Verified(
+            key_digest("https://data.example/a"), kept, str(tmp_path / "objects" / kept.file)
+        )
+    ]
+    again.close()
+
+
+def test_only_rows_unchanged_since_the_check_read_them_are_handed_back(tmp_path: Path) -> None:
+    """Between the read of a batch and its hand-over, an object may be removed, have
+    its fields changed by a 304, or be moved to the end of the `lru` order: what is
+    handed back is what the index holds as the check read it."""
+    store = reopened(tmp_path, eviction="lru")
+    keys = [f"https://data.example/{n}" for n in range(4)]
+    for key in keys:
+        commit(store, key, key.encode())
+    with contextlib.closing(store_module._connect(tmp_path)) as reader:
+        rows = store_module._next_rows(reader, 0, 4)
+        store.remove(keys[0])
+        store.update(keys[1], decode(rows[1][3]).file, (("ETag", '"f"'),), 0.0, 0.0)
+        store.touch([keys[2]])
+        found = store_module._unchanged(reader, rows, str(store.objects_dir))
+    assert [v.slot for v in found] == [key_digest(keys[3])]
+    store.close()
+
+
+def test_an_index_written_under_other_freshness_hosts_is_emptied(tmp_path: Path) -> None:
+    """Whether an object is uniform was decided at its commit: a start under other
+    `--http-freshness` hosts starts empty rather than trust what other rules decided."""
+    store = reopened(tmp_path)
+    commit(store, "https://data.example/a", b"a")
+    store.close()
+    same = reopened(tmp_path)
+    assert same.entries == 1
+    same.close()
+    other = Store(tmp_path, 2**20, "none", uniform=policy.Uniform(("data.example",)))
+    other.open()
+    assert other.entries == 0 and not other.holds("https://data.example/a")
+    other.close()
 
 
 def test_the_check_runs_batches_side_by_side_below_the_workers_priority(
