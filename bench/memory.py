@@ -46,6 +46,20 @@ def pss_mb(pid: int) -> float:
     raise KeyError(f"Pss not in /proc/{pid}/smaps_rollup")
 
 
+def mapped_pss_mb(pid: int, name: str) -> float:
+    """The process's share of the pages of its mappings whose path holds `name` (a
+    memory file's, `/memfd:<name>`): counted apart from what else it takes."""
+    kib = 0
+    mapped = False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        first = line.split(maxsplit=1)[0]
+        if "-" in first and not first.endswith(":"):  # a mapping's header line
+            mapped = name in line
+        elif mapped and first == "Pss:":
+            kib += int(line.split()[1])
+    return kib * 1024 / MB
+
+
 def reset_peak(pid: int) -> None:
     """Make VmHWM restart from the current RSS (Linux >= 4.0; own processes or root)."""
     Path(f"/proc/{pid}/clear_refs").write_text("5")

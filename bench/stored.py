@@ -22,6 +22,7 @@ import shutil
 from pathlib import Path
 
 from bench.cachedir import cache_dir
+from sidecar.buffer import store as store_module
 from sidecar.buffer.store import Store
 from sidecar.cache import policy
 from sidecar.core import native
@@ -39,8 +40,8 @@ def url(index: int) -> str:
     return f"https://{HOST}/files/img-{index:07d}.jpg"
 
 
-# The store's index format the buffers are made in: changed with it.
-FORMAT = "packed-rows-blake3"
+# The store's index format the buffers are made in: a buffer of another is made anew.
+FORMAT = f"index-format-{store_module.FORMAT}"
 
 
 def home() -> Path:
