@@ -1,6 +1,6 @@
 """`make bench`: the sidecar's benchmarks, each against a reference measured in the same run.
 
-    python -m bench [--quick] [--only NAME ...] [--results DIR]
+    python -m bench [--quick] [--only NAME ...] [--results DIR] [--scale-counts N ...]
 
 Each benchmark starts its own processes on tmpfs (bench.lab), prints its rows as soon
 as it is done, and writes them to <results>/<name>.md; the whole table goes to the
@@ -18,6 +18,7 @@ Squid built with OpenSSL (`squid-openssl`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import logging
 import os
@@ -129,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"run only these benchmarks: {', '.join(BENCHMARKS)}",
     )  # fmt: skip
     parser.add_argument("--results", type=Path, default=RESULTS, help="where the .md files go")
+    parser.add_argument(
+        "--scale-counts", nargs="+", type=int, metavar="N",
+        help="the stored objects `scale` restarts a sidecar on (on demand: 10000000; a buffer"
+        " of ten million objects takes about 50 GB and hours to make, once)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     problem = missing_prerequisites()
@@ -137,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     profile = QUICK if args.quick else FULL
+    if args.scale_counts:
+        profile = dataclasses.replace(profile, scale_counts=tuple(sorted(args.scale_counts)))
     about = environment(profile)
     judged = not profile.quick
     results = []
