@@ -61,9 +61,9 @@ DEFAULT_INTERCEPT: tuple[str, ...] = (
 MAX_OBJECTS = 1_000_000
 # Shared memory of the core's index of answers (`--index-objects`), per object: 70 bytes
 # of entries (56 each, a fifth of them spare) and, on average, 442 bytes of its answer's
-# status line, fields and body path behind half its key's digest (a plain server's answer
-# takes about 230, a cloud store's up to 800; the longer ones share the room of the
-# shorter).
+# status line, fields and body file's name behind half its key's digest (a plain
+# server's answer takes about 230, a cloud store's up to 800; the longer ones share the
+# room of the shorter).
 INDEX_MEMORY_PER_OBJECT = 512
 # By default the index has room for one object per INDEX_OBJECT_SIZE of --buffer-size
 # (a buffer of smaller files is indexed as far as it goes, the rest answered by Python),

@@ -48,6 +48,7 @@ from __future__ import annotations
 import mmap
 import os
 from collections.abc import Iterable
+from pathlib import Path
 
 from sidecar.core import native
 
@@ -133,13 +134,14 @@ class Shared:
     def answers_table(
         self,
         objects: int,
+        bodies: Path,
         deciding: Iterable[str],
         keys: native.KeyRules,
         track_touches: bool = False,
     ) -> native.Answers:
-        """The core's table of answers in this memory, for `objects` answers; `deciding`:
-        the request fields a hit's decision reads; `keys`: the rule of the key a
-        request's answer is found by (`native.Answers`)."""
+        """The core's table of answers in this memory, for `objects` answers of bodies in
+        the directory `bodies`; `deciding`: the request fields a hit's decision reads;
+        `keys`: the rule of the key a request's answer is found by (`native.Answers`)."""
         return native.Answers(
             self.fd,
             GENERATION_AT,
@@ -147,6 +149,7 @@ class Shared:
             self.answers,
             self.region - self.answers,
             objects,
+            str(bodies),
             sorted(deciding),
             keys,
             track_touches=track_touches,

@@ -568,9 +568,6 @@ class Buffer:
     def open_body(self, entry: StoredObject) -> int:
         return self._index.open_body(entry)
 
-    def body_path(self, entry: StoredObject) -> str:
-        return self._index.body_path(entry)
-
     @property
     def generation(self) -> int:
         """The index generation what `lookup` found is valid for (`Shared.generation`

@@ -203,12 +203,10 @@ class StoredObject(NamedTuple):
 
 
 class Verified(NamedTuple):
-    """A uniform object the background check verified: its index key, its record and
-    its body file."""
+    """A uniform object the background check verified: its index key and its record."""
 
     slot: bytes
     entry: StoredObject
-    path: str
 
 
 class Reservation:
@@ -249,7 +247,7 @@ class Store:
         self._verified = verified
         self.capacity = capacity
         self.eviction = eviction
-        self.objects_dir = directory / "objects"
+        self.objects_dir = bodies_dir(directory)
         self.partial_dir = directory / "partial"
         self._objects = str(self.objects_dir)
         self._partial = str(self.partial_dir)
@@ -380,7 +378,7 @@ class Store:
                     logger.warning("buffer: dropping an object that does not match its digest")
                     self._remove_row(key, rowid)
                 if checked.uniform:
-                    self._verified(_unchanged(rereader, checked.uniform, objects_dir))
+                    self._verified(_unchanged(rereader, checked.uniform))
                 self.unverified = max(0, self.unverified - checked.count)
                 self._checks(self._found_through, checked.last)
 
@@ -665,7 +663,7 @@ class Index:
     """
 
     def __init__(self, directory: Path) -> None:
-        self._objects_dir = str(directory / "objects")
+        self._objects_dir = str(bodies_dir(directory))
         self.partial_dir = str(directory / "partial")
         self._directory = directory
         self._reader: sqlite3.Connection | None = None
@@ -754,6 +752,11 @@ def charge(size: int, block: int) -> int:
     """The bytes a body of `size` bytes counts against the cap: whole `block`s, at least
     one (see the module docstring)."""
     return max(1, -(-size // block)) * block
+
+
+def bodies_dir(directory: Path) -> Path:
+    """The directory of the stored bodies in the buffer at `directory`."""
+    return directory / "objects"
 
 
 def body_name() -> str:
@@ -1008,7 +1011,7 @@ class _Checked:
     last: int
     count: int
     corrupt: list[tuple[bytes, int]]
-    uniform: list[_Row]
+    uniform: list[tuple[_Row, StoredObject]]
 
 
 def _next_rows(reader: sqlite3.Connection, after: int, through: int) -> list[_Row]:
@@ -1041,17 +1044,19 @@ def _check_rows(objects_dir: str, rows: list[_Row]) -> _Checked:
             corrupt.append((key, rowid))
         else:
             if entry.uniform:
-                uniform.append((rowid, key, raw, value))
+                uniform.append(((rowid, key, raw, value), entry))
         finally:
             os.close(fd)
     return _Checked(rows[-1][0], len(rows), corrupt, uniform)
 
 
-def _unchanged(reader: sqlite3.Connection, rows: list[_Row], objects_dir: str) -> list[Verified]:
-    """The objects of `rows` still indexed as they were read: same key, same row, same
-    value (a 304 rewrites the value in place; an `lru` use moves the row, and a removal
-    drops it). One query for the batch."""
-    read = {rowid: (key, value) for rowid, key, _, value in rows}
+def _unchanged(
+    reader: sqlite3.Connection, checked: list[tuple[_Row, StoredObject]]
+) -> list[Verified]:
+    """The objects of the rows `checked` still indexed as they were read: same key, same
+    row, same value (a 304 rewrites the value in place; an `lru` use moves the row, and
+    a removal drops it). One query for the batch."""
+    read = {row[0]: (row[1], row[3], entry) for row, entry in checked}
     marks = ",".join("?" * len(read))
     now = reader.execute(
         f"SELECT rowid, key, value FROM Cache WHERE rowid IN ({marks})",  # noqa: S608
@@ -1059,10 +1064,9 @@ def _unchanged(reader: sqlite3.Connection, rows: list[_Row], objects_dir: str) -
     ).fetchall()
     found = []
     for rowid, key, value in now:
-        if read.get(rowid) == (key, value):
-            entry = decode(value)
-            if entry is not None:
-                found.append(Verified(key, entry, os.path.join(objects_dir, entry.file)))
+        was = read.get(rowid)
+        if was is not None and was[:2] == (key, value):
+            found.append(Verified(key, was[2]))
     return found
 
 
@@ -1101,7 +1105,7 @@ def _sweep(directory: Path, opened_at: float, entries: int) -> int:
     counted before; objects removed since only make the count smaller, and a leftover
     then waits for a later start).
     """
-    with os.scandir(directory / "objects") as bodies:
+    with os.scandir(bodies_dir(directory)) as bodies:
         if sum(1 for _ in bodies) <= entries:
             return 0
     bits = 1 << max(16, (64 * entries).bit_length())
@@ -1112,7 +1116,7 @@ def _sweep(directory: Path, opened_at: float, entries: int) -> int:
                 for slot in _slots(int.from_bytes(name), bits):
                     seen[slot >> 3] |= 1 << (slot & 7)
     removed = 0
-    for body in os.scandir(directory / "objects"):
+    for body in os.scandir(bodies_dir(directory)):
         slots: tuple[int, ...]
         try:
             slots = _slots(int(body.name, 16), bits)

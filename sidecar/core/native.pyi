@@ -134,12 +134,13 @@ class Claims:
 class Answers:
     """The table of answers Python gave to plain GETs of stored objects, in the shared
     memory file `fd`: `size` bytes from byte `start`, entries for `objects` answers and
-    an arena their heads and paths share (ValueError if it is under 16 KiB or the
-    table does not fit the file), found by their key's digest (`keys` gives a request's
-    key), valid while the index generation word at byte `generation` stays, written
-    under the `SharedLock` at byte `lock` (one writer at a time); `deciding`: the
-    request fields a hit's decision reads (a request with any of them is never answered
-    from it)."""
+    an arena their heads and body files' names (in the directory `bodies`) share
+    (ValueError if it is under 16 KiB or the table does not fit the file), found by
+    their key's digest (`keys` gives a request's key), written only while the index
+    generation word at byte `generation` is the one the answer was found under, under
+    the `SharedLock` at byte `lock` (one writer at a time); `deciding`: the request
+    fields a hit's decision reads (a request with any of them is never answered from
+    it)."""
 
     def __init__(
         self,
@@ -149,6 +150,7 @@ class Answers:
         start: int,
         size: int,
         objects: int,
+        bodies: str,
         deciding: list[str],
         keys: KeyRules,
         track_touches: bool = False,
@@ -161,14 +163,14 @@ class Answers:
         self,
         digest: bytes,
         head: bytes,
-        path: bytes,
+        name: bytes,
         size: int,
         born: float | None,
         generation: int,
     ) -> bool:
         """Record the answer to a GET with no deciding field of any URL whose key has
         this `digest` (`key_digest`): `head` the status line and fields up to the Age
-        (each line with its CRLF), `path` and `size` the body file, `born` when the
+        (each line with its CRLF), `name` and `size` the body file, `born` when the
         origin generated it (None: no Age), `generation` the one the object was found
         under; False if not recorded (the generation moved on since, among others)."""
     def touched(self) -> list[str]:

@@ -176,19 +176,18 @@ def record_answer(
     answers: native.Answers,
     digest: bytes,
     entry: StoredObject,
-    path: str,
     generation: int,
     representation: Representation | None = None,
 ) -> bool:
     """Record in the core's table the whole 200 of the uniform `entry`, whose key has
-    `digest` and whose body is at `path` (its `representation`, for a caller that has
-    it), found or stored under index `generation`; False if not recorded."""
+    `digest` (its `representation`, for a caller that has it), found or stored under
+    index `generation`; False if not recorded."""
     if representation is None:
         representation = Representation(entry.size, entry.headers, entry.born)
     return answers.record(
         digest,
         representation.head_lines,
-        path.encode(),
+        entry.file.encode(),
         entry.size,
         representation.generated_at,
         generation,
@@ -708,14 +707,7 @@ class Router:
             return
         if representation is None:
             representation = self._representation(key, entry)
-        record_answer(
-            self.answers,
-            key_digest(key),
-            entry,
-            self.buffer.body_path(entry),
-            generation,
-            representation,
-        )
+        record_answer(self.answers, key_digest(key), entry, generation, representation)
 
     def _representation(self, key: str, entry: StoredObject) -> Representation:
         """The representation of `entry`, stored under `key`."""

@@ -30,6 +30,7 @@ from sidecar.buffer.store import (
     StoreError,
     UnusableBufferDir,
     Verified,
+    bodies_dir,
     check_buffer_dir,
 )
 from sidecar.cache import policy
@@ -63,7 +64,9 @@ async def run(
         bundle.write_trust_files(settings.trust_dir, ca.cert_pem, extra_ca)
 
     check_buffer_dir(settings.buffer_dir)
-    answers = shared.answers_table(settings.index_capacity, policy.HIT_FIELDS, policy.KEYS)
+    answers = shared.answers_table(
+        settings.index_capacity, bodies_dir(settings.buffer_dir), policy.HIT_FIELDS, policy.KEYS
+    )
 
     def changed(slot: bytes) -> None:
         # Workers remember stored objects: a removal or change tells them to look again,
@@ -159,10 +162,10 @@ def _answers_back(
 
     def verified(found: list[Verified]) -> None:
         nonlocal room
-        for slot, entry, path in found[:room]:
+        for slot, entry in found[:room]:
             # The generation of this moment: a removal since the row was read again
             # would have bumped it, and none can come before this loop ends.
-            if record_answer(answers, slot, entry, path, shared.generation):
+            if record_answer(answers, slot, entry, shared.generation):
                 room -= 1
 
     return verified

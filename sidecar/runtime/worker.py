@@ -35,7 +35,7 @@ from sidecar.buffer.claims import Claims
 from sidecar.buffer.fill import Fills
 from sidecar.buffer.keeper import TOUCH_INTERVAL, Buffer
 from sidecar.buffer.stagein import StageIn, StageInCounts, StageInError
-from sidecar.buffer.store import Index, StoreError
+from sidecar.buffer.store import Index, StoreError, bodies_dir
 from sidecar.cache import policy
 from sidecar.core import native
 from sidecar.ipc import Message
@@ -126,6 +126,7 @@ async def run(settings: Settings, inherited: Inherited) -> None:
     fills = Fills(buffer, upstream, metrics, settings.parallel_fetch, settings.access_log)
     answers = shared.answers_table(
         settings.index_capacity,
+        bodies_dir(settings.buffer_dir),
         policy.HIT_FIELDS,
         policy.KEYS,
         track_touches=settings.eviction == "lru",

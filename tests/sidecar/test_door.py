@@ -80,11 +80,10 @@ class Visitors:
 def answers(tmp_path: Path) -> native.Answers:
     """A table of answers holding one: STORED, whose body is in a file."""
     shared = Shared.create(1, answers=256 * 1024)
-    table = shared.answers_table(64, policy.HIT_FIELDS, policy.KEYS)
-    body = tmp_path / "body"
-    body.write_bytes(BODY)
+    table = shared.answers_table(64, tmp_path, policy.HIT_FIELDS, policy.KEYS)
+    (tmp_path / "body").write_bytes(BODY)
     digest = key_digest(policy.cache_key(STORED))
-    assert table.record(digest, HEAD, str(body).encode(), len(BODY), None, 0)
+    assert table.record(digest, HEAD, b"body", len(BODY), None, 0)
     return table
 
 

@@ -25,11 +25,8 @@
 //! return what the protocol must hear (`Notice`), and it is told afterwards, so that it
 //! may write from inside `data_received`.
 
-use std::ffi::OsStr;
-use std::fs::File;
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -555,7 +552,7 @@ fn answer_from_table(slf: &Bound<'_, Stream>, head: &Head) -> PyResult<bool> {
             return Ok(false);
         };
         // A body removed since its generation was read is Python's to miss.
-        let Ok(file) = File::open(OsStr::from_bytes(&found.path)) else {
+        let Ok(file) = answers.open_body(&found) else {
             return Ok(false);
         };
         answers.count(key, found.size);

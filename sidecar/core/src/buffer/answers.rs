@@ -7,7 +7,7 @@
 //! Cache-Control, ...) with a whole stored body, and when a fill commits, it records the
 //! answer here under the digest of the object's key (`key`: the index's own, so that a
 //! URL signed anew, whose key drops its signature, finds the answer too): the status
-//! line and fields as it wrote them up to its `Age`, the body file's path and size, and
+//! line and fields as it wrote them up to its `Age`, the body file's name and size, and
 //! the response's generation time. A request for a URL of that key carrying none of
 //! those fields has the same answer, with the `Age` of the moment, until the object is
 //! removed or changed: the buffer's keeper then bumps the index generation and forgets
@@ -20,7 +20,8 @@
 //! The table is a region of the sidecar's shared memory file (`sidecar.shared`), sized
 //! for the objects the buffer may hold (`--index-objects`): a word (the arena's
 //! reservations), then entries of `ENTRY` bytes in sets of `WAYS`, found by the key's
-//! digest, then an arena of bytes where each answer's head and path are written one
+//! digest, then an arena of bytes where each answer's head and body file's name (in the
+//! buffer's directory of bodies, `bodies`: the same for every answer) are written one
 //! after the other, as a ring, behind the half of the digest its entry has no room
 //! for. An entry holds the fixed
 //! words of an answer and where in the arena its bytes are; the arena lets answers of
@@ -41,8 +42,12 @@
 //! that dies mid-write leaves its entry odd: that entry is no longer used, and its URLs
 //! go to Python; the lock passes to the next writer.
 
+use std::ffi::OsStr;
+use std::fs::File;
 use std::io;
 use std::os::fd::RawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering, fence};
 
@@ -61,7 +66,7 @@ pub const ENTRY: usize = 56;
 pub const HEADER: usize = 8;
 /// Entries a key may take: the set the first half of its digest names.
 pub const WAYS: usize = 8;
-/// The longest answer (head and path, behind half a digest) recorded: longer ones stay
+/// The longest answer (head and name, behind half a digest) recorded: longer ones stay
 /// Python's, so that one answer never takes more than a small part of the arena.
 pub const LONGEST: usize = 16 * 1024;
 const WORDS: usize = ENTRY / 8;
@@ -74,7 +79,7 @@ const SEQUENCE: usize = 0;
 const HASH: usize = 1; // the first half of the key's digest
 const BORN: usize = 2; // f64 bits; NaN: the answer carries no Age
 const SIZE: usize = 3;
-const LENGTHS: usize = 4; // head, path: 16 bits each; 0: never written, or forgotten
+const LENGTHS: usize = 4; // head, name: 16 bits each; 0: never written, or forgotten
 const RECORDED: usize = 5; // when: the oldest of a full set gives way
 const AT: usize = 6; // where its bytes start, in bytes reserved since the table was made
 /// Keys answered and not yet taken by `touched`, at most: past it, a use goes unheard
@@ -86,7 +91,8 @@ const TOUCHES: usize = 65_536;
 pub struct Found {
     /// The status line and fields up to `Age`, each line with its CRLF.
     pub head: Vec<u8>,
-    pub path: Vec<u8>,
+    /// The body file's, in the table's directory of bodies.
+    pub name: Vec<u8>,
     pub size: u64,
     pub born: Option<f64>,
 }
@@ -132,6 +138,7 @@ pub struct Answers {
     deciding: Vec<Vec<u8>>,
     keys: Arc<Rules>,
     writing: SharedLock, // held by the one process that writes an answer
+    bodies: PathBuf,     // the directory of the bodies answers name
     hits: AtomicU64,
     bytes: AtomicU64,
     displaced: AtomicU64,
@@ -211,7 +218,7 @@ impl Answers {
         (before == after).then_some(words)
     }
 
-    /// The second half of the digest, the head and the path of a copied entry, from the
+    /// The second half of the digest, the head and the name of a copied entry, from the
     /// arena; None if the ring has overwritten them (or is about to: a writer that
     /// reserved their room).
     fn bytes_of(&self, words: &Words) -> Option<Vec<u8>> {
@@ -279,7 +286,7 @@ impl Answers {
             let Some(bytes) = self.bytes_of(&words) else {
                 continue;
             };
-            let [head_length, path_length] = lengths(words[LENGTHS]);
+            let [head_length, name_length] = lengths(words[LENGTHS]);
             if bytes[..8] != second.to_le_bytes() {
                 continue;
             }
@@ -287,7 +294,7 @@ impl Answers {
             let head_end = 8 + head_length;
             return Some(Found {
                 head: bytes[8..head_end].to_vec(),
-                path: bytes[head_end..head_end + path_length].to_vec(),
+                name: bytes[head_end..head_end + name_length].to_vec(),
                 size: words[SIZE],
                 born: (!born.is_nan()).then_some(born),
             });
@@ -339,6 +346,7 @@ impl Answers {
         start: usize,
         size: usize,
         objects: usize,
+        bodies: PathBuf,
         deciding: Vec<String>,
         keys: Arc<Rules>,
         track_touches: bool,
@@ -366,11 +374,22 @@ impl Answers {
             deciding: deciding.into_iter().map(String::into_bytes).collect(),
             keys,
             writing: SharedLock::map(fd, lock, false)?,
+            bodies,
             hits: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             displaced: AtomicU64::new(0),
             touches: track_touches.then(|| Mutex::new(Vec::new())),
         })
+    }
+
+    /// The body file of an answer found, opened for reading; an error if it is gone
+    /// (removed since), or the name is not one file's.
+    pub fn open_body(&self, found: &Found) -> io::Result<File> {
+        let name = found.name.as_slice();
+        if name.is_empty() || name.contains(&b'/') || name.contains(&0) || name == b".." {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "not a body's name"));
+        }
+        File::open(self.bodies.join(OsStr::from_bytes(name)))
     }
 
     /// Count one answer sent from the table, for `key`.
@@ -461,16 +480,16 @@ impl Answers {
         &self,
         digest: &[u8; DIGEST],
         head: &[u8],
-        path: &[u8],
+        name: &[u8],
         answer: &Recorded,
         wait: impl FnOnce(&(dyn Fn() -> libc::c_int + Sync)) -> libc::c_int,
     ) -> io::Result<bool> {
-        let length = 8 + head.len() + path.len();
+        let length = 8 + head.len() + name.len();
         if length > LONGEST || head.is_empty() {
             return Ok(false);
         }
         self.writing.lock(wait)?;
-        let written = self.write_alone(digest, head, path, answer, length);
+        let written = self.write_alone(digest, head, name, answer, length);
         self.writing.unlock()?;
         Ok(written)
     }
@@ -480,7 +499,7 @@ impl Answers {
         &self,
         digest: &[u8; DIGEST],
         head: &[u8],
-        path: &[u8],
+        name: &[u8],
         answer: &Recorded,
         length: usize,
     ) -> bool {
@@ -504,14 +523,14 @@ impl Answers {
         let mut bytes = Vec::with_capacity(length.div_ceil(8) * 8);
         bytes.extend_from_slice(&second.to_le_bytes());
         bytes.extend_from_slice(head);
-        bytes.extend_from_slice(path);
+        bytes.extend_from_slice(name);
         bytes.resize(bytes.len().div_ceil(8) * 8, 0);
         let start = self.arena + (at % self.arena_size as u64) as usize;
         for (i, chunk) in bytes.chunks_exact(8).enumerate() {
             let word = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
             self.word(start + i * 8).store(word, Ordering::Relaxed);
         }
-        let packed = head.len() as u64 | (path.len() as u64) << 16;
+        let packed = head.len() as u64 | (name.len() as u64) << 16;
         let fixed = [
             (HASH, hash),
             (BORN, answer.born.unwrap_or(f64::NAN).to_bits()),
@@ -575,14 +594,15 @@ pub struct Recorded {
 impl Answers {
     /// The table in the shared memory file `fd`: `size` bytes from byte `start`, with
     /// entries for `objects` answers (whole sets of WAYS) and, past them, the arena their
-    /// URLs, heads and paths share (at least LONGEST bytes), under the index generation
-    /// word at byte `generation`, written under the `SharedLock` at byte `lock`;
+    /// heads and body files' names share (at least LONGEST bytes), under the index
+    /// generation word at byte `generation`, written under the `SharedLock` at byte
+    /// `lock`; `bodies`: the directory of the body files;
     /// `deciding`: the names of the request fields a hit's decision reads (a request
     /// with any of them goes to Python); `keys`: the key of a request's URL;
     /// `track_touches`: remember which keys it answered, for `touched`.
     #[new]
     #[pyo3(signature = (
-        fd, generation, lock, start, size, objects, deciding, keys, track_touches=false
+        fd, generation, lock, start, size, objects, bodies, deciding, keys, track_touches=false
     ))]
     #[allow(clippy::too_many_arguments)] // as `map`
     fn new(
@@ -592,6 +612,7 @@ impl Answers {
         start: usize,
         size: usize,
         objects: usize,
+        bodies: PathBuf,
         deciding: Vec<String>,
         keys: PyRef<'_, KeyRules>,
         track_touches: bool,
@@ -603,6 +624,7 @@ impl Answers {
             start,
             size,
             objects,
+            bodies,
             deciding,
             keys.0.clone(),
             track_touches,
@@ -612,18 +634,19 @@ impl Answers {
 
     /// Record Python's answer to a GET that carried no deciding field, of a URL whose
     /// key has this `digest` (`key_digest`): `head` its status line and fields up to
-    /// `Age` (each line with its CRLF), `path` the body file, `size` its length, `born`
+    /// `Age` (each line with its CRLF), `name` the body file's (in `bodies`), `size` its
+    /// length, `born`
     /// when the origin generated the response (None: no Age), `generation` the index
     /// generation the object was found under. False if it was not recorded (too long,
     /// the generation moved on since, or the slot busy).
-    #[pyo3(signature = (digest, head, path, size, born, generation))]
+    #[pyo3(signature = (digest, head, name, size, born, generation))]
     #[allow(clippy::too_many_arguments)] // the answer, field by field
     fn record(
         &self,
         py: Python<'_>,
         digest: &[u8],
         head: &[u8],
-        path: &[u8],
+        name: &[u8],
         size: u64,
         born: Option<f64>,
         generation: i64,
@@ -635,7 +658,7 @@ impl Answers {
         };
         // Another process holds the lock for the few microseconds of one answer; a
         // thread of this one that holds it may need the GIL to let go.
-        self.write(digest_of(digest)?, head, path, &answer, |wait| py.detach(wait))
+        self.write(digest_of(digest)?, head, name, &answer, |wait| py.detach(wait))
             .map_err(python_error)
     }
 
@@ -771,16 +794,27 @@ mod tests {
         SharedLock::map(fd.as_raw_fd(), 8, true).expect("lock made");
         let deciding = vec!["range".to_owned(), "if-none-match".to_owned()];
         let keys = Arc::new(key::rules_for_tests());
-        let answers =
-            Answers::map(fd.as_raw_fd(), 0, 8, start, size, objects, deciding, keys, true)
-                .expect("mapped");
+        let bodies = std::env::temp_dir();
+        let answers = Answers::map(
+            fd.as_raw_fd(),
+            0,
+            8,
+            start,
+            size,
+            objects,
+            bodies,
+            deciding,
+            keys,
+            true,
+        )
+        .expect("mapped");
         (fd, answers)
     }
 
     /// Write the answer for `key`, waiting for the lock as long as it takes.
-    fn put(answers: &Answers, key: &[u8], head: &[u8], path: &[u8], answer: &Recorded) -> bool {
+    fn put(answers: &Answers, key: &[u8], head: &[u8], name: &[u8], answer: &Recorded) -> bool {
         answers
-            .write(&digest(key), head, path, answer, |wait| wait())
+            .write(&digest(key), head, name, answer, |wait| wait())
             .expect("the lock")
     }
 
@@ -836,7 +870,7 @@ mod tests {
         let found = find(&answers, b"https://h/a").expect("recorded");
         assert_eq!(found.head, head);
         assert_eq!(
-            (found.path.as_slice(), found.size),
+            (found.name.as_slice(), found.size),
             (&b"/b/objects/1"[..], 5)
         );
         assert_eq!(find(&answers, b"https://h/b"), None);
@@ -915,7 +949,7 @@ mod tests {
             &recorded(2, 0)
         ));
         let found = find(&answers, last).expect("still recorded");
-        assert_eq!((found.path.as_slice(), found.size), (&b"/q"[..], 2));
+        assert_eq!((found.name.as_slice(), found.size), (&b"/q"[..], 2));
         assert_eq!(
             urls.iter()
                 .filter(|url| find(&answers, url).is_some())
@@ -984,7 +1018,7 @@ mod tests {
             &recorded(1, 0)
         ));
         assert_eq!(
-            find(&answers, b"https://h/a").expect("written again").path,
+            find(&answers, b"https://h/a").expect("written again").name,
             b"/q"
         );
         assert_eq!(
@@ -1011,7 +1045,7 @@ mod tests {
         for url in &urls[25..] {
             let answer = find(&answers, url).expect("kept");
             assert_eq!(
-                (answer.head.as_slice(), answer.path.as_slice()),
+                (answer.head.as_slice(), answer.name.as_slice()),
                 (&head[..], &b"/p"[..])
             );
         }
@@ -1091,7 +1125,7 @@ mod tests {
                 if let Some(found) = find(&answers, url) {
                     let (head, path) = answer_of(url);
                     assert_eq!(
-                        (found.head, found.path),
+                        (found.head, found.name),
                         (head.into_bytes(), path.into_bytes())
                     );
                     seen += 1;
@@ -1105,10 +1139,37 @@ mod tests {
     }
 
     #[test]
+    fn a_body_is_opened_by_its_name_in_the_directory_of_bodies_and_nothing_else() {
+        use std::io::Read;
+        let (_fd, answers) = table(); // its bodies: the temporary directory
+        let name = format!("answers-body-{}", std::process::id());
+        let path = std::env::temp_dir().join(&name);
+        std::fs::write(&path, b"body").expect("written");
+        let found = |name: &[u8]| Found {
+            head: vec![],
+            name: name.to_vec(),
+            size: 4,
+            born: None,
+        };
+        let mut body = String::new();
+        answers
+            .open_body(&found(name.as_bytes()))
+            .expect("opened")
+            .read_to_string(&mut body)
+            .expect("read");
+        assert_eq!(body, "body");
+        std::fs::remove_file(&path).expect("removed");
+        assert!(answers.open_body(&found(name.as_bytes())).is_err(), "gone");
+        for refused in [&b""[..], b"../etc/passwd", b"a\0b", b".."] {
+            assert!(answers.open_body(&found(refused)).is_err());
+        }
+    }
+
+    #[test]
     fn the_age_counts_to_the_end_of_the_current_second_and_the_head_ends() {
         let found = Found {
             head: b"HTTP/1.1 200 OK\r\n".to_vec(),
-            path: vec![],
+            name: vec![],
             size: 7,
             born: Some(1_000.5),
         };
