@@ -115,12 +115,7 @@ class Representation:
             stored = ranges.parse_content_range(fields.get("content-range"))
             complete = stored.complete if stored is not None else None
             self.part = ranges.Part(part.first, part.last, complete)
-        # The stored fields as sent with every answer (ranges always accepted), dated
-        # (`policy.dated`) when stored.
-        kept = [(k, v) for k, v in headers if k.lower() != "accept-ranges"]
-        if generated_at is not None:
-            kept = policy.dated(kept, generated_at)
-        self.replayed: tuple[tuple[str, str], ...] = (*kept, ("Accept-Ranges", "bytes"))
+        self.replayed = replayed_fields(headers, generated_at)
         # What `If-Modified-Since` is compared with: the Last-Modified, else the Date
         # (RFC 9111 §4.3.2: "a cache SHOULD use the stored response's Date field value").
         self.modified = self.last_modified or header(self.replayed, "Date")
@@ -148,6 +143,17 @@ class Representation:
             age = policy.current_age(self.generated_at, second + 1)
             stamp = self._stamp = (second, (*self.replayed, ("Age", str(age))))
         return stamp[1]
+
+
+def replayed_fields(
+    headers: tuple[tuple[str, str], ...], generated_at: float | None
+) -> tuple[tuple[str, str], ...]:
+    """A stored response's fields as sent with every answer (ranges always accepted),
+    dated (`policy.dated`) when stored (`generated_at`)."""
+    kept = [(k, v) for k, v in headers if k.lower() != "accept-ranges"]
+    if generated_at is not None:
+        kept = policy.dated(kept, generated_at)
+    return (*kept, ("Accept-Ranges", "bytes"))
 
 
 # Representation metadata a 304 leaves out (RFC 9110 §15.4.5): the client keeps its own.
@@ -183,15 +189,10 @@ def record_answer(
     `digest` (its `representation`, for a caller that has it), found or stored under
     index `generation`; False if not recorded."""
     if representation is None:
-        representation = Representation(entry.size, entry.headers, entry.born)
-    return answers.record(
-        digest,
-        representation.head_lines,
-        entry.file.encode(),
-        entry.size,
-        representation.generated_at,
-        generation,
-    )
+        head = status_and_fields(200, replayed_fields(entry.headers, entry.born))
+    else:
+        head = representation.head_lines
+    return answers.record(digest, head, entry.file.encode(), entry.size, entry.born, generation)
 
 
 def answer(request: Request, representation: Representation, now: float) -> Answer | None:
