@@ -96,8 +96,6 @@ from sidecar.settings import Eviction
 
 logger = logging.getLogger(__name__)
 
-# Bytes hashed per read when verifying a body after a restart.
-_VERIFY_CHUNK = 1024 * 1024
 # Index rows the background check reads and hashes per batch: a thread's work between
 # two reports of how far the check has come (a few milliseconds of small bodies, so that
 # progress is published often and removals wait little).
@@ -852,21 +850,11 @@ def decode(encoded: bytes) -> StoredObject | None:
 
 def check_body(fd: int, entry: StoredObject) -> None:
     """Raise Corrupt unless the body open as `fd` has the size and digest of `entry`."""
-    digest = native.Digest()
-    offset = 0
     try:
-        while True:
-            # One byte past the recorded end: a short read ends it (one read for a small
-            # body), and a longer body shows.
-            wanted = min(_VERIFY_CHUNK, entry.size + 1 - offset)
-            chunk = os.pread(fd, wanted, offset)
-            digest.update(chunk)
-            offset += len(chunk)
-            if len(chunk) < wanted or offset > entry.size:
-                break
+        sound = native.body_matches(fd, entry.size, entry.digest)
     except OSError as e:
         raise Corrupt(f"cannot read a stored body: {_describe(e)}") from e
-    if offset != entry.size or digest.hexdigest() != entry.digest:
+    if not sound:
         raise Corrupt("a stored body does not match its digest")
 
 
@@ -1025,28 +1013,26 @@ def _next_rows(reader: sqlite3.Connection, after: int, through: int) -> list[_Ro
 
 
 def _check_rows(objects_dir: str, rows: list[_Row]) -> _Checked:
-    """Check the bodies of a batch of rows (run in a thread: it reads and hashes)."""
+    """Check the bodies of a batch of rows (run in a thread: the core reads and hashes
+    them without the GIL, `native.bodies_match`)."""
     corrupt = []
-    uniform = []
-    for rowid, key, raw, value in rows:
+    found = []
+    for row in rows:
+        rowid, key, raw, value = row
         entry = decode(value) if raw == 1 and isinstance(value, bytes) else None
         if entry is None:
             corrupt.append((key, rowid))  # not an object of ours: dropped as corrupt
-            continue
-        try:
-            fd = os.open(os.path.join(objects_dir, entry.file), os.O_RDONLY)
-        except OSError:
-            corrupt.append((key, rowid))
-            continue
-        try:
-            check_body(fd, entry)
-        except Corrupt:
-            corrupt.append((key, rowid))
         else:
-            if entry.uniform:
-                uniform.append(((rowid, key, raw, value), entry))
-        finally:
-            os.close(fd)
+            found.append((row, entry))
+    matched = native.bodies_match(
+        objects_dir, [(entry.file, entry.size, entry.digest) for _, entry in found]
+    )
+    uniform = []
+    for (row, entry), sound in zip(found, matched, strict=True):
+        if not sound:
+            corrupt.append((row[1], row[0]))
+        elif entry.uniform:
+            uniform.append((row, entry))
     return _Checked(rows[-1][0], len(rows), corrupt, uniform)
 
 

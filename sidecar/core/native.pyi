@@ -100,6 +100,14 @@ class JudgeRules:
 def key_digest(key: bytes) -> bytes:
     """A key's digest, as the index and the table of answers name it: BLAKE2b, 16 bytes."""
 
+def body_matches(fd: int, size: int, digest: str) -> bool:
+    """Does the body open as `fd` have `size` bytes and this BLAKE3 `digest` (hex)?
+    OSError if it cannot be read; without the GIL."""
+
+def bodies_match(directory: str, bodies: list[tuple[str, int, str]]) -> list[bool]:
+    """Which of `bodies` (file name in `directory`, size, digest) match: False for one
+    that does not, or cannot be opened or read; without the GIL."""
+
 class Claims:
     """Which worker fetches which key, and the room each fills alone
     (`sidecar.buffer.claims`): the claims and leases of `workers` workers in the region

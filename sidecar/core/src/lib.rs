@@ -53,6 +53,8 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(front::arrival::accept, module)?)?;
     module.add_function(wrap_pyfunction!(front::door::forwarded_request, module)?)?;
     module.add_function(wrap_pyfunction!(cache::key::py_key_digest, module)?)?;
+    module.add_function(wrap_pyfunction!(buffer::digest::body_matches, module)?)?;
+    module.add_function(wrap_pyfunction!(buffer::digest::bodies_match, module)?)?;
     module.add_function(wrap_pyfunction!(stream::relayed_bytes, module)?)?;
     module.add_function(wrap_pyfunction!(wire::framed::frame, module)?)?;
     let py = module.py();
