@@ -896,22 +896,14 @@ mod tests {
     fn an_answer_made_before_the_generation_moved_is_not_recorded() {
         let (_fd, answers) = table();
         bump_generation(&answers);
+        let write_under = |generation| {
+            let head = b"HTTP/1.1 200 OK\r\n";
+            put(&answers, b"https://h/a", head, b"p", &recorded(1, generation))
+        };
         // Looked up before a removal (perhaps of this object), written after it.
-        assert!(!put(
-            &answers,
-            b"https://h/a",
-            b"HTTP/1.1 200 OK\r\n",
-            b"/p",
-            &recorded(1, 0)
-        ));
+        assert!(!write_under(0));
         assert_eq!(find(&answers, b"https://h/a"), None);
-        assert!(put(
-            &answers,
-            b"https://h/a",
-            b"HTTP/1.1 200 OK\r\n",
-            b"/p",
-            &recorded(1, 1)
-        ));
+        assert!(write_under(1));
         assert!(find(&answers, b"https://h/a").is_some());
     }
 
